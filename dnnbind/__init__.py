@@ -1,0 +1,26 @@
+"""dnnbind: cuDNN and cuBLAS driven from Python through ctypes, with a Gluon-style API on top.
+
+Importing touches no GPU and loads no library: everything is opened by the first call that needs it.
+"""
+
+__version__ = "0.1.0"
+
+from ._lib.errors import (CublasError, CudaError, CudnnBadParam, CudnnError, CudnnExecutionFailed,  # noqa: F401
+                          CudnnInternalError, CudnnNotInitialized, CudnnNotSupported, DnnbindError,
+                          LibraryNotFoundError, NvrtcError)
+from .runtime import (Device, Event, NDArray, Stream, array, cpu, current_stream, default_device,  # noqa: F401
+                      empty, from_dlpack, full, gpu, math_mode, math_scope, num_gpus, ones, set_math_mode,
+                      show_time, synchronize, zeros)
+from .ops import *  # noqa: F401,F403
+from .ops import __all__ as _ops_all
+from .config_report import show_config  # noqa: F401
+
+context = Device  # MXNet spelling: mx.context.Context-like
+
+__all__ = ["CublasError", "CudaError", "CudnnBadParam", "CudnnError", "CudnnExecutionFailed",
+           "CudnnInternalError", "CudnnNotInitialized", "CudnnNotSupported", "DnnbindError",
+           "LibraryNotFoundError", "NvrtcError", "Device", "Event", "NDArray", "Stream", "array", "cpu",
+           "current_stream", "default_device", "empty", "from_dlpack", "full", "gpu", "math_mode", "math_scope",
+           "num_gpus", "ones", "set_math_mode", "show_time", "synchronize", "zeros", "show_config",
+           *_ops_all]
+

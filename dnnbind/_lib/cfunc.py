@@ -1,0 +1,64 @@
+"""Layer 0 (_lib): declare each C function once. Imports nothing of dnnbind but loader.
+
+A ``Library`` holds a table ``{c_name: (restype, argtypes)}`` and binds an entry the first time it is
+used: ``argtypes``/``restype`` set, and for status-returning functions an ``errcheck`` that raises the
+library's exception, so call sites read like C and can never forget the check (tinygrad's DLL.bind,
+vLLM's cuda_wrapper table). Binding lazily means a function removed from a newer library breaks only
+its own callers, never the import (the cudnn-python-wrappers failure mode).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Callable
+
+from . import loader
+
+# Short names for the ctypes types the tables use. Pointers travel as ints (c_void_p).
+i32, u32, i64, size_t = ctypes.c_int, ctypes.c_uint, ctypes.c_int64, ctypes.c_size_t
+f32, f64, vp, cstr = ctypes.c_float, ctypes.c_double, ctypes.c_void_p, ctypes.c_char_p
+P = ctypes.POINTER
+
+
+class Library:
+    """Lazily bound functions of one shared library: ``lib.cudnnCreate(...)``."""
+
+    def __init__(self, name: str, table: dict, errcheck: Callable | None):
+        self._name, self._table, self._errcheck = name, table, errcheck
+
+    def __getattr__(self, c_name: str):
+        try:
+            restype, argtypes = self._table[c_name]
+        except KeyError:
+            raise AttributeError(f"{c_name} is not declared in dnnbind's {self._name} table") from None
+        handle = loader.load(self._name)
+        try:
+            fn = getattr(handle, c_name)
+        except AttributeError:
+            raise AttributeError(
+                f"{c_name} is not exported by {loader.path(self._name)}; this {self._name} is too old or too new"
+            ) from None
+        fn.restype, fn.argtypes = restype, argtypes
+        if restype is STATUS and self._errcheck is not None:
+            fn.errcheck = self._errcheck
+        # Cache on the instance: later lookups skip __getattr__ entirely (the hot path).
+        setattr(self, c_name, fn)
+        return fn
+
+    def has(self, c_name: str) -> bool:
+        try:
+            getattr(self, c_name)
+            return True
+        except AttributeError:
+            return False
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+
+class STATUS(ctypes.c_int):
+    """Marks a function returning a status enum; its errcheck turns non-zero into an exception.
+
+    A subclass of c_int as restype would be returned unconverted; errcheck receives it and we use .value.
+    """

@@ -1,0 +1,213 @@
+"""Layer 3 (autograd): record(), the tape, backward(). Imports runtime and ops.
+
+Each recorded op attaches a ``Node(backward, inputs)`` to its output; ``backward`` is a closure written
+beside the op's forward (in dnnbind.nd) that maps the output's gradient to one gradient per input (None
+where an input needs none). ``backward()`` below is a topological sort and one loop. Gradients of leaves
+land in their preallocated ``_grad`` buffers (``attach_grad``/``mark_variables``): overwritten for
+grad_req "write", accumulated for "add".
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .ops.blas import axpy, copy as copy_into
+from .runtime.array import NDArray, register_autograd, zeros
+
+_tls = threading.local()
+
+
+def is_recording() -> bool:
+    return getattr(_tls, "recording", False)
+
+
+def is_training() -> bool:
+    return getattr(_tls, "training", False)
+
+
+class _Scope:
+    def __init__(self, recording, training):
+        self._rec, self._train = recording, training
+
+    def __enter__(self):
+        self._prev = (is_recording(), is_training())
+        if self._rec is not None:
+            _tls.recording = self._rec
+        if self._train is not None:
+            _tls.training = self._train
+        return self
+
+    def __exit__(self, *exc):
+        _tls.recording, _tls.training = self._prev
+
+
+def record(train_mode: bool = True) -> _Scope:
+    """``with autograd.record():`` ops inside are taped for backward (and run in training mode)."""
+    return _Scope(True, train_mode)
+
+
+def pause(train_mode: bool = False) -> _Scope:
+    return _Scope(False, train_mode)
+
+
+def train_mode() -> _Scope:
+    return _Scope(None, True)
+
+
+def predict_mode() -> _Scope:
+    return _Scope(None, False)
+
+
+def set_recording(flag: bool) -> bool:
+    prev = is_recording()
+    _tls.recording = bool(flag)
+    return prev
+
+
+def set_training(flag: bool) -> bool:
+    prev = is_training()
+    _tls.training = bool(flag)
+    return prev
+
+
+class Node:
+    __slots__ = ("backward", "inputs", "name")
+
+    def __init__(self, backward, inputs, name):
+        self.backward, self.inputs, self.name = backward, inputs, name
+
+
+def needs_grad(x) -> bool:
+    return isinstance(x, NDArray) and (x._node is not None or x._grad_req != "null")
+
+
+def record_op(name: str, output: NDArray, inputs: tuple, backward) -> NDArray:
+    """Tape ``output = op(*inputs)`` if recording and some input needs a gradient."""
+    if getattr(_tls, "recording", False):
+        for x in inputs:
+            if x is not None and (x._node is not None or x._grad_req != "null"):
+                output._node = Node(backward, inputs, name)
+                break
+    return output
+
+
+def attach_grad(x: NDArray, grad_req: str = "write") -> None:
+    if grad_req not in ("write", "add", "null"):
+        raise ValueError(f"attach_grad: grad_req must be 'write', 'add' or 'null', got {grad_req!r}")
+    x._grad_req = grad_req
+    x._grad = None if grad_req == "null" else zeros(x.shape, x.dtype, x.device)
+    x._node = None
+
+
+def mark_variables(variables, gradients, grad_reqs="write") -> None:
+    """Make ``gradients[i]`` (preallocated, e.g. a view of a flat buffer) receive variables[i]'s gradient."""
+    if isinstance(variables, NDArray):
+        variables, gradients = [variables], [gradients]
+    reqs = [grad_reqs] * len(variables) if isinstance(grad_reqs, str) else list(grad_reqs)
+    for var, grad, req in zip(variables, gradients, reqs):
+        if grad is not None and grad.shape != var.shape:
+            raise ValueError(f"mark_variables: gradient shape {grad.shape} != variable shape {var.shape}")
+        var._grad_req, var._grad, var._node = req, (grad if req != "null" else None), None
+
+
+_fresh: dict = {}  # id(leaf) -> leaf, leaves written by the last backward and not yet consumed
+
+
+def is_fresh(x: NDArray) -> bool:
+    return id(x) in _fresh
+
+
+def clear_fresh(x: NDArray) -> None:
+    _fresh.pop(id(x), None)
+
+
+def backward(heads, head_grads=None, retain_graph: bool = False) -> None:
+    """Accumulate d(sum of heads)/d(leaf) into every leaf's grad. A non-scalar head gets implicit ones."""
+    if isinstance(heads, NDArray):
+        heads, head_grads = [heads], [head_grads]
+    elif head_grads is None:
+        head_grads = [None] * len(heads)
+    order, seen = [], set()
+    for h in heads:
+        if h._node is None and h._grad_req == "null":
+            raise RuntimeError("backward: this array was not computed inside `with autograd.record():` from "
+                               "arrays with attach_grad() (or Parameters); nothing to differentiate")
+        _topo(h, seen, order)
+    grads: dict[int, NDArray] = {}
+    for h, g in zip(heads, head_grads):
+        g = _ones_like(h) if g is None else (g if isinstance(g, NDArray) else _as_array(g, h))
+        _accumulate(grads, h, g)
+    for x in reversed(order):
+        g = grads.pop(id(x), None)
+        node = x._node
+        if node is None:  # a leaf
+            if g is not None and x._grad_req != "null":
+                if x._grad_req == "add":
+                    axpy(1.0, g, x._grad)
+                elif g is not x._grad:
+                    copy_into(g, x._grad)
+                _fresh[id(x)] = x
+            continue
+        if g is None:
+            continue
+        in_grads = node.backward(g)
+        for inp, ig in zip(node.inputs, in_grads):
+            if ig is not None and inp is not None and (inp._node is not None or inp._grad_req != "null"):
+                _accumulate(grads, inp, ig)
+        if not retain_graph:
+            x._node = None
+
+
+def _topo(x, seen, order):
+    # Iterative DFS: deep graphs (long RNN-like chains) must not hit Python's recursion limit.
+    stack = [(x, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        if node._node is not None:
+            for inp in node._node.inputs:
+                if inp is not None and id(inp) not in seen and (inp._node is not None or inp._grad_req != "null"):
+                    stack.append((inp, False))
+
+
+def _accumulate(grads, x, g):
+    prev = grads.get(id(x))
+    if prev is None:
+        grads[id(x)] = g
+    else:
+        total = prev.copy()  # never add in place: prev may alias a buffer another node still reads
+        axpy(1.0, g, total)
+        grads[id(x)] = total
+
+
+def _ones_like(x):
+    from .runtime.array import full
+    return full(x.shape, 1.0, x.dtype, x.device)
+
+
+def _as_array(g, like):
+    from .runtime.array import array
+    return array(g, device=like.device, dtype=like.dtype)
+
+
+def _view(src: NDArray, out: NDArray) -> NDArray:
+    """reshape()/flatten() of a taped array is itself taped: the gradient is reshaped back."""
+    shape = src.shape
+    return record_op("reshape", out, (src,), lambda g: (g.reshape(shape),))
+
+
+def _attach(x, req):
+    attach_grad(x, req)
+
+
+def _backward(x, out_grad, retain_graph):
+    backward(x, out_grad, retain_graph)
+
+
+register_autograd(backward=_backward, attach_grad=_attach, view=_view)

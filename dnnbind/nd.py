@@ -1,0 +1,313 @@
+"""Layer 3 (nd): MXNet's ``nd`` namespace on dnnbind ops, recording for autograd. Imports ops, autograd, runtime.
+
+Each function runs the functional op (cuDNN/cuBLAS on a GPU, numpy on the cpu) and, inside
+``autograd.record()``, tapes a closure that calls the op's library backward (cudnnConvolutionBackwardData/
+Filter/Bias, cudnnActivationBackward, cudnnPoolingBackward, cudnnSoftmaxBackward, cublasSgemm_v2): the
+backward sits right beside its forward. NDArray operators (+, -, *, /, sum, mean) are installed on the
+NDArray class here, so the runtime layer never imports this one.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from . import ops
+from .autograd import is_recording, is_training, needs_grad, record_op
+from .ops import arith
+from .ops.blas import gemm_into, ones_vector, sum_rows_into
+from .ops._common import blas
+from .runtime.array import NDArray, array, empty, full, ones, zeros  # noqa: F401  (nd.array, nd.zeros, ...)
+
+__all__ = ["Activation", "Convolution", "Dropout", "Flatten", "FullyConnected", "Pooling", "array", "empty",
+           "full", "log_softmax", "ones", "pick_nll", "relu", "sigmoid", "softmax", "softmax_cross_entropy",
+           "tanh", "zeros", "reshape", "waitall"]
+
+
+def _pair(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (int(v), int(v))
+
+
+# -- convolution and dense ------------------------------------------------------------------------------------
+
+def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0), dilate=(1, 1), num_filter=None,
+                num_group=1, no_bias=False, **_ignored):
+    """y = conv(x, w) + b (cudnnConvolutionForward + cudnnAddTensor)."""
+    b = None if no_bias else bias
+    stride, pad, dilate = _pair(stride), _pair(pad), _pair(dilate)
+    y = ops.conv_forward(data, weight, b, stride, pad, dilate, num_group)
+    if is_recording():
+        x_shape, w_shape = data.shape, weight.shape
+
+        def backward(dy):
+            dx = ops.conv_backward_data(weight, dy, x_shape, stride, pad, dilate, num_group) \
+                if needs_grad(data) else None
+            dw = ops.conv_backward_filter(data, dy, w_shape, stride, pad, dilate, num_group) \
+                if needs_grad(weight) else None
+            db = ops.conv_backward_bias(dy) if b is not None and needs_grad(b) else None
+            return dx, dw, db
+
+        record_op("Convolution", y, (data, weight, b), backward)
+    return y
+
+
+def FullyConnected(data, weight, bias=None, num_hidden=None, no_bias=False, flatten=True, **_ignored):
+    """y = x w^T + b (cublasSgemm_v2); flatten=True views (N, ...) input as (N, -1) like MXNet."""
+    x = data.reshape((data.shape[0], -1)) if (flatten and data.ndim != 2) else data
+    b = None if no_bias else bias
+    y = ops.linear_forward(x, weight, b)
+    if is_recording():
+        record_op("FullyConnected", y, (x, weight, b), lambda dy: _linear_backward(x, weight, b, dy))
+    return y
+
+
+def _linear_backward(x, w, b, dy):
+    if x._data is not None:
+        dx, dw, db = ops.linear_backward(x, w, dy, bias=b is not None)
+        return (dx if needs_grad(x) else None), dw, db
+    # GPU: only the gradients needed (the first layer's dx is skipped): 1-3 cuBLAS calls.
+    n, k = x.shape
+    units, dtype, h = w.shape[0], x.dtype, blas(x)
+    dx = dw = db = None
+    if needs_grad(x):
+        dx = empty((n, k), dtype, x.device)
+        gemm_into(h, dy._ptr, w._ptr, dx._ptr, n, k, units, False, False, 1.0, 0.0, dtype)
+    if needs_grad(w):
+        dw = empty((units, k), dtype, x.device)
+        gemm_into(h, dy._ptr, x._ptr, dw._ptr, units, k, n, True, False, 1.0, 0.0, dtype)
+    if b is not None and needs_grad(b):
+        db = empty((units,), dtype, x.device)
+        sum_rows_into(h, dy._ptr, ones_vector(x.device, n, dtype)._ptr, db._ptr, n, units, 1.0, 0.0, dtype)
+    return dx, dw, db
+
+
+# -- activations, pooling, softmax ----------------------------------------------------------------------------
+
+_ACT = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "elu": "elu", "clipped_relu": "clipped_relu"}
+
+
+def Activation(data, act_type="relu", coef=0.0):
+    """cudnnActivationForward; backward cudnnActivationBackward(y, dy, x)."""
+    mode = _ACT.get(act_type)
+    if mode is None:
+        raise ValueError(f"Activation: unknown act_type {act_type!r}; expected one of {', '.join(_ACT)}")
+    y = ops.activation_forward(data, mode, coef)
+    if is_recording():
+        record_op("Activation", y, (data,), lambda dy: (ops.activation_backward(y, dy, data, mode, coef),))
+    return y
+
+
+def relu(data):
+    return Activation(data, "relu")
+
+
+def sigmoid(data):
+    return Activation(data, "sigmoid")
+
+
+def tanh(data):
+    return Activation(data, "tanh")
+
+
+def Pooling(data, kernel=(1, 1), pool_type="max", stride=None, pad=(0, 0), global_pool=False,
+            pooling_convention="valid", count_include_pad=True, **_ignored):
+    """cudnnPoolingForward; backward cudnnPoolingBackward. MXNet arguments."""
+    if pooling_convention != "valid":
+        raise ValueError("Pooling: only pooling_convention='valid' (floor, cuDNN's rule) is supported")
+    if global_pool:
+        kernel, stride, pad = data.shape[2:], data.shape[2:], (0, 0)
+    mode = {"max": "max", "avg": "avg" if count_include_pad else "avg_exclude_pad"}.get(pool_type)
+    if mode is None:
+        raise ValueError(f"Pooling: pool_type must be 'max' or 'avg', got {pool_type!r}")
+    window, stride, pad = _pair(kernel), _pair(stride if stride is not None else kernel), _pair(pad)
+    y = ops.pooling_forward(data, mode, window, stride, pad)
+    if is_recording():
+        record_op("Pooling", y, (data,),
+                  lambda dy: (ops.pooling_backward(y, dy, data, mode, window, stride, pad),))
+    return y
+
+
+def _softmax(data, axis, algorithm):
+    axis = axis % data.ndim
+    if axis != 1 or data.ndim not in (2, 4):
+        if not (axis == data.ndim - 1 and data.ndim >= 2):
+            raise ValueError(f"softmax: axis {axis} of a {data.ndim}-D array is not supported; use the last axis "
+                             "or axis 1 of an NCHW array")
+    if axis == 1 and data.ndim == 4:
+        x, mode, shape = data, "channel", None
+    else:  # softmax over the last axis: view as (rows, C) and use cuDNN's instance mode
+        shape = data.shape
+        x, mode = data.reshape((-1, shape[-1])) if data.ndim != 2 else data, "instance"
+    y = ops.softmax_forward(x, algorithm, mode)
+    if is_recording():
+        record_op("softmax", y, (x,), lambda dy: (ops.softmax_backward(y, dy, algorithm, mode),))
+    return y.reshape(shape) if shape is not None and len(shape) != 2 else y
+
+
+def softmax(data, axis=-1):
+    """cudnnSoftmaxForward(ACCURATE)."""
+    return _softmax(data, axis, "accurate")
+
+
+def log_softmax(data, axis=-1):
+    """cudnnSoftmaxForward(LOG)."""
+    return _softmax(data, axis, "log")
+
+
+def softmax_cross_entropy(logits, labels):
+    """Per-sample -log softmax(logits)[label]: cuDNN log-softmax + a gather kernel; backward (p - onehot) * dl."""
+    loss = ops.softmax_cross_entropy(logits, labels)
+    if is_recording():
+        record_op("softmax_cross_entropy", loss, (logits, None),
+                  lambda dl: (ops.softmax_cross_entropy_backward(logits, labels, dl), None))
+    return loss
+
+
+def pick_nll(logp, labels):
+    """Per-sample -logp[label] (NLL on log-probabilities)."""
+    loss = ops.nll_loss(logp, labels)
+    if is_recording():
+        record_op("nll_loss", loss, (logp, None), lambda dl: (ops.nll_loss_backward(logp, labels, dl), None))
+    return loss
+
+
+def Flatten(data):
+    return data.reshape((data.shape[0], -1))
+
+
+def reshape(data, shape):
+    return data.reshape(shape)
+
+
+_dropout_seed = itertools.count(np.random.SeedSequence().entropy % (1 << 31))
+
+
+def Dropout(data, p=0.5, **_ignored):
+    """Inverted dropout in training mode (a hash-RNG kernel on the GPU); identity in predict mode."""
+    if not is_training() or p == 0:
+        return data
+    if not 0 <= p < 1:
+        raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
+    y, mask = arith.dropout(data, float(p), next(_dropout_seed))
+    if is_recording():
+        record_op("Dropout", y, (data,), lambda dy: (arith.binary("mul", dy, mask),))
+    return y
+
+
+def waitall():
+    from .runtime.stream import synchronize
+    from .runtime.device import num_gpus, gpu
+    for i in range(num_gpus()):
+        synchronize(gpu(i))
+
+
+# -- NDArray operators --------------------------------------------------------------------------------------
+
+def _binary(op):
+    def method(self, other):
+        if isinstance(other, NDArray):
+            if other.device is not self.device:
+                raise ValueError(f"{op}: arrays on different devices ({self.device} and {other.device})")
+        elif not np.isscalar(other):
+            other = array(other, device=self.device, dtype=self.dtype)
+        out = arith.binary(op, self, other)
+        if is_recording() and op in ("add", "sub", "mul", "div"):
+            record_op(op, out, (self, other if isinstance(other, NDArray) else None),
+                      lambda g: _binary_grad(op, self, other, g))
+        return out
+    return method
+
+
+def _binary_grad(op, a, b, g):
+    b_nd = isinstance(b, NDArray)
+    if op == "add":
+        return g, (_reduce_like(g, b) if b_nd else None)
+    if op == "sub":
+        return g, (_reduce_like(arith.affine(g, -1.0), b) if b_nd else None)
+    if op == "mul":
+        ga = arith.binary("mul", g, b)
+        return ga, (_reduce_like(arith.binary("mul", g, a), b) if b_nd else None)
+    # div: d(a/b)/da = 1/b, d/db = -a/b^2
+    ga = arith.binary("div", g, b)
+    gb = None
+    if b_nd:
+        gb = _reduce_like(arith.affine(arith.binary("div", arith.binary("mul", ga, a), b), -1.0), b)
+    return ga, gb
+
+
+def _reduce_like(g, b):
+    if b.size == 1 and g.size != 1:
+        return arith.sum_all(g).reshape(b.shape)
+    return g
+
+
+def _rbinary(op):
+    def method(self, other):
+        if op == "sub":  # other - self
+            return _unary_affine(self, -1.0, float(other))
+        if op == "add":
+            return _unary_affine(self, 1.0, float(other))
+        if op == "mul":
+            return _unary_affine(self, float(other), 0.0)
+        return _binary("div")(full(self.shape, float(other), self.dtype, self.device), self)
+    return method
+
+
+def _unary_affine(x, alpha, beta):
+    out = arith.affine(x, alpha, beta)
+    if is_recording():
+        record_op("affine", out, (x,), lambda g: (arith.affine(g, alpha),))
+    return out
+
+
+def _sum(self, axis=None, keepdims=False):
+    if axis is not None:
+        return _sum_axis(self, axis, keepdims)
+    out = arith.sum_all(self)
+    if is_recording():
+        shape = self.shape
+        record_op("sum", out, (self,), lambda g: (arith.broadcast_scalar(g, shape),))
+    return out
+
+
+def _mean(self, axis=None, keepdims=False):
+    if axis is not None:
+        s = _sum_axis(self, axis, keepdims)
+        return _unary_affine(s, 1.0 / self.shape[axis], 0.0)
+    n = max(self.size, 1)
+    out = arith.sum_all(self, 1.0 / n)
+    if is_recording():
+        shape = self.shape
+        record_op("mean", out, (self,), lambda g: (arith.broadcast_scalar(g, shape, 1.0 / n),))
+    return out
+
+
+def _sum_axis(x, axis, keepdims):
+    host = x.numpy().sum(axis=axis, keepdims=keepdims)  # rarely used; not on any training hot path
+    return array(host.astype(x.dtype), device=x.device)
+
+
+def _argmax(self, axis=None):
+    host = self.numpy().argmax(axis=axis)
+    return array(host.astype(np.float32), device=self.device)
+
+
+def _install():
+    for name, op in (("__add__", "add"), ("__sub__", "sub"), ("__mul__", "mul"), ("__truediv__", "div")):
+        setattr(NDArray, name, _binary(op))
+    for name, op in (("__radd__", "add"), ("__rsub__", "sub"), ("__rmul__", "mul"), ("__rtruediv__", "div")):
+        setattr(NDArray, name, _rbinary(op))
+    NDArray.__neg__ = lambda self: _unary_affine(self, -1.0, 0.0)
+    NDArray.__eq__ = lambda self, other: arith.binary("eq", self, other) if isinstance(other, (NDArray, int, float)) \
+        else NotImplemented
+    NDArray.__hash__ = object.__hash__
+    NDArray.sum = _sum
+    NDArray.mean = _mean
+    NDArray.argmax = _argmax
+    NDArray.relu = relu
+    NDArray.softmax = softmax
+    NDArray.log_softmax = log_softmax
+
+
+_install()

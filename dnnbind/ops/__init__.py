@@ -1,0 +1,20 @@
+"""Layer 2 (ops): functional ops, arrays in and arrays out. Imports _lib, runtime, kernels and itself.
+
+Each op validates its arguments (ops._check) before any library call, then runs on the arrays' device:
+cuDNN/cuBLAS on a GPU, the numpy twin (ops.reference) on the cpu. See docs/design.md for the signatures.
+"""
+
+from . import reference
+from .algos import set_conv_algo_policy
+from .arith import adam_update
+from .blas import axpy, copy, fill, gemm, linear_backward, linear_forward, scal
+from .conv import conv_backward_bias, conv_backward_data, conv_backward_filter, conv_forward
+from .loss import nll_loss, nll_loss_backward, softmax_cross_entropy, softmax_cross_entropy_backward
+from .pointwise import activation_backward, activation_forward, add_tensor, softmax_backward, softmax_forward
+from .pooling import pooling_backward, pooling_forward
+
+__all__ = ["reference", "set_conv_algo_policy", "adam_update", "axpy", "copy", "fill", "gemm", "linear_backward",
+           "linear_forward", "scal", "conv_backward_bias", "conv_backward_data", "conv_backward_filter",
+           "conv_forward", "nll_loss", "nll_loss_backward", "softmax_cross_entropy",
+           "softmax_cross_entropy_backward", "activation_backward", "activation_forward", "add_tensor",
+           "softmax_backward", "softmax_forward", "pooling_backward", "pooling_forward"]

@@ -1,0 +1,316 @@
+"""Argument normalization and validation shared by the GPU ops and their numpy twins.
+
+Layer: dnnbind/ops. Imports numpy and the standard library only, nothing of dnnbind, so both backends
+(and their tests) can call it without touching a GPU.
+
+Every function takes the op's public name first and raises ValueError (bad shape or value) or TypeError
+(bad type or dtype) whose message starts with that name, shows the shapes involved and says what was
+expected. Because the GPU op and its numpy twin call the same function before any work, a bad call fails
+the same way on both backends. Arrays are anything with `.shape` and `.dtype` (numpy or NDArray); shape
+arguments are tuples. Only `check_label_values` reads array contents, and only the CPU path calls it
+(reading labels back from the GPU would cost a synchronization).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
+POOLING_MODES = ("max", "avg", "avg_exclude_pad")
+SOFTMAX_ALGORITHMS = ("accurate", "log")
+SOFTMAX_MODES = ("instance", "channel")
+
+Pair = tuple[int, int]
+
+
+def _shape(a: Any) -> tuple[int, ...]:
+    return tuple(a) if isinstance(a, (tuple, list)) else tuple(a.shape)
+
+
+def _fmt(**shapes: Any) -> str:
+    return ", ".join(f"{name} {_shape(s)}" for name, s in shapes.items() if s is not None)
+
+
+def _is_int(v: Any) -> bool:
+    # bool is an int subclass, but stride=True is always a mistake.
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def pair(op: str, name: str, value: Any, minimum: int = 1) -> Pair:
+    """Normalize an int or (h, w) pair of ints to a tuple, each at least `minimum`."""
+    if _is_int(value):
+        hw = (int(value), int(value))
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) for v in value):
+        hw = (int(value[0]), int(value[1]))
+    else:
+        raise TypeError(f"{op}: {name} must be an int or an (h, w) pair of ints, got {value!r}")
+    if min(hw) < minimum:
+        raise ValueError(f"{op}: {name} must be >= {minimum}, got {value!r}")
+    return hw
+
+
+def scalar(op: str, name: str, value: Any) -> float:
+    """A finite real number (alpha, beta, coef, fill value)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{op}: {name} must be a real number, got {value!r}")
+    if not np.isfinite(value):
+        raise ValueError(f"{op}: {name} must be finite, got {value!r}")
+    return float(value)
+
+
+def check_ndim(op: str, name: str, shape: Any, ndims: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    """Require len(shape) in `ndims` and every dimension > 0; `layout` names the expected axes."""
+    shape = _shape(shape)
+    if len(shape) not in ndims:
+        raise ValueError(f"{op}: {name} must be {layout}, got shape {shape}")
+    if any(d <= 0 for d in shape):
+        raise ValueError(f"{op}: {name} has an empty dimension: {name} {shape}")
+    return shape
+
+
+def check_shape_arg(op: str, name: str, shape: Any) -> tuple[int, ...]:
+    """A shape passed as an argument (x_shape, w_shape): a tuple or list of ints."""
+    if not isinstance(shape, (tuple, list)) or not all(_is_int(d) for d in shape):
+        raise TypeError(f"{op}: {name} must be a tuple of ints, got {shape!r}")
+    return tuple(int(d) for d in shape)
+
+
+def check_dtype(op: str, allowed: tuple = FLOAT_DTYPES, **arrays: Any) -> np.dtype:
+    """All given arrays (None skipped) share one dtype from `allowed`; returns it."""
+    allowed = tuple(np.dtype(d) for d in allowed)
+    given = {name: np.dtype(a.dtype) for name, a in arrays.items() if a is not None}
+    for name, dt in given.items():
+        if dt not in allowed:
+            names = ", ".join(d.name for d in allowed)
+            raise TypeError(f"{op}: {name} has dtype {dt.name}; expected one of {names}")
+    if len(set(given.values())) > 1:
+        listed = ", ".join(f"{name} {dt.name}" for name, dt in given.items())
+        raise TypeError(f"{op}: dtypes differ ({listed}); all inputs must have the same dtype")
+    return next(iter(given.values()))
+
+
+def check_same_shape(op: str, **arrays: Any) -> tuple[int, ...]:
+    """All given arrays (or shapes) have one shape; returns it."""
+    shapes = {name: _shape(a) for name, a in arrays.items() if a is not None}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"{op}: shapes differ ({_fmt(**shapes)}); expected the same shape")
+    return next(iter(shapes.values()))
+
+
+def _out_size(size: int, pad: int, extent: int, stride: int) -> int:
+    """floor((size + 2*pad - extent) / stride) + 1, or 0 when the window does not fit at all."""
+    span = size + 2 * pad - extent
+    return span // stride + 1 if span >= 0 else 0
+
+
+# -- convolution ------------------------------------------------------------------------------------------
+
+def conv_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None, stride: Any = 1,
+                padding: Any = 0, dilation: Any = 1, groups: Any = 1
+                ) -> tuple[Pair, Pair, Pair, int, tuple[int, int, int, int]]:
+    """Validate a 2-D convolution; returns (stride, padding, dilation, groups, y_shape)."""
+    x_shape = check_ndim(op, "x", x_shape, (4,), "4-D (N, C, H, W)")
+    w_shape = check_ndim(op, "w", w_shape, (4,), "4-D (K, C/groups, R, S)")
+    shapes = _fmt(x=x_shape, w=w_shape)
+    stride = pair(op, "stride", stride, 1)
+    padding = pair(op, "padding", padding, 0)
+    dilation = pair(op, "dilation", dilation, 1)
+    if not _is_int(groups):
+        raise TypeError(f"{op}: groups must be an int, got {groups!r}")
+    groups = int(groups)
+    if groups < 1:
+        raise ValueError(f"{op}: groups must be >= 1, got {groups}")
+    n, c, h, w = x_shape
+    k, cg, r, s = w_shape
+    if c % groups:
+        raise ValueError(f"{op}: x has {c} channels, not divisible by groups={groups}: {shapes}")
+    if k % groups:
+        raise ValueError(f"{op}: w has {k} output channels, not divisible by groups={groups}: {shapes}")
+    if cg * groups != c:
+        raise ValueError(f"{op}: x has {c} channels but w expects {cg * groups} (groups={groups}): {shapes}")
+    if b_shape is not None:
+        b_shape = _shape(b_shape)
+        if b_shape != (k,):
+            raise ValueError(f"{op}: b has shape {b_shape} but w has {k} output channels; expected b ({k},): "
+                             f"{shapes}")
+    eff = (dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1)
+    ho = _out_size(h, padding[0], eff[0], stride[0])
+    wo = _out_size(w, padding[1], eff[1], stride[1])
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"{op}: kernel ({r}, {s}) with dilation {dilation} spans {eff}, larger than the padded "
+                         f"input ({h + 2 * padding[0]}, {w + 2 * padding[1]}) (padding {padding}): {shapes}")
+    return stride, padding, dilation, groups, (n, k, ho, wo)
+
+
+def conv_grad_params(op: str, x_shape: Any, w_shape: Any, dy_shape: Any, stride: Any = 1, padding: Any = 0,
+                     dilation: Any = 1, groups: Any = 1
+                     ) -> tuple[Pair, Pair, Pair, int, tuple[int, int, int, int]]:
+    """Validate a convolution backward pass: conv_params, plus dy must have the forward output's shape."""
+    out = conv_params(op, x_shape, w_shape, None, stride, padding, dilation, groups)
+    dy_shape = check_ndim(op, "dy", dy_shape, (4,), "4-D (N, K, P, Q)")
+    if dy_shape != out[4]:
+        raise ValueError(f"{op}: dy has shape {dy_shape} but the convolution gives {out[4]}: "
+                         f"{_fmt(x=x_shape, w=w_shape, dy=dy_shape)} (stride {out[0]}, padding {out[1]}, "
+                         f"dilation {out[2]}, groups {out[3]})")
+    return out
+
+
+def conv_bias_params(op: str, dy_shape: Any) -> int:
+    """conv_backward_bias: dy is (N, K, P, Q); returns K."""
+    return check_ndim(op, "dy", dy_shape, (4,), "4-D (N, K, P, Q)")[1]
+
+
+def add_tensor_params(op: str, x_shape: Any, b_shape: Any) -> tuple[int, ...]:
+    """b is (C,), (1, C, 1, ...) or x's shape; returns b's shape broadcast-ready against x."""
+    x_shape = check_ndim(op, "x", x_shape, tuple(range(1, 9)), "1-D to 8-D")
+    b_shape = _shape(b_shape)
+    if b_shape == x_shape:
+        return b_shape
+    if len(x_shape) >= 2:
+        per_channel = (1, x_shape[1]) + (1,) * (len(x_shape) - 2)
+        if b_shape in ((x_shape[1],), per_channel):
+            return per_channel
+    per_channel = f"({x_shape[1]},) (one value per channel) or " if len(x_shape) >= 2 else ""
+    raise ValueError(f"{op}: b has shape {b_shape}; expected {per_channel}x's shape: {_fmt(x=x_shape, b=b_shape)}")
+
+
+# -- activation, pooling, softmax -------------------------------------------------------------------------
+
+def _choice(op: str, name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{op}: {name} must be a string, one of {', '.join(choices)}; got {value!r}")
+    if value.lower() not in choices:
+        raise ValueError(f"{op}: unknown {name} {value!r}; expected one of {', '.join(choices)}")
+    return value.lower()
+
+
+def activation_mode(op: str, mode: Any, coef: Any = 0.0) -> tuple[str, float]:
+    """Returns (mode, coef). clipped_relu needs coef > 0 (its ceiling); elu's coef is alpha."""
+    mode = _choice(op, "activation mode", mode, ACTIVATION_MODES)
+    coef = scalar(op, "coef", coef)
+    if mode == "clipped_relu" and coef <= 0:
+        raise ValueError(f"{op}: clipped_relu needs coef > 0 (the ceiling), got {coef}")
+    return mode, coef
+
+
+def pooling_mode(op: str, mode: Any) -> str:
+    return _choice(op, "pooling mode", mode, POOLING_MODES)
+
+
+def pool_params(op: str, x_shape: Any, mode: Any = "max", window: Any = 2, stride: Any = None, padding: Any = 0
+                ) -> tuple[Pair, Pair, Pair, tuple[int, int, int, int]]:
+    """Validate 2-D pooling; returns (window, stride, padding, y_shape). stride None means window."""
+    pooling_mode(op, mode)
+    x_shape = check_ndim(op, "x", x_shape, (4,), "4-D (N, C, H, W)")
+    window = pair(op, "window", window, 1)
+    stride = window if stride is None else pair(op, "stride", stride, 1)
+    padding = pair(op, "padding", padding, 0)
+    n, c, h, w = x_shape
+    # NOTE: padding < window keeps at least one real element in every window, so max never sees only pad.
+    if padding[0] >= window[0] or padding[1] >= window[1]:
+        raise ValueError(f"{op}: padding {padding} must be smaller than window {window}: x {x_shape}")
+    ho = _out_size(h, padding[0], window[0], stride[0])
+    wo = _out_size(w, padding[1], window[1], stride[1])
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"{op}: window {window} is larger than the padded input ({h + 2 * padding[0]}, "
+                         f"{w + 2 * padding[1]}) (padding {padding}): x {x_shape}")
+    return window, stride, padding, (n, c, ho, wo)
+
+
+def pool_grad_params(op: str, x_shape: Any, y_shape: Any, dy_shape: Any, mode: Any = "max", window: Any = 2,
+                     stride: Any = None, padding: Any = 0
+                     ) -> tuple[Pair, Pair, Pair, tuple[int, int, int, int]]:
+    """pool_params, plus y and dy must have the forward output's shape."""
+    out = pool_params(op, x_shape, mode, window, stride, padding)
+    for name, shape in (("y", y_shape), ("dy", dy_shape)):
+        if _shape(shape) != out[3]:
+            raise ValueError(f"{op}: {name} has shape {_shape(shape)} but pooling x {_shape(x_shape)} with window "
+                             f"{out[0]}, stride {out[1]}, padding {out[2]} gives {out[3]}")
+    return out
+
+
+def softmax_params(op: str, x_shape: Any, algorithm: Any = "accurate", mode: Any = "instance"
+                   ) -> tuple[str, str]:
+    """x is (N, C) or (N, C, H, W); returns (algorithm, mode)."""
+    algorithm = _choice(op, "softmax algorithm", algorithm, SOFTMAX_ALGORITHMS)
+    mode = _choice(op, "softmax mode", mode, SOFTMAX_MODES)
+    check_ndim(op, "x", x_shape, (2, 4), "(N, C) or (N, C, H, W)")
+    return algorithm, mode
+
+
+# -- gemm, linear, losses ---------------------------------------------------------------------------------
+
+def _flag(op: str, name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{op}: {name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def gemm_params(op: str, a_shape: Any, b_shape: Any, c_shape: Any = None, trans_a: Any = False,
+                trans_b: Any = False, beta: float = 0.0) -> tuple[int, int, int]:
+    """C[m, n] = op(A)[m, k] @ op(B)[k, n]; returns (m, n, k). beta != 0 needs c."""
+    trans_a = _flag(op, "trans_a", trans_a)
+    trans_b = _flag(op, "trans_b", trans_b)
+    a_shape = check_ndim(op, "a", a_shape, (2,), "2-D")
+    b_shape = check_ndim(op, "b", b_shape, (2,), "2-D")
+    m, ka = a_shape[::-1] if trans_a else a_shape
+    kb, n = b_shape[::-1] if trans_b else b_shape
+    if ka != kb:
+        raise ValueError(f"{op}: inner dimensions differ: op(a) is ({m}, {ka}), op(b) is ({kb}, {n}) "
+                         f"(trans_a={trans_a}, trans_b={trans_b}): {_fmt(a=a_shape, b=b_shape)}")
+    if c_shape is not None and _shape(c_shape) != (m, n):
+        raise ValueError(f"{op}: c has shape {_shape(c_shape)}; expected ({m}, {n}): "
+                         f"{_fmt(a=a_shape, b=b_shape, c=c_shape)}")
+    if c_shape is None and beta != 0:
+        raise ValueError(f"{op}: beta={beta} needs c; pass c or beta=0")
+    return m, n, ka
+
+
+def linear_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None) -> tuple[int, int]:
+    """x (N, in), w (units, in), b (units,); returns y's shape (N, units)."""
+    x_shape = check_ndim(op, "x", x_shape, (2,), "2-D (N, in_units)")
+    w_shape = check_ndim(op, "w", w_shape, (2,), "2-D (units, in_units)")
+    if x_shape[1] != w_shape[1]:
+        raise ValueError(f"{op}: x has {x_shape[1]} features but w expects {w_shape[1]}: "
+                         f"{_fmt(x=x_shape, w=w_shape)}")
+    if b_shape is not None and _shape(b_shape) != (w_shape[0],):
+        raise ValueError(f"{op}: b has shape {_shape(b_shape)}; expected ({w_shape[0]},): "
+                         f"{_fmt(x=x_shape, w=w_shape, b=b_shape)}")
+    return x_shape[0], w_shape[0]
+
+
+def linear_grad_params(op: str, x_shape: Any, w_shape: Any, dy_shape: Any) -> tuple[int, int]:
+    y_shape = linear_params(op, x_shape, w_shape)
+    if _shape(dy_shape) != y_shape:
+        raise ValueError(f"{op}: dy has shape {_shape(dy_shape)}; expected {y_shape}: "
+                         f"{_fmt(x=x_shape, w=w_shape, dy=dy_shape)}")
+    return y_shape
+
+
+def loss_params(op: str, scores: Any, labels: Any, dloss: Any = None, scores_name: str = "logits") -> int:
+    """scores (N, C) float, labels (N,) integer, dloss (N,) like scores; returns C."""
+    check_dtype(op, FLOAT_DTYPES, **{scores_name: scores}, **({} if dloss is None else {"dloss": dloss}))
+    s_shape = check_ndim(op, scores_name, scores, (2,), "2-D (N, C)")
+    if np.dtype(labels.dtype).kind not in "iu":
+        raise TypeError(f"{op}: labels must have an integer dtype (class ids), got {np.dtype(labels.dtype).name}")
+    shapes = _fmt(**{scores_name: scores, "labels": labels, "dloss": dloss})
+    if _shape(labels) != (s_shape[0],):
+        raise ValueError(f"{op}: labels must be ({s_shape[0]},), one class id per row: {shapes}")
+    if dloss is not None and _shape(dloss) != (s_shape[0],):
+        raise ValueError(f"{op}: dloss must be ({s_shape[0]},), one value per row: {shapes}")
+    return s_shape[1]
+
+
+def check_label_values(op: str, labels: np.ndarray, num_classes: int) -> None:
+    """Every label in [0, num_classes). Reads the values, so the CPU path only."""
+    labels = np.asarray(labels)
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{op}: labels must be in [0, {num_classes}); labels[{i}] = {int(labels[i])} "
+                         f"({int(bad.sum())} out of range)")

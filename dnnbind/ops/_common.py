@@ -1,0 +1,58 @@
+"""Layer 2 (ops): helpers the GPU ops share: dtype checks, handles, workspace, outputs. Imports runtime/_lib.
+
+The workspace is one growable device buffer per stream: ops on a stream run in order, so they can share
+it, and growing it frees the old one stream-ordered (safe while earlier work still reads it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._lib.errors import DnnbindError
+from ..runtime.array import NDArray, empty
+from ..runtime.handles import cublas_handle, cudnn_handle
+from ..runtime.memory import DeviceBuffer
+from ..runtime.stream import current_stream
+from . import _check
+
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+
+
+def float_dtype(op: str, allowed=FLOATS, **arrays) -> np.dtype:
+    return _check.check_dtype(op, allowed, **{k: v for k, v in arrays.items() if v is not None})
+
+
+def out_like(shape, dtype, device) -> NDArray:
+    return empty(shape, dtype, device)
+
+
+def dnn(x: NDArray) -> int:
+    return cudnn_handle(x._device)
+
+
+def blas(x: NDArray) -> int:
+    return cublas_handle(x._device)
+
+
+_workspaces: dict = {}
+
+
+def workspace(device, nbytes: int) -> tuple[int, int]:
+    """(pointer, size) of at least ``nbytes`` of scratch on ``device``'s current stream."""
+    if nbytes == 0:
+        return 0, 0
+    stream = current_stream(device)
+    buf = _workspaces.get(stream)
+    if buf is None or buf.nbytes < nbytes:
+        # Grow geometrically so a sequence of slightly larger requests does not reallocate each time.
+        size = max(nbytes, 2 * buf.nbytes if buf is not None else 0)
+        buf = _workspaces[stream] = DeviceBuffer(size, device, stream)
+    return buf.ptr, buf.nbytes
+
+
+def with_context(exc: DnnbindError, **info) -> DnnbindError:
+    """Add op-level context (shapes, algorithm) to a library error on its way up (CuPy's add_infos)."""
+    text = ", ".join(f"{k}={v}" for k, v in info.items())
+    if hasattr(exc, "add_info"):
+        return exc.add_info(text)
+    return exc

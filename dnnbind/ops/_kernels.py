@@ -1,0 +1,128 @@
+"""Layer 2 (ops): the few small CUDA kernels where cuDNN/cuBLAS have no call (label gather/scatter for the
+losses, fill with a value, Adam's update). Imports dnnbind.kernels (NVRTC), compiled on first use and cached.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SOURCE = r"""
+#define LOSS_KERNELS(T, L, SUF)                                                                      \
+extern "C" __global__ void nll_fwd_##SUF(const T* logp, const L* labels, T* loss, int n, int c) {   \
+    int i = blockIdx.x * blockDim.x + threadIdx.x;                                                   \
+    if (i < n) {                                                                                     \
+        L k = labels[i];                                                                             \
+        /* an out-of-range label gives NaN: the training loop's NaN check reports it */              \
+        loss[i] = (k >= 0 && k < c) ? -logp[(long long)i * c + k] : (T)NAN;                          \
+    }                                                                                                \
+}                                                                                                    \
+extern "C" __global__ void nll_bwd_##SUF(const L* labels, const T* dloss, T* dlogp, int n, int c) { \
+    long long total = (long long)n * c;                                                              \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;                  \
+         i += (long long)gridDim.x * blockDim.x) {                                                   \
+        int row = (int)(i / c), col = (int)(i % c);                                                  \
+        dlogp[i] = (col == (int)labels[row]) ? -dloss[row] : (T)0;                                   \
+    }                                                                                                \
+}                                                                                                    \
+extern "C" __global__ void sce_bwd_##SUF(const T* prob, const L* labels, const T* dloss, T* dx,      \
+                                         int n, int c) {                                             \
+    long long total = (long long)n * c;                                                              \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;                  \
+         i += (long long)gridDim.x * blockDim.x) {                                                   \
+        int row = (int)(i / c), col = (int)(i % c);                                                  \
+        T onehot = (col == (int)labels[row]) ? (T)1 : (T)0;                                          \
+        dx[i] = (prob[i] - onehot) * dloss[row];                                                     \
+    }                                                                                                \
+}
+LOSS_KERNELS(float, int, f32_i32)
+LOSS_KERNELS(float, long long, f32_i64)
+LOSS_KERNELS(double, int, f64_i32)
+LOSS_KERNELS(double, long long, f64_i64)
+
+extern "C" __global__ void fill_f32(float* x, float v, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = v;
+}
+extern "C" __global__ void fill_f64(double* x, double v, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = v;
+}
+/* Elementwise arithmetic for NDArray operators: out = a (op) b, b broadcast when b_scalar. */
+#define BINARY(T, SUF)                                                                                 \
+extern "C" __global__ void binary_##SUF(const T* a, const T* b, T* out, long long n, int op, int b_scalar) { \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) { \
+        T x = a[i], y = b_scalar ? b[0] : b[i];                                                        \
+        T r;                                                                                           \
+        switch (op) {                                                                                  \
+            case 0: r = x + y; break;                                                                  \
+            case 1: r = x - y; break;                                                                  \
+            case 2: r = x * y; break;                                                                  \
+            case 3: r = x / y; break;                                                                  \
+            case 4: r = (T)(x == y); break;                                                            \
+            case 5: r = x > y ? x : y; break;                                                          \
+            default: r = (T)(x > y); break;                                                            \
+        }                                                                                              \
+        out[i] = r;                                                                                    \
+    }                                                                                                  \
+}                                                                                                      \
+extern "C" __global__ void affine_##SUF(const T* a, T* out, T alpha, T beta, long long n) {           \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) \
+        out[i] = alpha * a[i] + beta;                                                                  \
+}                                                                                                      \
+extern "C" __global__ void bcast_##SUF(const T* s, T* out, T alpha, long long n) {                    \
+    T v = alpha * s[0];                                                                                \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) \
+        out[i] = v;                                                                                    \
+}
+BINARY(float, f32)
+BINARY(double, f64)
+
+/* Inverted dropout: keep with probability 1-p, scale kept values by 1/(1-p); mask is saved for backward. */
+__device__ __forceinline__ unsigned int hash32(unsigned long long x) {
+    x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
+    return (unsigned int)x;
+}
+extern "C" __global__ void dropout_f32(const float* x, float* y, float* mask, float p, unsigned long long seed,
+                                       long long n) {
+    float scale = 1.f / (1.f - p);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float u = (hash32(seed * 0x9E3779B97F4A7C15ULL + (unsigned long long)i) >> 8) * (1.f / 16777216.f);
+        float m = u >= p ? scale : 0.f;
+        mask[i] = m;
+        y[i] = x[i] * m;
+    }
+}
+
+/* Adam over one flat buffer: m, v, w updated in place; grad is already scaled (rescale_grad, weight decay). */
+extern "C" __global__ void adam_f32(float* w, const float* g, float* m, float* v, float lr_t, float beta1,
+                                    float beta2, float eps, float rescale, float wd, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float gi = g[i] * rescale + wd * w[i];
+        float mi = beta1 * m[i] + (1.f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+        m[i] = mi; v[i] = vi;
+        w[i] -= lr_t * mi / (sqrtf(vi) + eps);
+    }
+}
+"""
+
+_module = {}
+
+
+def kernel(name: str):
+    """The compiled kernel ``name`` from SOURCE (one NVRTC compile per process, then the disk cache)."""
+    mod = _module.get("m")
+    if mod is None:
+        from ..kernels import Module
+        mod = _module["m"] = Module(SOURCE)
+    return mod.get_function(name)
+
+
+def suffix(dtype, label_dtype) -> str:
+    t = "f64" if np.dtype(dtype) == np.float64 else "f32"
+    li = "i64" if np.dtype(label_dtype).itemsize == 8 else "i32"
+    return f"{t}_{li}"
+
+
+def grid_for(n: int, block: int = 256, cap: int = 4096) -> int:
+    return max(1, min((int(n) + block - 1) // block, cap))

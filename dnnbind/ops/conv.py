@@ -1,0 +1,115 @@
+"""Layer 2 (ops): convolution through cuDNN (forward, backward data/filter/bias, fused bias+ReLU).
+
+Imports _lib, runtime and ops. NCHW, cross-correlation (what every framework calls convolution). The output
+shape is validated by ops._check (same rule as cudnnGetConvolution2dForwardOutputDim; a CPU test holds the
+two together). Algorithms come from ops.algos, chosen once per shape; the workspace is shared per stream.
+"""
+
+from __future__ import annotations
+
+from .._lib import cudnn
+from .._lib.errors import CudnnError
+from ..runtime import config
+from . import _check, algos, reference
+from . import descriptors as D
+from ._common import dnn, float_dtype, out_like, with_context, workspace
+from ._dispatch import op
+
+L = cudnn.lib
+
+
+def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype):
+    stride, padding, dilation, groups, y_shape = _check.conv_params(
+        opname, x_shape, w_shape, None, stride, padding, dilation, groups)
+    math = config.math_mode()
+    cdesc = D.conv(padding, stride, dilation, groups, dtype, math)
+    key = (tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, dtype.str, math)
+    return y_shape, cdesc, key
+
+
+@op(reference.conv_forward, "x", "w", "b")
+def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    """y = conv(x, w) + b: ``cudnnConvolutionForward`` (+ ``cudnnAddTensor`` for the bias)."""
+    dtype = float_dtype("conv_forward", x=x, w=w, b=b)
+    _check.conv_params("conv_forward", x._shape, w._shape, None if b is None else b._shape, stride, padding,
+                       dilation, groups)
+    y_shape, cdesc, key = _setup("conv_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype)
+    y = out_like(y_shape, dtype, x._device)
+    h = dnn(x)
+    xd, wd, yd = D.tensor(x._shape, dtype), D.filt(w._shape, dtype), D.tensor(y_shape, dtype)
+    one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+
+    def run(algo, ws, ws_size):
+        L.cudnnConvolutionForward(h, one, xd, x._ptr, wd, w._ptr, cdesc, algo, ws, ws_size, zero, yd, y._ptr)
+
+    try:
+        algo, ws_bytes = algos.choose(("fwd",) + key, "fwd", h, (xd, wd, cdesc, yd), run, x._device)
+        run(algo, *workspace(x._device, ws_bytes))
+        if b is not None:
+            L.cudnnAddTensor(h, one, D.tensor((1, y_shape[1], 1, 1), dtype), b._ptr, one, yd, y._ptr)
+    except CudnnError as exc:
+        raise with_context(exc, op="conv_forward", x=x._shape, w=w._shape, stride=stride, padding=padding,
+                           dilation=dilation, groups=groups) from None
+    return y
+
+
+@op(reference.conv_backward_data, "w", "dy")
+def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1):
+    """dx = conv_transpose(dy, w): ``cudnnConvolutionBackwardData``."""
+    dtype = float_dtype("conv_backward_data", w=w, dy=dy)
+    x_shape = _check.check_shape_arg("conv_backward_data", "x_shape", x_shape)
+    _check.conv_grad_params("conv_backward_data", x_shape, w._shape, dy._shape, stride, padding, dilation, groups)
+    _, cdesc, key = _setup("conv_backward_data", x_shape, w._shape, stride, padding, dilation, groups, dtype)
+    dx = out_like(x_shape, dtype, w._device)
+    h = dnn(w)
+    wd, dyd, dxd = D.filt(w._shape, dtype), D.tensor(dy._shape, dtype), D.tensor(x_shape, dtype)
+    one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+
+    def run(algo, ws, ws_size):
+        L.cudnnConvolutionBackwardData(h, one, wd, w._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero, dxd,
+                                       dx._ptr)
+
+    try:
+        algo, ws_bytes = algos.choose(("bwd_data",) + key, "bwd_data", h, (wd, dyd, cdesc, dxd), run, w._device)
+        run(algo, *workspace(w._device, ws_bytes))
+    except CudnnError as exc:
+        raise with_context(exc, op="conv_backward_data", w=w._shape, dy=dy._shape, x_shape=x_shape) from None
+    return dx
+
+
+@op(reference.conv_backward_filter, "x", "dy")
+def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups=1):
+    """dw = correlation of x with dy: ``cudnnConvolutionBackwardFilter``."""
+    dtype = float_dtype("conv_backward_filter", x=x, dy=dy)
+    w_shape = _check.check_shape_arg("conv_backward_filter", "w_shape", w_shape)
+    _check.conv_grad_params("conv_backward_filter", x._shape, w_shape, dy._shape, stride, padding, dilation,
+                            groups)
+    _, cdesc, key = _setup("conv_backward_filter", x._shape, w_shape, stride, padding, dilation, groups, dtype)
+    dw = out_like(w_shape, dtype, x._device)
+    h = dnn(x)
+    xd, dyd, dwd = D.tensor(x._shape, dtype), D.tensor(dy._shape, dtype), D.filt(w_shape, dtype)
+    one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+
+    def run(algo, ws, ws_size):
+        L.cudnnConvolutionBackwardFilter(h, one, xd, x._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero, dwd,
+                                         dw._ptr)
+
+    try:
+        algo, ws_bytes = algos.choose(("bwd_filter",) + key, "bwd_filter", h, (xd, dyd, cdesc, dwd), run,
+                                      x._device)
+        run(algo, *workspace(x._device, ws_bytes))
+    except CudnnError as exc:
+        raise with_context(exc, op="conv_backward_filter", x=x._shape, dy=dy._shape, w_shape=w_shape) from None
+    return dw
+
+
+@op(reference.conv_backward_bias, "dy")
+def conv_backward_bias(dy):
+    """db[k] = sum of dy over n, h, w: ``cudnnConvolutionBackwardBias``."""
+    dtype = float_dtype("conv_backward_bias", dy=dy)
+    k = _check.conv_bias_params("conv_backward_bias", dy._shape)
+    db = out_like((k,), dtype, dy._device)
+    one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+    L.cudnnConvolutionBackwardBias(dnn(dy), one, D.tensor(dy._shape, dtype), dy._ptr, zero,
+                                   D.tensor((1, k, 1, 1), dtype), db._ptr)
+    return db

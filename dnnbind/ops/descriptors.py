@@ -1,0 +1,193 @@
+"""Layer 2 (ops): cuDNN descriptors as owned, cached Python objects. Imports _lib and runtime.
+
+A descriptor is built once per key (shape, dtype, params, math mode), frees itself when the cache drops it
+(weakref.finalize), and passes straight into ctypes through ``_as_parameter_``. Caches are plain dicts so
+the hot path is one lookup; a training run touches a few dozen keys.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+
+import numpy as np
+
+from .._lib import cudnn
+
+L = cudnn.lib
+
+DATA_TYPES = {np.dtype(np.float32): cudnn.CUDNN_DATA_FLOAT, np.dtype(np.float64): cudnn.CUDNN_DATA_DOUBLE,
+              np.dtype(np.float16): cudnn.CUDNN_DATA_HALF}
+
+# NOTE: alpha/beta are *host pointers* to a scalar of the compute type: double for double data, float
+# otherwise (half included). They must outlive the call, so they are module constants, passed as addresses.
+_SCALARS = {}
+
+
+def scalar_ptr(value: float, dtype) -> int:
+    key = (float(value), np.dtype(dtype) == np.float64)
+    ptr = _SCALARS.get(key)
+    if ptr is None:
+        holder = (ctypes.c_double if key[1] else ctypes.c_float)(key[0])
+        _SCALARS[key] = ptr = ctypes.addressof(holder)
+        _SCALARS[("keep",) + key] = holder
+    return ptr
+
+
+def cudnn_dtype(op: str, dtype) -> int:
+    try:
+        return DATA_TYPES[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"{op}: dtype {np.dtype(dtype)} is not supported by cuDNN here; use float32, float64 "
+                        "or float16") from None
+
+
+class _Descriptor:
+    _create = _destroy = ""
+    __slots__ = ("_as_parameter_", "_finalizer", "__weakref__")
+
+    def __init__(self):
+        h = ctypes.c_void_p()
+        getattr(L, self._create)(ctypes.byref(h))
+        self._as_parameter_ = h.value
+        self._finalizer = weakref.finalize(self, _destroy, self._destroy, h.value)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _destroy(fn_name: str, handle: int) -> None:
+    try:
+        getattr(L, fn_name)(handle)
+    except Exception:  # interpreter shutdown
+        pass
+
+
+class TensorDesc(_Descriptor):
+    _create, _destroy = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
+    __slots__ = ()
+
+    def __init__(self, shape4: tuple, dtype):
+        super().__init__()
+        L.cudnnSetTensor4dDescriptor(self, cudnn.CUDNN_TENSOR_NCHW, cudnn_dtype("tensor", dtype), *shape4)
+
+
+class FilterDesc(_Descriptor):
+    _create, _destroy = "cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor"
+    __slots__ = ()
+
+    def __init__(self, shape4: tuple, dtype):
+        super().__init__()
+        L.cudnnSetFilter4dDescriptor(self, cudnn_dtype("filter", dtype), cudnn.CUDNN_TENSOR_NCHW, *shape4)
+
+
+class ConvDesc(_Descriptor):
+    _create, _destroy = "cudnnCreateConvolutionDescriptor", "cudnnDestroyConvolutionDescriptor"
+    __slots__ = ()
+
+    def __init__(self, padding, stride, dilation, groups, dtype, math: str):
+        super().__init__()
+        # NOTE: half data computes in float ("pseudo half"); double in double.
+        compute = cudnn.CUDNN_DATA_DOUBLE if np.dtype(dtype) == np.float64 else cudnn.CUDNN_DATA_FLOAT
+        L.cudnnSetConvolution2dDescriptor(self, padding[0], padding[1], stride[0], stride[1], dilation[0],
+                                          dilation[1], cudnn.CUDNN_CROSS_CORRELATION, compute)
+        if groups > 1:
+            L.cudnnSetConvolutionGroupCount(self, groups)
+        # NOTE: cuDNN's default math lets FP32 convolutions run on TF32 tensor cores; FMA_MATH forbids it.
+        math_type = cudnn.CUDNN_DEFAULT_MATH if math == "tf32" else cudnn.CUDNN_FMA_MATH
+        if np.dtype(dtype) == np.float16:
+            math_type = cudnn.CUDNN_TENSOR_OP_MATH
+        L.cudnnSetConvolutionMathType(self, math_type)
+
+
+class ActivationDesc(_Descriptor):
+    _create, _destroy = "cudnnCreateActivationDescriptor", "cudnnDestroyActivationDescriptor"
+    __slots__ = ()
+
+    MODES = {"relu": cudnn.CUDNN_ACTIVATION_RELU, "sigmoid": cudnn.CUDNN_ACTIVATION_SIGMOID,
+             "tanh": cudnn.CUDNN_ACTIVATION_TANH, "clipped_relu": cudnn.CUDNN_ACTIVATION_CLIPPED_RELU,
+             "elu": cudnn.CUDNN_ACTIVATION_ELU, "identity": cudnn.CUDNN_ACTIVATION_IDENTITY}
+
+    def __init__(self, mode: str, coef: float):
+        super().__init__()
+        L.cudnnSetActivationDescriptor(self, self.MODES[mode], cudnn.CUDNN_PROPAGATE_NAN, float(coef))
+
+
+class PoolingDesc(_Descriptor):
+    _create, _destroy = "cudnnCreatePoolingDescriptor", "cudnnDestroyPoolingDescriptor"
+    __slots__ = ()
+
+    MODES = {"max": cudnn.CUDNN_POOLING_MAX, "avg": cudnn.CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
+             "avg_exclude_pad": cudnn.CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING}
+
+    def __init__(self, mode: str, window, padding, stride):
+        super().__init__()
+        L.cudnnSetPooling2dDescriptor(self, self.MODES[mode], cudnn.CUDNN_PROPAGATE_NAN, window[0], window[1],
+                                      padding[0], padding[1], stride[0], stride[1])
+
+
+_cache: dict = {}
+
+
+def tensor(shape: tuple, dtype) -> TensorDesc:
+    """A 4-D NCHW descriptor for ``shape``: (N, C) -> (N, C, 1, 1); 1-D (C,) -> (1, C, 1, 1)."""
+    key = ("t", shape, dtype)
+    d = _cache.get(key)
+    if d is None:
+        d = _cache[key] = TensorDesc(as4d(shape), dtype)
+    return d
+
+
+def as4d(shape: tuple) -> tuple:
+    if len(shape) == 4:
+        return tuple(shape)
+    if len(shape) == 1:
+        return (1, shape[0], 1, 1)
+    if len(shape) == 2:
+        return (shape[0], shape[1], 1, 1)
+    if len(shape) == 3:
+        return (shape[0], shape[1], shape[2], 1)
+    if not shape:
+        return (1, 1, 1, 1)
+    return (shape[0], shape[1], int(np.prod(shape[2:], dtype=np.int64)), 1)
+
+
+def filt(shape: tuple, dtype) -> FilterDesc:
+    key = ("f", shape, dtype)
+    d = _cache.get(key)
+    if d is None:
+        d = _cache[key] = FilterDesc(shape, dtype)
+    return d
+
+
+def conv(padding, stride, dilation, groups, dtype, math: str) -> ConvDesc:
+    key = ("c", padding, stride, dilation, groups, dtype, math)
+    d = _cache.get(key)
+    if d is None:
+        d = _cache[key] = ConvDesc(padding, stride, dilation, groups, dtype, math)
+    return d
+
+
+def activation(mode: str, coef: float) -> ActivationDesc:
+    key = ("a", mode, coef)
+    d = _cache.get(key)
+    if d is None:
+        d = _cache[key] = ActivationDesc(mode, coef)
+    return d
+
+
+def pooling(mode: str, window, padding, stride) -> PoolingDesc:
+    key = ("p", mode, window, padding, stride)
+    d = _cache.get(key)
+    if d is None:
+        d = _cache[key] = PoolingDesc(mode, window, padding, stride)
+    return d
+
+
+def conv_output_dim(x_shape, w_shape, padding, stride, dilation, groups, dtype) -> tuple:
+    """cuDNN's own answer for the output shape (host-side; works without a GPU)."""
+    n, c, h, w = (ctypes.c_int() for _ in range(4))
+    L.cudnnGetConvolution2dForwardOutputDim(conv(padding, stride, dilation, groups, dtype, "fp32"),
+                                            tensor(tuple(x_shape), dtype), filt(tuple(w_shape), dtype),
+                                            ctypes.byref(n), ctypes.byref(c), ctypes.byref(h), ctypes.byref(w))
+    return n.value, c.value, h.value, w.value

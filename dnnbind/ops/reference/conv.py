@@ -1,0 +1,124 @@
+"""Numpy twin of the convolution ops and add_tensor.
+
+Layer: dnnbind/ops. Imports numpy and dnnbind.ops._check only.
+
+Convolution is im2col + one matmul per group. The column buffer is laid out (C, R, S, N, P, Q) so that each
+group's slice is a single (C/g*R*S, N*P*Q) matrix: one large GEMM instead of N small ones, which is what
+makes CPU training of the MNIST CNN practical. Both im2col and col2im loop over the R*S kernel taps and copy
+or add one strided slice each (np.add.at would be ~100x slower).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _check
+
+
+def _tap_slices(r: int, s: int, stride, dilation, p: int, q: int) -> tuple[slice, slice]:
+    """Input rows/cols that kernel tap (r, s) reads for all P x Q output positions (padded coordinates)."""
+    h0, w0 = r * dilation[0], s * dilation[1]
+    return (slice(h0, h0 + stride[0] * (p - 1) + 1, stride[0]),
+            slice(w0, w0 + stride[1] * (q - 1) + 1, stride[1]))
+
+
+def _im2col(x: np.ndarray, r: int, s: int, stride, padding, dilation, p: int, q: int) -> np.ndarray:
+    """x (N, C, H, W) -> columns (C, R, S, N, P, Q)."""
+    n, c, h, w = x.shape
+    xt = x.transpose(1, 0, 2, 3)
+    if padding != (0, 0):
+        xp = np.zeros((c, n, h + 2 * padding[0], w + 2 * padding[1]), dtype=x.dtype)
+        xp[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w] = xt
+    else:
+        xp = np.ascontiguousarray(xt)
+    cols = np.empty((c, r, s, n, p, q), dtype=x.dtype)
+    for i in range(r):
+        for j in range(s):
+            si, sj = _tap_slices(i, j, stride, dilation, p, q)
+            cols[:, i, j] = xp[:, :, si, sj]
+    return cols
+
+
+def _col2im(cols: np.ndarray, x_shape, stride, padding, dilation) -> np.ndarray:
+    """Adjoint of _im2col: columns (C, R, S, N, P, Q) -> x (N, C, H, W), overlapping taps summed."""
+    n, c, h, w = x_shape
+    _, r, s, _, p, q = cols.shape
+    xp = np.zeros((c, n, h + 2 * padding[0], w + 2 * padding[1]), dtype=cols.dtype)
+    for i in range(r):
+        for j in range(s):
+            si, sj = _tap_slices(i, j, stride, dilation, p, q)
+            xp[:, :, si, sj] += cols[:, i, j]
+    xp = xp[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w]
+    return np.ascontiguousarray(xp.transpose(1, 0, 2, 3))
+
+
+def _dy_matrix(dy: np.ndarray, groups: int) -> np.ndarray:
+    """dy (N, K, P, Q) -> (groups, K/groups, N*P*Q), the layout of the forward GEMM's output."""
+    n, k, p, q = dy.shape
+    return np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(groups, k // groups, n * p * q)
+
+
+def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stride=1, padding=0, dilation=1,
+                 groups: int = 1) -> np.ndarray:
+    """y[n, k] = sum over c in k's group, r, s of x_padded[n, c, p*sh + r*dh, q*sw + s*dw] * w[k, c, r, s] + b[k]."""
+    x, w = np.asarray(x), np.asarray(w)
+    b = None if b is None else np.asarray(b)
+    _check.check_dtype("conv_forward", _check.FLOAT_DTYPES, x=x, w=w, b=b)
+    stride, padding, dilation, groups, y_shape = _check.conv_params(
+        "conv_forward", x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
+    n, k, p, q = y_shape
+    _, cg, r, s = w.shape
+    cols = _im2col(x, r, s, stride, padding, dilation, p, q).reshape(groups, cg * r * s, n * p * q)
+    y = np.matmul(w.reshape(groups, k // groups, cg * r * s), cols)
+    y = y.reshape(k, n, p, q).transpose(1, 0, 2, 3)
+    if b is not None:
+        y = y + b.reshape(1, k, 1, 1)
+    return np.ascontiguousarray(y)
+
+
+def conv_backward_data(w: np.ndarray, dy: np.ndarray, x_shape, stride=1, padding=0, dilation=1,
+                       groups: int = 1) -> np.ndarray:
+    """dx = the adjoint of conv_forward in x, applied to dy."""
+    w, dy = np.asarray(w), np.asarray(dy)
+    op = "conv_backward_data"
+    _check.check_dtype(op, _check.FLOAT_DTYPES, w=w, dy=dy)
+    x_shape = _check.check_shape_arg(op, "x_shape", x_shape)
+    stride, padding, dilation, groups, _ = _check.conv_grad_params(
+        op, x_shape, w.shape, dy.shape, stride, padding, dilation, groups)
+    n, k, p, q = dy.shape
+    _, cg, r, s = w.shape
+    wg = w.reshape(groups, k // groups, cg * r * s)
+    dcols = np.matmul(wg.transpose(0, 2, 1), _dy_matrix(dy, groups))
+    return _col2im(dcols.reshape(cg * groups, r, s, n, p, q), x_shape, stride, padding, dilation)
+
+
+def conv_backward_filter(x: np.ndarray, dy: np.ndarray, w_shape, stride=1, padding=0, dilation=1,
+                         groups: int = 1) -> np.ndarray:
+    """dw[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] * x_padded[n, c, p*sh + r*dh, q*sw + s*dw]."""
+    x, dy = np.asarray(x), np.asarray(dy)
+    op = "conv_backward_filter"
+    _check.check_dtype(op, _check.FLOAT_DTYPES, x=x, dy=dy)
+    w_shape = _check.check_shape_arg(op, "w_shape", w_shape)
+    stride, padding, dilation, groups, _ = _check.conv_grad_params(
+        op, x.shape, w_shape, dy.shape, stride, padding, dilation, groups)
+    n, _, p, q = dy.shape
+    _, cg, r, s = w_shape
+    cols = _im2col(x, r, s, stride, padding, dilation, p, q).reshape(groups, cg * r * s, n * p * q)
+    dw = np.matmul(_dy_matrix(dy, groups), cols.transpose(0, 2, 1))
+    return np.ascontiguousarray(dw.reshape(w_shape))
+
+
+def conv_backward_bias(dy: np.ndarray) -> np.ndarray:
+    """db[k] = sum of dy[:, k]."""
+    dy = np.asarray(dy)
+    _check.check_dtype("conv_backward_bias", _check.FLOAT_DTYPES, dy=dy)
+    _check.conv_bias_params("conv_backward_bias", dy.shape)
+    return dy.sum(axis=(0, 2, 3))
+
+
+def add_tensor(x: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """x + b, b (C,) broadcast over x (N, C, ...) or b the same shape as x. Returns a new array."""
+    x, b = np.asarray(x), np.asarray(b)
+    _check.check_dtype("add_tensor", _check.FLOAT_DTYPES, x=x, b=b)
+    b_shape = _check.add_tensor_params("add_tensor", x.shape, b.shape)
+    return x + b.reshape(b_shape)

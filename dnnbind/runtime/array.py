@@ -1,0 +1,403 @@
+"""Layer 1 (runtime): the NDArray, one type for both backends. Imports _lib and runtime.
+
+On cpu an NDArray holds a C-contiguous numpy array; on gpu a pointer into a DeviceBuffer (or into memory
+another library owns, for zero-copy imports) plus an ``_owner`` reference that keeps that memory alive.
+Views (``reshape``, first-axis slices) share the owner. The autograd layer attaches its state through the
+``_node``/``_grad``/``_grad_req`` slots and registers ``backward`` here (``register_autograd``), so this
+layer never imports autograd. Arithmetic operators are added by ``dnnbind.nd`` in the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._lib.errors import DnnbindError
+from . import dlpack as _dlpack
+from .device import Device, as_device
+from .memory import D2D, D2H, H2D, DeviceBuffer, memcpy, memset
+from .stream import current_stream
+
+_autograd = {}  # filled by dnnbind.autograd: {"backward": fn}
+
+DTYPES = (np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.bool_)
+
+
+def register_autograd(**hooks) -> None:
+    _autograd.update(hooks)
+
+
+class NDArray:
+    __slots__ = ("_shape", "_dtype", "_device", "_data", "_ptr", "_owner", "_node", "_grad", "_grad_req",
+                 "__weakref__")
+    __array_priority__ = 1000  # numpy scalars defer to our operators
+
+    # -- construction (internal) ---------------------------------------------------------------------------
+    @classmethod
+    def _from_numpy(cls, data: np.ndarray) -> "NDArray":
+        a = object.__new__(cls)
+        a._shape, a._dtype, a._device, a._data = data.shape, data.dtype, _CPU, data
+        a._ptr, a._owner, a._node, a._grad, a._grad_req = 0, None, None, None, "null"
+        return a
+
+    @classmethod
+    def _from_ptr(cls, ptr: int, shape: tuple, dtype, device: Device, owner) -> "NDArray":
+        a = object.__new__(cls)
+        a._shape, a._dtype, a._device, a._data = tuple(shape), np.dtype(dtype), device, None
+        a._ptr, a._owner, a._node, a._grad, a._grad_req = ptr, owner, None, None, "null"
+        return a
+
+    # -- properties ----------------------------------------------------------------------------------------
+    shape = property(lambda self: self._shape)
+    dtype = property(lambda self: self._dtype)
+    device = property(lambda self: self._device)
+    context = ctx = device  # MXNet spelling
+    ndim = property(lambda self: len(self._shape))
+    size = property(lambda self: int(np.prod(self._shape, dtype=np.int64)))
+    nbytes = property(lambda self: self.size * self._dtype.itemsize)
+
+    @property
+    def ptr(self) -> int:
+        """Device pointer (int) of the first element; raises on a cpu array."""
+        if self._data is not None:
+            raise DnnbindError("ptr: this NDArray lives on the cpu; use .data_numpy or move it with .to('gpu')")
+        return self._ptr
+
+    @property
+    def data_numpy(self) -> np.ndarray:
+        """The backing numpy array of a cpu NDArray (no copy)."""
+        if self._data is None:
+            raise DnnbindError("data_numpy: this NDArray lives on the gpu; use .numpy() to copy it to the host")
+        return self._data
+
+    # -- host/device movement ------------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """A numpy copy (waits for the GPU work that produces this array)."""
+        if self._data is not None:
+            return self._data.copy()
+        out = np.empty(self._shape, self._dtype)
+        stream = current_stream(self._device)
+        memcpy(out.ctypes.data, self._ptr, self.nbytes, D2H, stream)
+        stream.synchronize()
+        return out
+
+    asnumpy = numpy
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def item(self):
+        if self.size != 1:
+            raise ValueError(f"item: only size-1 arrays convert to a scalar, this one has shape {self._shape}")
+        return self.numpy().reshape(()).item()
+
+    asscalar = item
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        return bool(self.item())
+
+    def to(self, device=None, dtype=None) -> "NDArray":
+        """This array on ``device`` (itself if already there and no dtype change)."""
+        device = as_device(device)
+        if device is self._device and (dtype is None or np.dtype(dtype) == self._dtype):
+            return self
+        if device.kind == "cpu" or self._data is not None:
+            host = self._data if self._data is not None else self.numpy()
+            return array(host, device=device, dtype=dtype)
+        if dtype is not None and np.dtype(dtype) != self._dtype:
+            return array(self.numpy(), device=device, dtype=dtype)
+        out = empty(self._shape, self._dtype, device)  # gpu -> another gpu
+        self._device.activate()
+        from .._lib import cudart
+        cudart.call("cudaMemcpyPeerAsync", out._ptr, device.index, self._ptr, self._device.index, self.nbytes,
+                    current_stream(device).handle)
+        return out
+
+    def as_in_context(self, ctx) -> "NDArray":
+        return self.to(ctx)
+
+    def copyto(self, other) -> "NDArray":
+        if isinstance(other, NDArray):
+            other.copy_(self)
+            return other
+        return self.to(other).copy() if as_device(other) is self._device else self.to(other)
+
+    def astype(self, dtype, copy: bool = True) -> "NDArray":
+        dtype = np.dtype(dtype)
+        if dtype == self._dtype and not copy:
+            return self
+        if self._data is not None:
+            return NDArray._from_numpy(self._data.astype(dtype))
+        return array(self.numpy().astype(dtype), device=self._device)
+
+    def copy(self) -> "NDArray":
+        if self._data is not None:
+            return NDArray._from_numpy(self._data.copy())
+        out = empty(self._shape, self._dtype, self._device)
+        memcpy(out._ptr, self._ptr, self.nbytes, D2D, current_stream(self._device))
+        return out
+
+    def copy_(self, src) -> "NDArray":
+        """Write ``src`` (numpy, scalar or NDArray of this shape) into this array in place."""
+        if isinstance(src, NDArray):
+            if src._shape != self._shape:
+                raise ValueError(f"copy_: shape {src._shape} does not match {self._shape}")
+            if src._device is not self._device:
+                src = src.to(self._device)
+            if src._dtype != self._dtype:
+                src = src.astype(self._dtype)
+            if self._data is not None:
+                np.copyto(self._data, src._data)
+            else:
+                memcpy(self._ptr, src._ptr, self.nbytes, D2D, current_stream(self._device))
+            return self
+        host = np.ascontiguousarray(np.broadcast_to(np.asarray(src, dtype=self._dtype), self._shape))
+        if self._data is not None:
+            np.copyto(self._data, host)
+        else:
+            stream = current_stream(self._device)
+            memcpy(self._ptr, host.ctypes.data, self.nbytes, H2D, stream)
+            # NOTE: pageable H2D copies are staged, but `host` may be a temporary: wait before it is freed.
+            stream.synchronize()
+        return self
+
+    def zero_(self) -> "NDArray":
+        if self._data is not None:
+            self._data[...] = 0
+        else:
+            memset(self._ptr, 0, self.nbytes, current_stream(self._device))
+        return self
+
+    # -- views ---------------------------------------------------------------------------------------------
+    def reshape(self, *shape) -> "NDArray":
+        """A view with a new shape. MXNet codes: 0 keeps that input dim, -1 infers one dim."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        new = _infer_shape(self._shape, shape)
+        if self._data is not None:
+            out = NDArray._from_numpy(self._data.reshape(new))
+        else:
+            out = NDArray._from_ptr(self._ptr, new, self._dtype, self._device, self._owner)
+        return _autograd["view"](self, out) if self._node is not None or self._grad is not None else out
+
+    def flatten(self) -> "NDArray":
+        return self.reshape((self._shape[0], -1)) if self.ndim > 1 else self
+
+    def __getitem__(self, key):
+        if self._data is not None:
+            if isinstance(key, (int, np.integer, slice)):
+                return NDArray._from_numpy(self._data[key])
+            return NDArray._from_numpy(np.ascontiguousarray(self._data[key]))
+        if isinstance(key, (int, np.integer)):
+            n = self._shape[0]
+            i = int(key) + n if key < 0 else int(key)
+            if not 0 <= i < n:
+                raise IndexError(f"index {key} out of range for axis 0 of size {n}")
+            start, stop = i, i + 1
+            shape = self._shape[1:]
+        elif isinstance(key, slice):
+            start, stop, step = key.indices(self._shape[0])
+            if step != 1:
+                raise IndexError("gpu NDArray slices must have step 1 (a contiguous view)")
+            stop = max(stop, start)
+            shape = (stop - start,) + self._shape[1:]
+        else:
+            raise IndexError("gpu NDArray supports an int or a step-1 slice on the first axis; use .numpy() "
+                             "for other indexing")
+        row = int(np.prod(self._shape[1:], dtype=np.int64)) * self._dtype.itemsize
+        return NDArray._from_ptr(self._ptr + start * row, shape, self._dtype, self._device, self._owner)
+
+    def __setitem__(self, key, value):
+        self[key].copy_(value.numpy() if isinstance(value, NDArray) and value._device is not self._device
+                        else value)
+
+    def __len__(self):
+        if not self._shape:
+            raise TypeError("len() of a 0-d NDArray")
+        return self._shape[0]
+
+    # -- interchange ---------------------------------------------------------------------------------------
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        if self._data is not None:
+            raise AttributeError("__cuda_array_interface__: this NDArray lives on the cpu")
+        return {"shape": self._shape, "typestr": self._dtype.str, "data": (self._ptr, False), "version": 3,
+                "strides": None, "stream": current_stream(self._device).handle or 1}
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        if self._data is not None:
+            kwargs = {k: v for k, v in (("max_version", max_version), ("dl_device", dl_device), ("copy", copy))
+                      if v is not None}
+            return self._data.__dlpack__(**kwargs)
+        if stream is not None and stream != -1:
+            _order_for_consumer(self._device, stream)
+        return _dlpack.to_capsule(self, self._ptr, self._shape, self._dtype,
+                                  _dlpack.dlpack_device("gpu", self._device.index), max_version=max_version)
+
+    def __dlpack_device__(self):
+        return _dlpack.dlpack_device(self._device.kind, self._device.index)
+
+    # -- autograd (implemented in dnnbind.autograd) --------------------------------------------------------
+    def attach_grad(self, grad_req: str = "write") -> None:
+        _autograd["attach_grad"](self, grad_req)
+
+    @property
+    def grad(self):
+        return self._grad
+
+    def backward(self, out_grad=None, retain_graph: bool = False) -> None:
+        _autograd["backward"](self, out_grad, retain_graph)
+
+    def detach(self) -> "NDArray":
+        if self._data is not None:
+            return NDArray._from_numpy(self._data)
+        return NDArray._from_ptr(self._ptr, self._shape, self._dtype, self._device, self._owner)
+
+    # -- printing ------------------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        body = np.array2string(self.numpy(), precision=4, threshold=50, edgeitems=3)
+        shape = "x".join(str(s) for s in self._shape) or "scalar"
+        return f"\n{body}\n<NDArray {shape} @{self._device!r}>"
+
+
+_CPU = Device("cpu", 0)
+
+
+def _order_for_consumer(device: Device, consumer_stream: int) -> None:
+    """DLPack: make the consumer's stream wait for work queued on ours (an event, not a host sync)."""
+    from .stream import Event
+    if consumer_stream in (1, 2):
+        consumer_stream = 0 if consumer_stream == 1 else 2  # legacy default / per-thread default
+    ev = Event(device, timing=False).record()
+    from .._lib import cudart
+    cudart.call("cudaStreamWaitEvent", consumer_stream, ev._obj, 0)
+
+
+def _infer_shape(old: tuple, new: tuple) -> tuple:
+    size = int(np.prod(old, dtype=np.int64))
+    out = [old[i] if d == 0 and i < len(old) else int(d) for i, d in enumerate(new)]
+    if out.count(-1) > 1:
+        raise ValueError(f"reshape: at most one -1 allowed, got {new}")
+    if -1 in out:
+        rest = int(np.prod([d for d in out if d != -1], dtype=np.int64))
+        if rest == 0 or size % rest:
+            raise ValueError(f"reshape: cannot reshape {old} into {new}")
+        out[out.index(-1)] = size // rest
+    if int(np.prod(out, dtype=np.int64)) != size or any(d < 0 for d in out):
+        raise ValueError(f"reshape: cannot reshape {old} (size {size}) into {tuple(new)}")
+    return tuple(out)
+
+
+# -- factories -----------------------------------------------------------------------------------------------
+def empty(shape, dtype=np.float32, device=None) -> NDArray:
+    device = as_device(device)
+    shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+    dtype = np.dtype(dtype)
+    if device.kind == "cpu":
+        return NDArray._from_numpy(np.empty(shape, dtype))
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buf = DeviceBuffer(nbytes, device)
+    return NDArray._from_ptr(buf.ptr, shape, dtype, device, buf)
+
+
+def zeros(shape, dtype=np.float32, device=None) -> NDArray:
+    return empty(shape, dtype, device).zero_()
+
+
+def ones(shape, dtype=np.float32, device=None) -> NDArray:
+    return full(shape, 1, dtype, device)
+
+
+def full(shape, value, dtype=np.float32, device=None) -> NDArray:
+    out = empty(shape, dtype, device)
+    if out._data is not None:
+        out._data[...] = value
+    else:
+        out.copy_(np.full(out._shape, value, out._dtype))
+    return out
+
+
+def array(obj, device=None, dtype=None) -> NDArray:
+    """An NDArray from numpy, a list/scalar, an NDArray, or a CUDA array of another library.
+
+    CuPy arrays and PyTorch CUDA tensors are wrapped without a copy when they are C-contiguous, on the
+    requested device, and of the requested dtype. Lists of Python floats become float32 (MXNet's default).
+    """
+    if isinstance(obj, NDArray):
+        return obj.to(device, dtype) if device is not None or dtype is not None else obj
+    if not isinstance(obj, np.ndarray) and (hasattr(obj, "__cuda_array_interface__")
+                                            or _is_cuda_dlpack(obj)):
+        out = from_cuda(obj)
+        if (device is not None and as_device(device) is not out._device) or \
+                (dtype is not None and np.dtype(dtype) != out._dtype):
+            return out.to(device if device is not None else out._device, dtype)
+        return out
+    if isinstance(obj, np.ndarray):
+        host = obj
+    else:
+        host = np.asarray(obj)
+        if dtype is None and host.dtype == np.float64:
+            host = host.astype(np.float32)
+    host = np.ascontiguousarray(host, dtype=dtype)
+    device = as_device(device)
+    if device.kind == "cpu":
+        return NDArray._from_numpy(host.copy() if host is obj else host)
+    out = empty(host.shape, host.dtype, device)
+    return out.copy_(host)
+
+
+def _is_cuda_dlpack(obj) -> bool:
+    dev = getattr(obj, "__dlpack_device__", None)
+    if dev is None:
+        return False
+    try:
+        return dev()[0] == 2  # kDLCUDA
+    except Exception:
+        return False
+
+
+def from_cuda(obj) -> NDArray:
+    """Wrap a CUDA array of another library (``__cuda_array_interface__`` or DLPack) without copying."""
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        shape, dtype = tuple(cai["shape"]), np.dtype(cai["typestr"])
+        strides = cai.get("strides")
+        if strides is not None and not _dlpack.is_c_contiguous(shape, [s // dtype.itemsize for s in strides]):
+            raise ValueError(f"array: the {type(obj).__name__} is not C-contiguous (strides {strides}); "
+                             "make it contiguous first (.contiguous() in torch, cupy.ascontiguousarray)")
+        ptr = int(cai["data"][0])
+        from .._lib import cudart
+        attrs = cudart.call("cudaPointerGetAttributes", ptr) if ptr else None
+        index = int(attrs.device) if attrs is not None else 0
+        device = Device("gpu", index)
+        stream = cai.get("stream")
+        if stream:
+            # The producer's work on `stream` must finish before ours reads the data: an event, no host sync.
+            ev = cudart.call("cudaEventCreateWithFlags", 2)
+            cudart.call("cudaEventRecord", ev, 0 if stream == 1 else stream)
+            cudart.call("cudaStreamWaitEvent", current_stream(device).handle, ev, 0)
+            cudart.call("cudaEventDestroy", ev)
+        return NDArray._from_ptr(ptr, shape, dtype, device, obj)
+    return from_dlpack(obj)
+
+
+def from_dlpack(obj) -> NDArray:
+    """``dnnbind.from_dlpack(x)``: zero-copy import of any DLPack producer (torch, CuPy, numpy, JAX)."""
+    if isinstance(obj, NDArray):
+        return obj
+    dev_type, dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
+    if dev_type == 1:  # kDLCPU: numpy is a complete DLPack consumer
+        return NDArray._from_numpy(np.ascontiguousarray(np.from_dlpack(obj)))
+    if dev_type != 2:
+        raise ValueError(f"from_dlpack: unsupported device type {dev_type} (only CPU and CUDA)")
+    device = Device("gpu", dev_id)
+    t = _dlpack.from_capsule(obj.__dlpack__(stream=current_stream(device).handle or 1))
+    if t.strides is not None and not _dlpack.is_c_contiguous(t.shape, t.strides):
+        raise ValueError(f"from_dlpack: the tensor is not C-contiguous (shape {t.shape}, strides {t.strides})")
+    return NDArray._from_ptr(t.ptr, t.shape, t.dtype, device, t)

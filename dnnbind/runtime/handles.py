@@ -1,0 +1,103 @@
+"""Layer 1 (runtime): cuDNN and cuBLAS handles, one per (device, stream). Imports _lib and runtime.
+
+Handles are created lazily, bound to their stream (cudnnSetStream / cublasSetStream_v2) once, and looked
+up by key on the hot path. They are destroyed at interpreter exit, after a device synchronize, and never
+while a CUDA graph is being captured (cudnnDestroy synchronizes, which would invalidate the capture).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+
+from .._lib import cublas, cudnn
+from . import config
+from .device import Device
+from .memory import DeviceBuffer
+from .stream import Stream, current_stream
+
+CUBLAS_WORKSPACE_BYTES = 32 << 20  # NOTE: cuBLAS needs a fixed user workspace to be capturable in a CUDA graph
+
+
+class CudnnHandle:
+    __slots__ = ("device", "stream", "handle")
+
+    def __init__(self, device: Device, stream: Stream):
+        device.activate()
+        h = ctypes.c_void_p()
+        cudnn.lib.cudnnCreate(ctypes.byref(h))
+        cudnn.lib.cudnnSetStream(h, stream.handle)
+        self.device, self.stream, self.handle = device, stream, h.value
+
+    def close(self) -> None:
+        if self.handle:
+            h, self.handle = self.handle, None
+            cudnn.lib.cudnnDestroy(h)
+
+
+class CublasHandle:
+    __slots__ = ("device", "stream", "handle", "workspace", "math_version")
+
+    def __init__(self, device: Device, stream: Stream):
+        device.activate()
+        h = ctypes.c_void_p()
+        cublas.lib.cublasCreate_v2(ctypes.byref(h))
+        self.device, self.stream, self.handle = device, stream, h.value
+        cublas.lib.cublasSetStream_v2(h, stream.handle)
+        self.workspace = DeviceBuffer(CUBLAS_WORKSPACE_BYTES, device, stream)
+        cublas.lib.cublasSetWorkspace_v2(h, self.workspace.ptr, self.workspace.nbytes)
+        self.math_version = -1
+        self.sync_math()
+
+    def sync_math(self) -> None:
+        mode = cublas.CUBLAS_TF32_TENSOR_OP_MATH if config.math_mode() == "tf32" else cublas.CUBLAS_DEFAULT_MATH
+        cublas.lib.cublasSetMathMode(self.handle, mode)
+        self.math_version = config.math_version()
+
+    def close(self) -> None:
+        if self.handle:
+            h, self.handle = self.handle, None
+            cublas.lib.cublasDestroy_v2(h)
+
+
+_cudnn: dict = {}
+_cublas: dict = {}
+
+
+def cudnn_handle(device: Device, stream: Stream | None = None) -> int:
+    stream = stream or current_stream(device)
+    h = _cudnn.get(stream)
+    if h is None:
+        h = _cudnn[stream] = CudnnHandle(device, stream)
+    return h.handle
+
+
+def cublas_handle(device: Device, stream: Stream | None = None) -> int:
+    stream = stream or current_stream(device)
+    h = _cublas.get(stream)
+    if h is None:
+        h = _cublas[stream] = CublasHandle(device, stream)
+    elif h.math_version != config.math_version():
+        h.sync_math()
+    return h.handle
+
+
+def cublas_handle_object(device: Device, stream: Stream | None = None) -> CublasHandle:
+    cublas_handle(device, stream)
+    return _cublas[stream or current_stream(device)]
+
+
+def _release_all() -> None:
+    """atexit: synchronize each device's streams, then destroy its handles. Errors are swallowed:
+    at exit a failing destroy must never mask the program's own result."""
+    for table in (_cudnn, _cublas):
+        for h in list(table.values()):
+            try:
+                h.stream.synchronize()
+                h.close()
+            except Exception:
+                pass
+        table.clear()
+
+
+atexit.register(_release_all)

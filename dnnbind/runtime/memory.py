@@ -1,0 +1,82 @@
+"""Layer 1 (runtime): device memory from CUDA's stream-ordered pool. Imports _lib and runtime.
+
+We do not write an allocator: ``cudaMallocAsync``/``cudaFreeAsync`` on the device's default pool *is* CUDA's
+caching allocator. Its release threshold is raised to "never trim" so freed blocks are reused instead of
+being handed back to the driver at every synchronize; this is what makes an allocation a few microseconds
+and what lets allocations happen inside CUDA graph capture.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from .._lib import cudart
+from .device import Device
+from .stream import Stream, current_stream
+
+_pools_ready: set[int] = set()
+
+# cudaMemcpyKind
+H2D, D2H, D2D = 1, 2, 3
+
+
+def _prepare_pool(index: int) -> None:
+    rt = cudart.rt()
+    pool = cudart.call("cudaDeviceGetDefaultMemPool", index)
+    threshold = rt.cuuint64_t(0xFFFFFFFFFFFFFFFF)
+    cudart.call("cudaMemPoolSetAttribute", pool, rt.cudaMemPoolAttr.cudaMemPoolAttrReleaseThreshold, threshold)
+    _pools_ready.add(index)
+
+
+class DeviceBuffer:
+    """``nbytes`` of device memory, freed (stream-ordered, on the stream it was made on) when unreferenced."""
+
+    __slots__ = ("ptr", "nbytes", "device", "stream", "_finalizer", "__weakref__")
+
+    def __init__(self, nbytes: int, device: Device, stream: Stream | None = None):
+        device.activate()
+        if device.index not in _pools_ready:
+            _prepare_pool(device.index)
+        stream = stream or current_stream(device)
+        self.nbytes, self.device, self.stream = int(nbytes), device, stream
+        if self.nbytes == 0:
+            self.ptr, self._finalizer = 0, None
+            return
+        self.ptr = int(cudart.call("cudaMallocAsync", self.nbytes, stream.handle))
+        # The stream object is captured so it outlives every buffer allocated on it.
+        self._finalizer = weakref.finalize(self, _free, self.ptr, stream)
+
+    def free(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __repr__(self) -> str:
+        return f"DeviceBuffer(0x{self.ptr:x}, {self.nbytes} bytes, {self.device!r})"
+
+
+def _free(ptr: int, stream: Stream) -> None:
+    try:
+        cudart.rt().cudaFreeAsync(ptr, stream.handle)
+    except Exception:  # interpreter shutdown
+        pass
+
+
+def memcpy(dst: int, src: int, nbytes: int, kind: int, stream: Stream) -> None:
+    if nbytes:
+        cudart.call("cudaMemcpyAsync", dst, src, nbytes, kind, stream.handle)
+
+
+def memset(ptr: int, value: int, nbytes: int, stream: Stream) -> None:
+    if nbytes:
+        cudart.call("cudaMemsetAsync", ptr, value, nbytes, stream.handle)
+
+
+def pool_stats(device: Device) -> dict:
+    """Bytes the default pool holds (reserved) and hands out (used), for show_config and benchmarks."""
+    rt = cudart.rt()
+    pool = cudart.call("cudaDeviceGetDefaultMemPool", device.index)
+    out = {}
+    for key, attr in (("reserved", "cudaMemPoolAttrReservedMemCurrent"), ("used", "cudaMemPoolAttrUsedMemCurrent")):
+        value = cudart.call("cudaMemPoolGetAttribute", pool, getattr(rt.cudaMemPoolAttr, attr))
+        out[key] = int(value)
+    return out

@@ -1,0 +1,65 @@
+"""Test helpers shared by the CPU and GPU test files: closeness with a useful message, numerical gradients.
+
+Imports numpy only; `actual` may be anything with a `.numpy()` method (an NDArray), so GPU tests can pass
+their results straight in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+
+def _to_numpy(a) -> np.ndarray:
+    if not isinstance(a, np.ndarray) and hasattr(a, "numpy"):
+        a = a.numpy()
+    return np.asarray(a)
+
+
+def assert_close(actual, expected, rtol: float, atol: float, name: str = "value") -> None:
+    """Assert |actual - expected| <= atol + rtol * |expected| elementwise (NaN matches only NaN).
+
+    On failure the message gives the count of bad elements, the max absolute error and where it is, the
+    tolerance, and the first bad index with both values.
+    """
+    a = _to_numpy(actual)
+    e = _to_numpy(expected)
+    if a.shape != e.shape:
+        raise AssertionError(f"{name}: shape {a.shape} != expected {e.shape}")
+    a64 = a.astype(np.float64)
+    e64 = e.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(a64 - e64)
+        tol = atol + rtol * np.abs(e64)
+        same_special = (np.isnan(a64) & np.isnan(e64)) | ((a64 == e64) & np.isinf(e64))
+        bad = ~((err <= tol) | same_special)
+    if not bad.any():
+        return
+    finite_err = np.where(np.isfinite(err), err, -1.0)
+    worst = np.unravel_index(int(np.argmax(finite_err)), a.shape) if a.ndim else ()
+    first = np.unravel_index(int(np.flatnonzero(bad)[0]), a.shape) if a.ndim else ()
+    idx = tuple(int(i) for i in first)
+    got, want = float(a64[first]), float(e64[first])
+    raise AssertionError(
+        f"{name}: {int(bad.sum())} of {a.size} elements out of tolerance (rtol={rtol:g}, atol={atol:g}, "
+        f"dtype {a.dtype} vs {e.dtype}); max abs error {float(err[worst]):.3g} at "
+        f"{tuple(int(i) for i in worst)}; first bad index {idx}: actual {got!r} expected {want!r} "
+        f"(error {float(err[first]):.3g} > tolerance {float(tol[first]):.3g})")
+
+
+def numerical_grad(f: Callable[[np.ndarray], np.ndarray], x: np.ndarray, dy: np.ndarray,
+                   eps: float = 1e-6) -> np.ndarray:
+    """d/dx of sum(f(x) * dy) by central differences, one element at a time (use float64, small x)."""
+    x = np.array(x, dtype=np.float64)
+    grad = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), grad.reshape(-1)
+    for i in range(flat.size):
+        orig = flat[i]
+        flat[i] = orig + eps
+        plus = float(np.sum(np.asarray(f(x), dtype=np.float64) * dy))
+        flat[i] = orig - eps
+        minus = float(np.sum(np.asarray(f(x), dtype=np.float64) * dy))
+        flat[i] = orig
+        gflat[i] = (plus - minus) / (2 * eps)
+    return grad

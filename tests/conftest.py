@@ -1,0 +1,39 @@
+"""Shared pytest setup: the ``gpu`` marker skips cleanly when no usable GPU is present."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+# Tests run from a source checkout without installing (PYTHONPATH=. or not): make `import dnnbind` work.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _gpu_count() -> tuple[int, str]:
+    try:
+        from dnnbind.runtime.device import gpu_status
+        return gpu_status()
+    except Exception as exc:  # cuda-python missing or broken: no GPU for tests
+        return 0, str(exc)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU; skipped cleanly without one")
+
+
+def pytest_collection_modifyitems(config, items):
+    count, why = _gpu_count()
+    if count:
+        return
+    skip = pytest.mark.skip(reason=f"no GPU: {why}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gpu():
+    import dnnbind
+    return dnnbind.gpu(0)
