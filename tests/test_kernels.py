@@ -459,3 +459,46 @@ def test_cuda_array_interface_objects():
     compiler.compile(ADD2, "add2_kernel").launch(4, 256, (c, a, b, 1000))
     cp.cuda.runtime.deviceSynchronize()
     np.testing.assert_array_equal(cp.asnumpy(c), np.arange(1000, dtype=np.float32) + 1)
+
+
+def test_dnnbind_internal_kernels_compile_without_a_gpu():
+    """ops._kernels.SOURCE (loss gather/scatter, fill, arithmetic, dropout, Adam) must compile for sm_90."""
+    from dnnbind.kernels import Module
+    from dnnbind.ops import _kernels
+    mod = Module(_kernels.SOURCE, arch="sm_90")
+    assert mod.code
+
+
+@gpu
+def test_launch_without_dnnbind_runtime(monkeypatch):
+    # Kernels work below the runtime: the CUDA runtime's current device and the legacy default stream.
+    monkeypatch.setattr(launch, "_runtime_module", None)
+    n = 999
+    a_h = np.arange(n, dtype=np.float32)
+    a, c = DeviceBuffer(a_h), DeviceBuffer(np.zeros(n, np.float32))
+    seen = []
+    monkeypatch.setattr(launch, "_launch_hooks", [lambda *args: seen.append(args)])
+    compiler.compile(ADD2, "add2_kernel").launch(4, 256, (c, a, a, n))
+    assert seen[0][3] == 0  # stream None -> the legacy default stream
+    np.testing.assert_array_equal(c.numpy(), 2 * a_h)
+
+
+@gpu
+def test_dynamic_shared_memory_above_48k_and_ptx():
+    src = r"""
+    extern "C" __global__ void reverse(float* x, int n) {
+        extern __shared__ float s[];
+        for (int i = threadIdx.x; i < n; i += blockDim.x) s[i] = x[i];
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = s[n - 1 - i];
+    }"""
+    n = 16384  # 64 KiB of shared memory: needs the opt-in above 48 KiB
+    x_h = np.arange(n, dtype=np.float32)
+    x = DeviceBuffer(x_h)
+    k = compiler.compile(src, "reverse")
+    k.launch(1, 256, (x, n), shared_mem=4 * n)
+    np.testing.assert_array_equal(x.numpy(), x_h[::-1])
+    ptx = compiler.compile(src, "reverse", arch="compute_75")  # PTX the driver JIT-compiles at load
+    assert ptx.module.kind == "ptx"
+    ptx.launch(1, 256, (x, n), shared_mem=4 * n)
+    np.testing.assert_array_equal(x.numpy(), x_h)

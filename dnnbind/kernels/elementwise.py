@@ -14,6 +14,7 @@ grid-stride loop over ``long long i`` in [0, n): one launch covers any n with a 
 from __future__ import annotations
 
 import ctypes
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,8 +79,11 @@ def _parse_params(params: str) -> list[_Param]:
 
 
 def _size_of(a: Any) -> int | None:
+    shape = getattr(a, "shape", None)
+    if isinstance(shape, tuple):  # NDArray, CuPy, torch (torch.Size is a tuple); cheaper than .size
+        return math.prod(shape)
     size = getattr(a, "size", None)
-    if type(size) is int:  # dnnbind NDArray, CuPy; torch's .size is a method
+    if type(size) is int:
         return size
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
@@ -111,6 +115,8 @@ class ElementwiseKernel:
         self.name = name
         self.params = _parse_params(params)
         self.block = int(block)
+        if not 1 <= self.block <= 1024:
+            raise ValueError(f"{name}: block must be 1..1024 threads, got {block}")
         self.options = tuple(options)
         self.check_sizes = check_sizes
         outputs = [k for k, p in enumerate(self.params) if p.pointer and not p.const]
@@ -163,7 +169,7 @@ class ElementwiseKernel:
         if kernel is None:
             kernel = self._kernels[device] = self.kernel()
         grid = min(-(-n // self.block), multiprocessor_count(device) * BLOCKS_PER_SM)
-        kernel.launch(grid, self.block, values, stream=stream)
+        kernel._launch(device, (grid, 1, 1), (self.block, 1, 1), values, stream, 0)
 
 
 def elementwise(name: str, params: str, body: str, preamble: str = "", options: Sequence[str] = (),

@@ -102,6 +102,7 @@ _UNRESOLVED = object()
 _runtime_module: Any = _UNRESOLVED
 _cc: dict[int, int] = {}
 _sms: dict[int, int] = {}
+_gpu_devices: dict[int, Any] = {}  # index -> dnnbind Device, to skip its constructor on every launch
 
 
 def _dnnbind_runtime() -> Any:
@@ -170,7 +171,10 @@ def _default_stream_handle(device: int) -> int:
     rt = _runtime_module if _runtime_module is not _UNRESOLVED else _dnnbind_runtime()
     if rt is None:
         return 0
-    return int(rt.current_stream(rt.Device("gpu", device)).handle)
+    dev = _gpu_devices.get(device)
+    if dev is None:
+        dev = _gpu_devices[device] = rt.Device("gpu", device)
+    return rt.current_stream(dev).handle
 
 
 def stream_handle(stream: Any, device: int = 0) -> int:
@@ -212,67 +216,103 @@ _CTYPE_BY_KIND_SIZE = {("i", 1): ctypes.c_int8, ("i", 2): ctypes.c_int16, ("i", 
                        ("f", 8): ctypes.c_double, ("b", 1): ctypes.c_bool}
 
 
-def _numpy_scalar(a: np.generic, index: int) -> Any:
-    ctype = _NUMPY_CTYPES.get(type(a))
-    if ctype is not None:
-        return ctype(a.item())
-    if isinstance(a, np.float16):
-        return ctypes.c_uint16(int(a.view(np.uint16)))
-    ctype = _CTYPE_BY_KIND_SIZE.get((a.dtype.kind, a.dtype.itemsize))
-    if ctype is None:
-        raise TypeError(f"kernel argument {index}: numpy {a.dtype} scalars cannot be passed to a kernel")
-    return ctype(a.item())
+def _int32(a: int) -> ctypes.c_int32:
+    if not _INT32_MIN <= a <= _INT32_MAX:
+        raise OverflowError(
+            f"Python int {a} does not fit in int32, which is what a Python int becomes; pass np.int64(...)"
+            " or np.uint64(...) for a 64-bit parameter, or ctypes.c_void_p(ptr) (or an array object) for a"
+            " device pointer")
+    return ctypes.c_int32(a)
 
 
-def _to_ctype(a: Any, index: int) -> Any:
-    """One kernel argument -> a ctypes object whose bytes are what the kernel parameter receives."""
+def _half(a: np.float16) -> ctypes.c_uint16:
+    return ctypes.c_uint16(int(a.view(np.uint16)))
+
+
+def _host_array(a: np.ndarray) -> Any:
+    raise TypeError("a numpy array lives in host memory; copy it to the GPU first"
+                    " (dnnbind.array(x, device='gpu'))")
+
+
+def _same(a: Any) -> Any:
+    return a  # a ctypes value: the caller chose the exact C type
+
+
+def _null(a: None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(None)  # a NULL pointer, for optional pointer parameters
+
+
+def _ptr_attr(a: Any) -> ctypes.c_void_p:
+    return ctypes.c_void_p(a.ptr)  # dnnbind NDArray (its .ptr raises, clearly, on a cpu array)
+
+
+def _cai(a: Any) -> ctypes.c_void_p:
+    return ctypes.c_void_p(a.__cuda_array_interface__["data"][0])  # CuPy, torch, numba, ...
+
+
+def _handle(a: Any) -> ctypes.c_void_p:
+    return ctypes.c_void_p(int(a))  # cuda.bindings CUdeviceptr and friends
+
+
+# type -> converter. Filled on first sight of each type, so a launch does one dict lookup per argument
+# instead of a chain of isinstance tests.
+_CONVERTERS: dict[type, Callable[[Any], Any]] = {
+    int: _int32, float: ctypes.c_float, bool: ctypes.c_bool, type(None): _null, np.ndarray: _host_array,
+    np.float16: _half,
+    **{t: c for t, c in _NUMPY_CTYPES.items()},
+}
+
+
+def _converter(a: Any) -> Callable[[Any], Any]:
+    """Choose how to pass an argument of a type not seen before (the slow path, once per type)."""
     t = type(a)
-    if t is int:
-        if not _INT32_MIN <= a <= _INT32_MAX:
-            raise OverflowError(
-                f"kernel argument {index}: Python int {a} does not fit in int32, which is what a Python int"
-                " becomes; pass np.int64(...)/np.uint64(...) for a 64-bit parameter, or ctypes.c_void_p(ptr)"
-                " (or an array object) for a device pointer")
-        return ctypes.c_int32(a)
-    if t is float:
-        return ctypes.c_float(a)
-    if t is bool:
-        return ctypes.c_bool(a)
-    if isinstance(a, np.generic):
-        return _numpy_scalar(a, index)
-    if isinstance(a, (ctypes._SimpleCData, ctypes.Structure, ctypes.Union)):
-        return a  # the caller chose the exact C type
-    if a is None:
-        return ctypes.c_void_p(None)  # a NULL pointer, for optional pointer parameters
-    if isinstance(a, np.ndarray):
-        raise TypeError(f"kernel argument {index}: a numpy array lives in host memory; copy it to the GPU"
-                        " first (dnnbind.array(x, device='gpu'))")
-    ptr = getattr(a, "ptr", None)  # dnnbind NDArray
-    if type(ptr) is int:
-        return ctypes.c_void_p(ptr)
-    cai = getattr(a, "__cuda_array_interface__", None)  # CuPy, torch, numba, ...
-    if cai is not None:
-        return ctypes.c_void_p(cai["data"][0])
-    if isinstance(a, bool):
-        return ctypes.c_bool(a)
-    if isinstance(a, int):  # IntEnum and other int subclasses
-        return _to_ctype(int(a), index)
-    if isinstance(a, float):
-        return ctypes.c_float(a)
-    if t.__name__ in ("CUdeviceptr", "CUstream", "cudaStream_t"):  # cuda.bindings handle types
-        return ctypes.c_void_p(int(a))
-    raise TypeError(f"kernel argument {index}: cannot pass {t.__module__}.{t.__name__} to a kernel; use an"
-                    " array with .ptr or __cuda_array_interface__, a number, a numpy scalar or a ctypes value")
+    if issubclass(t, (ctypes._SimpleCData, ctypes.Structure, ctypes.Union)):
+        conv: Callable[[Any], Any] = _same
+    elif issubclass(t, np.generic):
+        ctype = _CTYPE_BY_KIND_SIZE.get((a.dtype.kind, a.dtype.itemsize))
+        if ctype is None:
+            raise TypeError(f"numpy {a.dtype} scalars cannot be passed to a kernel")
+        conv = ctype
+    elif issubclass(t, np.ndarray):
+        conv = _host_array
+    elif type(getattr(a, "ptr", None)) is int:
+        conv = _ptr_attr
+    elif getattr(a, "__cuda_array_interface__", None) is not None:
+        conv = _cai
+    elif issubclass(t, bool):
+        conv = ctypes.c_bool
+    elif issubclass(t, int):  # IntEnum and other int subclasses
+        def conv(v: Any) -> ctypes.c_int32:
+            return _int32(int(v))
+    elif issubclass(t, float):
+        conv = ctypes.c_float
+    elif t.__name__ in ("CUdeviceptr", "CUstream", "cudaStream_t"):
+        conv = _handle
+    else:
+        raise TypeError(f"cannot pass {t.__module__}.{t.__name__} to a kernel; use an array with .ptr or"
+                        " __cuda_array_interface__, a number, a numpy scalar or a ctypes value")
+    _CONVERTERS[t] = conv
+    return conv
 
 
 def pack_args(args: Iterable[Any]) -> tuple[list[Any], ctypes.Array]:
     """Kernel arguments -> (the ctypes values, a void*[] of their addresses) for cuLaunchKernel.
 
-    The caller must keep both alive until cuLaunchKernel returns: the driver copies the parameter bytes
-    during the call, so nothing has to outlive it (the launch itself may run later).
+    Python int -> int32 (range-checked), float -> float32, bool -> bool, numpy scalar -> its exact type
+    (float16 as its 16 bits), ctypes value -> itself, None -> NULL, an array with an int ``.ptr`` or
+    ``__cuda_array_interface__`` -> its device pointer. The caller must keep both results alive until
+    cuLaunchKernel returns: the driver copies the parameter bytes during the call.
     """
-    holders = [_to_ctype(a, i) for i, a in enumerate(args)]
-    params = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+    holders: list[Any] = []
+    append = holders.append
+    get = _CONVERTERS.get
+    try:
+        for a in args:
+            conv = get(type(a)) or _converter(a)
+            append(conv(a))
+    except (TypeError, OverflowError) as exc:
+        raise type(exc)(f"kernel argument {len(holders)}: {exc}") from None
+    params = (ctypes.c_void_p * len(holders))(*map(ctypes.addressof, holders))
     return holders, params
 
 
@@ -292,25 +332,29 @@ def _dim3(dims: Any, what: str, kernel: str) -> Dim3:
     raise TypeError(f"kernel '{kernel}': {what} must be an int or a tuple of 1 to 3 ints, got {dims!r}")
 
 
-def _check_config(kernel: str, grid: Dim3, block: Dim3, shared_mem: int, max_threads: int = 0) -> None:
+def _check_config(kernel: str, grid: Dim3, block: Dim3, shared_mem: int,
+                  max_threads: int = MAX_THREADS_PER_BLOCK) -> None:
     """Reject what the driver would reject, with the kernel's name and configuration in the message."""
-    problem = None
-    threads = block[0] * block[1] * block[2]
+    gx, gy, gz = grid
+    bx, by, bz = block
+    if (0 < bx <= 1024 and 0 < by <= 1024 and 0 < bz <= 64 and bx * by * bz <= max_threads
+            and 0 < gx <= 2**31 - 1 and 0 < gy <= 65535 and 0 < gz <= 65535 and shared_mem >= 0):
+        return  # the common case, in one expression: this runs on every launch
+    threads = bx * by * bz
     if min(grid) < 1 or min(block) < 1:
         problem = "every grid and block dimension must be at least 1 (skip the launch when there is no work)"
-    elif any(b > m for b, m in zip(block, MAX_BLOCK_DIM)):
+    elif any(b > m for b, m in zip(block, MAX_BLOCK_DIM, strict=True)):
         problem = f"block dimensions may be at most {MAX_BLOCK_DIM}"
     elif threads > MAX_THREADS_PER_BLOCK:
         problem = f"a block of {threads} threads exceeds the limit of {MAX_THREADS_PER_BLOCK}"
-    elif max_threads and threads > max_threads:
+    elif threads > max_threads:
         problem = (f"a block of {threads} threads exceeds this kernel's limit of {max_threads} (its register"
                    " use); use smaller blocks or __launch_bounds__")
-    elif any(g > m for g, m in zip(grid, MAX_GRID_DIM)):
+    elif any(g > m for g, m in zip(grid, MAX_GRID_DIM, strict=True)):
         problem = f"grid dimensions may be at most {MAX_GRID_DIM}"
-    elif shared_mem < 0:
+    else:
         problem = "shared_mem must be >= 0"
-    if problem:
-        raise ValueError(f"cannot launch kernel '{kernel}' with grid {grid}, block {block}: {problem}")
+    raise ValueError(f"cannot launch kernel '{kernel}' with grid {grid}, block {block}: {problem}")
 
 
 # --- kernels -------------------------------------------------------------------------------------------
@@ -385,14 +429,19 @@ class Kernel:
     def launch(self, grid: Any, block: Any, args: Sequence[Any] = (), stream: Any = None,
                shared_mem: int = 0) -> None:
         """Enqueue the kernel on ``stream`` (None: dnnbind's current stream, else the legacy default)."""
+        g = _dim3(grid, "grid", self.name)
+        b = _dim3(block, "block", self.name)
+        _check_config(self.name, g, b, shared_mem)
+        self._launch(current_device(), g, b, args, stream, shared_mem)
+
+    __call__ = launch
+
+    def _launch(self, device: int, g: Dim3, b: Dim3, args: Sequence[Any], stream: Any, shared_mem: int) -> None:
+        """launch() after its checks: for callers (elementwise) whose configuration is valid by construction."""
         name = self.name
-        g = _dim3(grid, "grid", name)
-        b = _dim3(block, "block", name)
-        _check_config(name, g, b, shared_mem)
         holders, params = pack_args(args)
-        device = current_device()
         fn = self._functions.get(device) or self._function(device)
-        if b[0] * b[1] * b[2] > fn.max_threads:
+        if b[0] * b[1] * b[2] > fn.max_threads:  # below 1024 only for kernels heavy on registers
             _check_config(name, g, b, shared_mem, fn.max_threads)
         sizes = fn.param_sizes
         if sizes is not None:
@@ -417,8 +466,6 @@ class Kernel:
         if _launch_hooks:
             for hook in tuple(_launch_hooks):
                 hook(name, g, b, h)
-
-    __call__ = launch
 
     def __getitem__(self, config: Any) -> Callable[..., None]:
         """``kernel[grid, block]`` or ``kernel[grid, block, stream]`` or ``[..., stream, shared_mem]``."""

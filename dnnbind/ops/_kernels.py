@@ -13,7 +13,7 @@ extern "C" __global__ void nll_fwd_##SUF(const T* logp, const L* labels, T* loss
     if (i < n) {                                                                                     \
         L k = labels[i];                                                                             \
         /* an out-of-range label gives NaN: the training loop's NaN check reports it */              \
-        loss[i] = (k >= 0 && k < c) ? -logp[(long long)i * c + k] : (T)NAN;                          \
+        loss[i] = (k >= 0 && k < c) ? -logp[(long long)i * c + k] : (T)__int_as_float(0x7fc00000);                        \
     }                                                                                                \
 }                                                                                                    \
 extern "C" __global__ void nll_bwd_##SUF(const L* labels, const T* dloss, T* dlogp, int n, int c) { \

@@ -51,6 +51,7 @@ class _Descriptor:
         getattr(L, self._create)(ctypes.byref(h))
         self._as_parameter_ = h.value
         self._finalizer = weakref.finalize(self, _destroy, self._destroy, h.value)
+        self._finalizer.atexit = False  # at exit the driver frees everything; CUDA may be gone
 
     def close(self) -> None:
         self._finalizer()

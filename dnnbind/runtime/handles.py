@@ -68,6 +68,7 @@ def cudnn_handle(device: Device, stream: Stream | None = None) -> int:
     stream = stream or current_stream(device)
     h = _cudnn.get(stream)
     if h is None:
+        _register_exit()
         h = _cudnn[stream] = CudnnHandle(device, stream)
     return h.handle
 
@@ -76,6 +77,7 @@ def cublas_handle(device: Device, stream: Stream | None = None) -> int:
     stream = stream or current_stream(device)
     h = _cublas.get(stream)
     if h is None:
+        _register_exit()
         h = _cublas[stream] = CublasHandle(device, stream)
     elif h.math_version != config.math_version():
         h.sync_math()
@@ -87,17 +89,24 @@ def cublas_handle_object(device: Device, stream: Stream | None = None) -> Cublas
     return _cublas[stream or current_stream(device)]
 
 
+_exit_registered = []
+
+
+def _register_exit() -> None:
+    # NOTE: registered at the first handle, i.e. after cuda-python has registered its own teardown; atexit
+    # runs handlers last-in first-out, so ours runs while the CUDA runtime is still alive.
+    if not _exit_registered:
+        atexit.register(_release_all)
+        _exit_registered.append(True)
+
+
 def _release_all() -> None:
-    """atexit: synchronize each device's streams, then destroy its handles. Errors are swallowed:
-    at exit a failing destroy must never mask the program's own result."""
+    """atexit: destroy every handle (cudnnDestroy/cublasDestroy wait for their streams' work themselves).
+    Errors are swallowed: at exit a failing destroy must never mask the program's own result."""
     for table in (_cudnn, _cublas):
         for h in list(table.values()):
             try:
-                h.stream.synchronize()
                 h.close()
             except Exception:
                 pass
         table.clear()
-
-
-atexit.register(_release_all)

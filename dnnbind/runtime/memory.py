@@ -23,7 +23,8 @@ H2D, D2H, D2D = 1, 2, 3
 def _prepare_pool(index: int) -> None:
     rt = cudart.rt()
     pool = cudart.call("cudaDeviceGetDefaultMemPool", index)
-    threshold = rt.cuuint64_t(0xFFFFFFFFFFFFFFFF)
+    from cuda.bindings import driver  # the cuuint64_t value type lives in the driver module
+    threshold = driver.cuuint64_t(0xFFFFFFFFFFFFFFFF)
     cudart.call("cudaMemPoolSetAttribute", pool, rt.cudaMemPoolAttr.cudaMemPoolAttrReleaseThreshold, threshold)
     _pools_ready.add(index)
 
@@ -45,6 +46,7 @@ class DeviceBuffer:
         self.ptr = int(cudart.call("cudaMallocAsync", self.nbytes, stream.handle))
         # The stream object is captured so it outlives every buffer allocated on it.
         self._finalizer = weakref.finalize(self, _free, self.ptr, stream)
+        self._finalizer.atexit = False  # at exit the driver frees everything; CUDA may be gone
 
     def free(self) -> None:
         if self._finalizer is not None:

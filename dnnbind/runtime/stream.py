@@ -27,6 +27,7 @@ class Stream:
             self._obj = obj
             self.handle = int(obj)
             self._finalizer = weakref.finalize(self, _destroy_stream, obj)
+            self._finalizer.atexit = False  # at exit the driver frees everything; CUDA may be gone
         else:  # a foreign stream (torch/CuPy): borrowed, never destroyed by us
             self._obj, self.handle, self._finalizer = None, int(handle), None
 
@@ -100,7 +101,7 @@ def synchronize(device=None) -> None:
 class Event:
     """A CUDA event; ``end.elapsed_ms(start)`` times GPU work between two records."""
 
-    __slots__ = ("device", "_obj", "handle", "_finalizer")
+    __slots__ = ("device", "_obj", "handle", "_finalizer", "__weakref__")
 
     def __init__(self, device=None, timing: bool = True):
         self.device = as_device(device)
@@ -109,6 +110,7 @@ class Event:
         self._obj = cudart.call("cudaEventCreateWithFlags", flags)
         self.handle = int(self._obj)
         self._finalizer = weakref.finalize(self, _destroy_event, self._obj)
+        self._finalizer.atexit = False  # at exit the driver frees everything; CUDA may be gone
 
     def record(self, stream: Stream | None = None) -> "Event":
         stream = stream or current_stream(self.device)
