@@ -187,8 +187,10 @@ def _accumulate(grads, x, g):
 
 
 def _ones_like(x):
-    from .runtime.array import full
-    return full(x.shape, 1.0, x.dtype, x.device)
+    # A fill kernel, not a host upload: backward() must not synchronize, so it can run inside graph capture.
+    from .ops.blas import fill
+    from .runtime.array import empty
+    return fill(empty(x.shape, x.dtype, x.device), 1.0)
 
 
 def _as_array(g, like):

@@ -1,0 +1,267 @@
+"""Block, the base of every layer and model (``mxnet.gluon.Block``). Layer: gluon; imports nd, runtime.
+
+Children and Parameters register themselves when assigned as attributes (``self.conv1 = nn.Conv2D(...)``),
+so ``collect_params()`` can walk the tree and name each Parameter by its path (``conv1.weight``), MXNet 2
+style. Prefixes follow MXNet 1.x: a Block made outside any ``name_scope()`` takes a global name
+(``simplecnn0_``); one made inside its parent's ``name_scope()`` is numbered per parent
+(``simplecnn0_conv0_``). Prefixes name Parameters (``simplecnn0_conv0_weight``), which is what the
+initializers dispatch on and what legacy parameter files use as keys.
+
+There is no graph compilation: ``HybridBlock`` is ``Block`` and ``hybridize()`` is accepted and ignored,
+since every op already runs as a cuDNN/cuBLAS call on the arrays' device.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from .parameter import Parameter, ParameterDict
+from .utils import atomic_savez
+
+__all__ = ["Block", "HybridBlock", "SymbolBlock"]
+
+_tls = threading.local()
+_global_counts: dict[str, int] = {}
+_global_lock = threading.Lock()
+
+
+class _BlockScope:
+    """The naming scope a Block opens with ``name_scope()``: numbers the children made inside it."""
+
+    def __init__(self, block: "Block"):
+        self._block = block
+        self._counter: dict[str, int] = {}
+        self._old = None
+
+    @staticmethod
+    def create(prefix: str | None, hint: str) -> str:
+        current = getattr(_tls, "scope", None)
+        if current is None:
+            if prefix is None:
+                with _global_lock:
+                    count = _global_counts.get(hint, 0)
+                    _global_counts[hint] = count + 1
+                prefix = f"{hint}{count}_"
+            return prefix
+        if prefix is None:
+            count = current._counter.get(hint, 0)
+            current._counter[hint] = count + 1
+            prefix = f"{hint}{count}_"
+        return current._block.prefix + prefix
+
+    def __enter__(self):
+        self._old = getattr(_tls, "scope", None)
+        _tls.scope = self
+        return self
+
+    def __exit__(self, *exc):
+        _tls.scope = self._old
+
+
+def _indent(text: str, spaces: int) -> str:
+    lines = text.split("\n")
+    return "\n".join([lines[0]] + [" " * spaces + line for line in lines[1:]])
+
+
+class Block:
+    """Base class of layers and models: subclass, assign children/Parameters in __init__, define forward."""
+
+    def __init__(self, prefix: str | None = None, params: ParameterDict | None = None):
+        object.__setattr__(self, "_children", OrderedDict())
+        object.__setattr__(self, "_reg_params", OrderedDict())
+        self._prefix = _BlockScope.create(prefix, self._alias())
+        self._name = self._prefix[:-1] if self._prefix.endswith("_") else self._prefix
+        self._scope = _BlockScope(self)
+        self._params = ParameterDict(self._prefix, shared=params)
+        self._forward_hooks: list = []
+        self._forward_pre_hooks: list = []
+
+    def _alias(self) -> str:
+        return type(self).__name__.lower()
+
+    prefix = property(lambda self: self._prefix)
+    name = property(lambda self: self._name)
+    params = property(lambda self: self._params, doc="This Block's own ParameterDict (MXNet 1.x).")
+
+    def name_scope(self) -> _BlockScope:
+        """``with self.name_scope():`` children made inside get this Block's prefix."""
+        return self._scope
+
+    # -- registration -------------------------------------------------------------------------------------
+    def __setattr__(self, name: str, value) -> None:
+        children = self.__dict__.get("_children")
+        if children is None and isinstance(value, (Block, Parameter)):
+            raise RuntimeError(f"{type(self).__name__}: call super().__init__() before assigning `{name}`")
+        if children is not None:
+            old = self.__dict__.get(name)
+            if isinstance(old, (Block, Parameter)) and isinstance(value, (Block, Parameter)) \
+                    and not isinstance(value, type(old)) and not isinstance(old, type(value)):
+                raise TypeError(f"Changing attribute type for `{name}` from {type(old).__name__} to "
+                                f"{type(value).__name__} is not allowed")
+            self._children.pop(name, None)
+            self._reg_params.pop(name, None)
+            if isinstance(value, Block):
+                self._children[name] = value
+            elif isinstance(value, Parameter):
+                self._reg_params[name] = value
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._children.pop(name, None)
+        self._reg_params.pop(name, None)
+        object.__delattr__(self, name)
+
+    def register_child(self, block: "Block", name: str | None = None) -> "Block":
+        """Add ``block`` as a child under ``name`` (default: its index, as Sequential does)."""
+        if name is None:
+            name = str(len(self._children))
+        self._children[name] = block
+        return block
+
+    def register_parameter(self, name: str, param: Parameter) -> Parameter:
+        self._reg_params[name] = param
+        return param
+
+    # -- parameters ---------------------------------------------------------------------------------------
+    def _collect_params_with_prefix(self, prefix: str = "", out: OrderedDict | None = None,
+                                    seen: set | None = None) -> OrderedDict:
+        out = OrderedDict() if out is None else out
+        seen = set() if seen is None else seen
+        for key, p in self._reg_params.items():
+            if p is not None and id(p) not in seen:  # a shared Parameter keeps its first name
+                seen.add(id(p))
+                out[prefix + key] = p
+        for name, child in self._children.items():
+            child._collect_params_with_prefix(prefix + name + ".", out, seen)
+        return out
+
+    def collect_params(self, select: str | None = None) -> ParameterDict:
+        """Every Parameter of this Block and its children, keyed by path (``conv1.weight``).
+
+        ``select`` is a regex matched (re.match) against the path or the prefixed name, e.g. ``'.*weight'``.
+        """
+        ret = ParameterDict(self._prefix)
+        rx = re.compile(select) if select is not None else None
+        for key, p in self._collect_params_with_prefix().items():
+            # Remember the fullest path for error messages (a child's own collect gives shorter ones).
+            if p._structured_name is None or key.count(".") >= p._structured_name.count("."):
+                p._structured_name = key
+            if rx is None or rx.match(key) or rx.match(p.name):
+                ret[key] = p
+        return ret
+
+    def initialize(self, init=None, ctx=None, verbose: bool = False, force_reinit: bool = False) -> None:
+        """Initialize all Parameters on ``ctx`` (default device if None); unknown shapes wait for a forward."""
+        self.collect_params().initialize(init, ctx, verbose, force_reinit)
+
+    def zero_grad(self) -> None:
+        self.collect_params().zero_grad()
+
+    def reset_ctx(self, ctx) -> None:
+        self.collect_params().reset_ctx(ctx)
+
+    def hybridize(self, active: bool = True, **kwargs) -> None:
+        """Accepted for MXNet compatibility; there is no symbolic graph to build (see module docstring)."""
+
+    def cast(self, dtype) -> None:
+        for p in self.collect_params().values():
+            p.cast(dtype)
+
+    def apply(self, fn) -> "Block":
+        for child in self._children.values():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    # -- saving and loading -------------------------------------------------------------------------------
+    def save_parameters(self, filename, deduplicate: bool = False) -> None:
+        """Save host copies of all Parameters, keyed by path, as npz; atomically (temp file + os.replace)."""
+        params = self._collect_params_with_prefix()
+        atomic_savez(filename, {key: p._host_copy() for key, p in params.items()})
+
+    save_params = save_parameters
+
+    def load_parameters(self, filename, ctx=None, allow_missing: bool = False, ignore_extra: bool = False,
+                        cast_dtype: bool = False, dtype_source: str = "current") -> None:
+        """Load a file of save_parameters. All mismatches are reported together in one ValueError."""
+        with np.load(os.fspath(filename), allow_pickle=False) as f:
+            loaded = {k: f[k] for k in f.files}
+        params = self._collect_params_with_prefix()
+        if loaded and not set(loaded) & set(params):
+            # A file keyed by prefixed names (MXNet 1.x save_params, or another prefix): map by name.
+            by_name = {p.name: key for key, p in params.items()}
+            if set(loaded) & set(by_name):
+                loaded = {by_name.get(k, k): v for k, v in loaded.items()}
+        missing = [k for k in params if k not in loaded]
+        extra = [k for k in loaded if k not in params]
+        problems = []
+        if missing and not allow_missing:
+            problems.append("missing in the file (allow_missing=True skips them): " + ", ".join(missing))
+        if extra and not ignore_extra:
+            problems.append("in the file but not in this model (ignore_extra=True skips them): " + ", ".join(extra))
+        for key, p in params.items():
+            if key not in loaded:
+                continue
+            arr, shape = loaded[key], p.shape
+            if shape is not None and (len(shape) != arr.ndim or any(d and d != s for d, s in zip(shape, arr.shape))):
+                problems.append(f"shape mismatch for {key}: the model expects {shape}, the file has {arr.shape}")
+            elif arr.dtype != p.dtype and not cast_dtype:
+                problems.append(f"dtype mismatch for {key}: the model has {p.dtype.name}, the file {arr.dtype.name} "
+                                "(cast_dtype=True converts)")
+        if problems:
+            raise ValueError(f"load_parameters({os.fspath(filename)!r}) into {type(self).__name__}:\n  "
+                             + "\n  ".join(problems))
+        for key, p in params.items():
+            if key in loaded:
+                arr = loaded[key]
+                if cast_dtype and dtype_source == "saved":
+                    p.cast(arr.dtype)
+                p._load_init(arr, ctx)
+
+    load_params = load_parameters
+
+    # -- calling ------------------------------------------------------------------------------------------
+    def register_forward_pre_hook(self, hook) -> None:
+        """``hook(block, inputs)`` runs before forward."""
+        self._forward_pre_hooks.append(hook)
+
+    def register_forward_hook(self, hook) -> None:
+        """``hook(block, inputs, output)`` runs after forward."""
+        self._forward_hooks.append(hook)
+
+    def __call__(self, *args, **kwargs):
+        for hook in self._forward_pre_hooks:
+            hook(self, args)
+        out = self.forward(*args, **kwargs)
+        for hook in self._forward_hooks:
+            hook(self, args, out)
+        return out
+
+    def forward(self, x, *args, **kwargs):
+        """Override this. A 1.x-style ``hybrid_forward(F, x, **params)`` is called if the subclass has one."""
+        hybrid = getattr(self, "hybrid_forward", None)
+        if hybrid is None:
+            raise NotImplementedError(f"{type(self).__name__} must define forward(self, x)")
+        from .. import nd
+        params = {name: p.data() for name, p in self._reg_params.items() if p is not None}
+        return hybrid(nd, x, *args, **kwargs, **params)
+
+    # -- printing -----------------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        if not self._children:
+            return f"{type(self).__name__}()"
+        lines = [f"  ({key}): {_indent(repr(child), 2)}" for key, child in self._children.items()]
+        return f"{type(self).__name__}(\n" + "\n".join(lines) + "\n)"
+
+
+HybridBlock = Block  # no graph compilation here, so the two are one class
+
+
+class SymbolBlock(Block):
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError("SymbolBlock: dnnbind has no symbolic graphs; define a Block instead")

@@ -1,0 +1,23 @@
+"""Data loading with MXNet Gluon semantics (mxnet.gluon.data).
+
+Layer: gluon: data; imports numpy and dnnbind.runtime only. Importing this package loads no runtime and no
+GPU library: NDArrays are made lazily when a batch is produced.
+"""
+
+from . import vision
+from .dataloader import (
+                         BatchSampler,
+                         DataLoader,
+                         RandomSampler,
+                         Sampler,
+                         SequentialSampler,
+                         default_batchify_fn,
+                         stack_numpy,
+)
+from .dataset import ArrayDataset, Dataset, SimpleDataset
+from .device_loader import DeviceDataLoader
+
+__all__ = [
+    "ArrayDataset", "BatchSampler", "DataLoader", "Dataset", "DeviceDataLoader", "RandomSampler", "Sampler",
+    "SequentialSampler", "SimpleDataset", "default_batchify_fn", "stack_numpy", "vision",
+]

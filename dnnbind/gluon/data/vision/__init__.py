@@ -1,0 +1,21 @@
+"""Vision data sets and transforms (mxnet.gluon.data.vision).
+
+Layer: gluon: data; imports numpy and dnnbind.runtime only.
+
+`vision.datasets` is a small module object made here (MXNet spells the class
+gluon.data.vision.datasets.MNIST); it is registered in sys.modules so
+`from dnnbind.gluon.data.vision.datasets import MNIST` works too.
+"""
+
+import sys
+import types
+
+from . import transforms
+from .idx import read_idx, write_idx
+from .mnist import MNIST
+
+datasets = types.ModuleType(__name__ + ".datasets", "Vision data sets: MNIST.")
+datasets.MNIST = MNIST
+sys.modules[datasets.__name__] = datasets
+
+__all__ = ["MNIST", "datasets", "read_idx", "transforms", "write_idx"]

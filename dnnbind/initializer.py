@@ -1,0 +1,228 @@
+"""Weight initializers with MXNet's semantics (``mxnet.init``). Layer: gluon support; imports numpy and runtime.
+
+An initializer is called as ``init(desc, arr)``: ``desc`` is an :class:`InitDesc` (the Parameter's name plus
+attributes such as ``fan_in``) and ``arr`` the NDArray to fill in place. As in MXNet, the name picks the
+rule: names ending in ``weight`` get ``_init_weight``, ``bias``/``beta``/``moving_mean`` get ``_init_bias``
+(zeros unless overridden), ``gamma``/``moving_var`` ones. So a global ``Uniform(0.07)`` (MXNet's default),
+``Xavier`` or ``Constant`` leaves biases at zero, as MXNet's layers do with their ``bias_initializer='zeros'``,
+while ``TorchDefault`` overrides ``_init_bias`` to match PyTorch's Conv2d/Linear. An initializer given to one
+Parameter (``bias_initializer=...``) is applied with ``_init_weight`` whatever the name, as in MXNet.
+
+Values are drawn on the host with numpy's global RNG (``np.random.seed`` makes runs repeatable) and copied
+into the array once: initialization runs once per parameter, never on a training step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["InitDesc", "Initializer", "Uniform", "Normal", "Xavier", "MSRAPrelu", "Zero", "One", "Constant",
+           "TorchDefault", "create", "register"]
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register(cls):
+    """Make ``cls`` creatable by its lower-case name (``create('xavier')``), like ``mx.init.register``."""
+    _REGISTRY[cls.__name__.lower()] = cls
+    return cls
+
+
+class InitDesc(str):
+    """A Parameter's name carrying ``attrs`` (e.g. ``{'fan_in': 288}``) for the initializer to read."""
+
+    def __new__(cls, name: str, attrs: dict | None = None, global_init=None):
+        obj = super().__new__(cls, name)
+        obj.attrs = dict(attrs or {})
+        obj.global_init = global_init
+        return obj
+
+
+class Initializer:
+    """Base class: dispatch on the parameter name, fill ``arr`` in place."""
+
+    def __init__(self, **kwargs):
+        self._kwargs = kwargs
+
+    def __call__(self, desc, arr) -> None:
+        if not isinstance(desc, InitDesc):
+            desc = InitDesc(str(desc))
+        name = str(desc)
+        if name.endswith("weight"):
+            self._init_weight(desc, arr)
+        elif name.endswith(("bias", "beta", "moving_mean", "running_mean")):
+            self._init_bias(desc, arr)
+        elif name.endswith(("gamma", "moving_var", "running_var")):
+            _fill(arr, np.ones(arr.shape))
+        else:
+            self._init_default(desc, arr)
+
+    def _init_weight(self, desc, arr) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not initialize weights")
+
+    def _init_bias(self, desc, arr) -> None:
+        _fill(arr, np.zeros(arr.shape))
+
+    def _init_default(self, desc, arr) -> None:
+        # MXNet raises for unknown names; a user-created Parameter named e.g. 'scale' is common, so treat
+        # anything else like a weight (what MXNet does for names given an explicit init).
+        self._init_weight(desc, arr)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._kwargs.items())
+        return f"{type(self).__name__}({args})"
+
+
+def _fill(arr, host: np.ndarray) -> None:
+    arr.copy_(np.asarray(host, dtype=arr.dtype).reshape(arr.shape))
+
+
+def _fans(shape) -> tuple[float, float]:
+    """MXNet's fans: (fan_in, fan_out) = (shape[1], shape[0]) times the receptive field size."""
+    if len(shape) < 2:
+        raise ValueError(f"cannot compute fan_in/fan_out of a {len(shape)}-D weight of shape {tuple(shape)}")
+    receptive = float(np.prod(shape[2:])) if len(shape) > 2 else 1.0
+    return shape[1] * receptive, shape[0] * receptive
+
+
+@register
+class Zero(Initializer):
+    def _init_weight(self, desc, arr):
+        _fill(arr, np.zeros(arr.shape))
+
+    _init_bias = _init_weight
+
+
+@register
+class One(Initializer):
+    def _init_weight(self, desc, arr):
+        _fill(arr, np.ones(arr.shape))
+
+
+@register
+class Constant(Initializer):
+    def __init__(self, value=0.0):
+        super().__init__(value=value)
+        self.value = value
+
+    def _init_weight(self, desc, arr):
+        _fill(arr, np.broadcast_to(np.asarray(self.value, dtype=np.float64), arr.shape))
+
+
+@register
+class Uniform(Initializer):
+    """Weights ~ U(-scale, scale). MXNet's default initializer (scale 0.07); biases zero."""
+
+    def __init__(self, scale: float = 0.07):
+        super().__init__(scale=scale)
+        self.scale = scale
+
+    def _init_weight(self, desc, arr):
+        _fill(arr, np.random.uniform(-self.scale, self.scale, arr.shape))
+
+
+@register
+class Normal(Initializer):
+    """Weights ~ N(0, sigma^2); biases zero."""
+
+    def __init__(self, sigma: float = 0.01):
+        super().__init__(sigma=sigma)
+        self.sigma = sigma
+
+    def _init_weight(self, desc, arr):
+        _fill(arr, np.random.normal(0.0, self.sigma, arr.shape))
+
+
+@register
+class Xavier(Initializer):
+    """Glorot: scale = sqrt(magnitude / factor), factor = (fan_in + fan_out)/2, fan_in or fan_out.
+
+    Uniform draws U(-scale, scale) (variance scale^2/3), gaussian N(0, scale^2). The defaults (uniform, avg,
+    3) give Var = 2 / (fan_in + fan_out), Glorot & Bengio's value.
+    """
+
+    def __init__(self, rnd_type: str = "uniform", factor_type: str = "avg", magnitude: float = 3):
+        super().__init__(rnd_type=rnd_type, factor_type=factor_type, magnitude=magnitude)
+        if rnd_type not in ("uniform", "gaussian"):
+            raise ValueError(f"Xavier: rnd_type must be 'uniform' or 'gaussian', got {rnd_type!r}")
+        if factor_type not in ("avg", "in", "out"):
+            raise ValueError(f"Xavier: factor_type must be 'avg', 'in' or 'out', got {factor_type!r}")
+        self.rnd_type, self.factor_type, self.magnitude = rnd_type, factor_type, float(magnitude)
+
+    def _init_weight(self, desc, arr):
+        fan_in, fan_out = _fans(arr.shape)
+        factor = {"avg": (fan_in + fan_out) / 2.0, "in": fan_in, "out": fan_out}[self.factor_type]
+        scale = math.sqrt(self.magnitude / factor)
+        if self.rnd_type == "uniform":
+            _fill(arr, np.random.uniform(-scale, scale, arr.shape))
+        else:
+            _fill(arr, np.random.normal(0.0, scale, arr.shape))
+
+
+@register
+class MSRAPrelu(Xavier):
+    """He/Kaiming: Xavier(gaussian, factor_type, 2 / (1 + slope^2))."""
+
+    def __init__(self, factor_type: str = "avg", slope: float = 0.25):
+        super().__init__("gaussian", factor_type, 2.0 / (1 + slope ** 2))
+        self._kwargs = {"factor_type": factor_type, "slope": slope}
+
+
+@register
+class TorchDefault(Initializer):
+    """PyTorch's default for Conv2d/Linear: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+
+    PyTorch writes the weight rule as kaiming_uniform_(a=sqrt(5)): gain = sqrt(2/(1+5)) = sqrt(1/3),
+    bound = gain * sqrt(3/fan_in) = 1/sqrt(fan_in). The bias needs the weight's fan_in, which a bias shape
+    does not carry: layers pass it as ``desc.attrs['fan_in']``.
+    """
+
+    def _init_weight(self, desc, arr):
+        fan_in = desc.attrs.get("fan_in") or _fans(arr.shape)[0]
+        bound = 1.0 / math.sqrt(fan_in)
+        _fill(arr, np.random.uniform(-bound, bound, arr.shape))
+
+    def _init_bias(self, desc, arr):
+        fan_in = desc.attrs.get("fan_in")
+        if not fan_in:
+            raise ValueError(f"TorchDefault: cannot initialize `{desc}` without the layer's fan_in "
+                             "(a Parameter created outside Dense/Conv2D needs attrs={'fan_in': n})")
+        bound = 1.0 / math.sqrt(fan_in)
+        _fill(arr, np.random.uniform(-bound, bound, arr.shape))
+
+
+# MXNet's lower-case aliases used as strings: weight_initializer='zeros', bias_initializer='ones'.
+_REGISTRY.update({"zeros": Zero, "ones": One, "torch": TorchDefault, "torchdefault": TorchDefault})
+
+
+def create(init) -> Initializer | None:
+    """An Initializer from an instance, a name ('xavier', 'zeros'), a class, or None."""
+    if init is None or isinstance(init, Initializer):
+        return init
+    if isinstance(init, type) and issubclass(init, Initializer):
+        return init()
+    if isinstance(init, str):
+        cls = _REGISTRY.get(init.lower())
+        if cls is None:
+            raise ValueError(f"unknown initializer {init!r}; known: {', '.join(sorted(_REGISTRY))}")
+        return cls()
+    if callable(init):  # a plain function f(desc, arr), as MXNet accepts
+        return _FunctionInit(init)
+    raise TypeError(f"initializer must be an Initializer, a name or None, got {type(init).__name__}")
+
+
+class _FunctionInit(Initializer):
+    def __init__(self, fn):
+        super().__init__()
+        self._fn = fn
+
+    def __call__(self, desc, arr):
+        self._fn(desc, arr)
+
+    def _init_weight(self, desc, arr):
+        self._fn(desc, arr)
+
+    def __repr__(self) -> str:
+        return f"Initializer({getattr(self._fn, '__name__', 'function')})"

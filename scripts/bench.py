@@ -1,0 +1,276 @@
+"""Benchmark dnnbind against PyTorch on the same GPU, in one process: the seeds' SimpleCNN for one epoch
+(937 steps, batch 64, SGD 0.01 momentum 0.9), same initial weights, same data order, same math mode; then
+the model's individual ops and an 8192^3 sgemm. Prints a table and writes JSON.
+
+    python scripts/bench.py                 # strict FP32
+    python scripts/bench.py --tf32 --json runs/bench_tf32.json
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import dnnbind as mx  # noqa: E402
+from dnnbind import autograd, gluon  # noqa: E402
+from dnnbind.graph import CapturedStep  # noqa: E402
+from dnnbind.gluon.data.vision import MNIST  # noqa: E402
+from models.simple_cnn import SimpleCNN  # noqa: E402
+
+BATCH, STEPS, LR, MOMENTUM = 64, 937, 0.01, 0.9  # FACTS.md's measured setting
+SEED = 0
+
+
+def load_data(dev, seed):
+    train, test = MNIST(train=True), MNIST(train=False)
+    perm = np.random.default_rng(seed).permutation(len(train.label))[:BATCH * STEPS]
+    x = train.data[perm].transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+    xs = mx.array(x, device=dev)                               # one shuffled epoch, resident on the GPU
+    ys = mx.array(train.label[perm].astype(np.int32), device=dev)
+    tx = test.data.transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+    return xs, ys, tx, test.label.astype(np.int32)
+
+
+def make_net(dev, seed):
+    np.random.seed(seed)
+    net = SimpleCNN()
+    net.initialize(mx.init.TorchDefault(), ctx=dev)
+    net(mx.zeros((2, 1, 28, 28), device=dev))
+    return net
+
+
+def accuracy_dnnbind(net, tx, ty, dev):
+    with autograd.predict_mode():
+        pred = np.concatenate([net(mx.array(tx[i:i + 1000], device=dev)).numpy().argmax(1)
+                               for i in range(0, len(ty), 1000)])
+    return float((pred == ty).mean())
+
+
+def bench_dnnbind(xs, ys, tx, ty, dev, seed, graph):
+    net = make_net(dev, seed)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR, "momentum": MOMENTUM})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    stream = mx.current_stream(dev)
+    t0 = time.perf_counter()
+    if graph:
+        x, y = mx.empty((BATCH, 1, 28, 28), device=dev), mx.empty((BATCH,), np.int32, device=dev)
+
+        def step():
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            trainer.step(BATCH)
+            return loss
+
+        x.copy_(xs[0:BATCH])
+        y.copy_(ys[0:BATCH])
+        captured = CapturedStep(step, inputs=[x, y], preserve=trainer.state_arrays())
+        setup = time.perf_counter() - t0
+        stream.synchronize()
+        t0 = time.perf_counter()
+        for i in range(STEPS):
+            mx.copy(xs[i * BATCH:(i + 1) * BATCH], x)  # a D2D copy into the captured input buffers
+            mx.copy(ys[i * BATCH:(i + 1) * BATCH], y)
+            loss = captured()
+    else:
+        setup = 0.0
+        for i in range(STEPS):
+            with autograd.record():
+                loss = loss_fn(net(xs[i * BATCH:(i + 1) * BATCH]), ys[i * BATCH:(i + 1) * BATCH])
+            loss.backward()
+            trainer.step(BATCH)
+    stream.synchronize()
+    epoch = time.perf_counter() - t0
+    return {"epoch_s": epoch, "setup_s": setup, "final_loss": float(loss.mean().item()),
+            "accuracy": accuracy_dnnbind(net, tx, ty, dev)}
+
+
+def torch_model(torch, net):
+    tnet = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        torch.nn.Linear(3136, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
+    params = net.collect_params()
+    names = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight",
+             "fc2.bias"]
+    with torch.no_grad():
+        for p, name in zip(tnet.parameters(), names):
+            p.copy_(torch.from_numpy(params[name].data().numpy()))
+    return tnet
+
+
+def bench_torch(torch, xs, ys, tx, ty, dev, seed, graph):
+    tnet = torch_model(torch, make_net(dev, seed))
+    opt = torch.optim.SGD(tnet.parameters(), lr=LR, momentum=MOMENTUM)
+    X, Y = torch.from_dlpack(xs), torch.from_dlpack(ys).long()  # the same buffers, zero copy
+    lossf = torch.nn.functional.cross_entropy
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    setup = 0.0
+    if graph:
+        sx, sy = X[:BATCH].clone(), Y[:BATCH].clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # warm-up on a side stream, as the CUDA-graphs docs prescribe
+            state = {k: v.clone() for k, v in tnet.state_dict().items()}
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                lossf(tnet(sx), sy).backward()
+                opt.step()
+            tnet.load_state_dict(state)
+            opt.state.clear()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            static_loss = lossf(tnet(sx), sy)
+            static_loss.backward()
+            opt.step()
+        torch.cuda.synchronize()
+        # NOTE: capture does not run the step, but the momentum buffers were created during it: reset them
+        for group in opt.param_groups:
+            for p in group["params"]:
+                opt.state[p]["momentum_buffer"].zero_()
+        setup = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for i in range(STEPS):
+            sx.copy_(X[i * BATCH:(i + 1) * BATCH])
+            sy.copy_(Y[i * BATCH:(i + 1) * BATCH])
+            g.replay()
+        loss = static_loss
+    else:
+        for i in range(STEPS):
+            opt.zero_grad(set_to_none=True)
+            loss = lossf(tnet(X[i * BATCH:(i + 1) * BATCH]), Y[i * BATCH:(i + 1) * BATCH])
+            loss.backward()
+            opt.step()
+    torch.cuda.synchronize()
+    epoch = time.perf_counter() - t0
+    with torch.no_grad():
+        pred = torch.cat([tnet(torch.from_numpy(tx[i:i + 1000]).cuda()).argmax(1).cpu()
+                          for i in range(0, len(ty), 1000)]).numpy()
+    return {"epoch_s": epoch, "setup_s": setup, "final_loss": float(loss.item()), "accuracy": float((pred == ty).mean())}
+
+
+def bench_ops(torch, dev):
+    """GPU time (median of CUDA-event timings) of the model's ops, dnnbind vs PyTorch."""
+    rng = np.random.default_rng(0)
+    rows = []
+    g = lambda *s: mx.array(rng.standard_normal(s).astype(np.float32), device=dev)  # noqa: E731
+
+    def tm(fn, repeat=50):
+        return mx.show_time(fn, warmup=5, repeat=repeat, device=dev).median_us
+
+    def ttm(fn, repeat=50):
+        for _ in range(5):
+            fn()
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(repeat):
+            st.record()
+            fn()
+            en.record()
+            en.synchronize()
+            times.append(st.elapsed_time(en) * 1e3)
+        return float(np.median(times))
+
+    T = (lambda a: torch.from_dlpack(a)) if torch else None
+    F = torch.nn.functional if torch else None
+    for name, xs_, ws_ in (("conv1", (64, 1, 28, 28), (32, 1, 3, 3)), ("conv2", (64, 32, 14, 14), (64, 32, 3, 3))):
+        x, w, b = g(*xs_), g(*ws_), g(ws_[0])
+        y = mx.conv_forward(x, w, b, padding=1)
+        dy = g(*y.shape)
+        rows.append((f"{name} forward", tm(lambda: mx.conv_forward(x, w, b, padding=1)),
+                     ttm(lambda: F.conv2d(T(x), T(w), T(b), padding=1)) if torch else None))
+        rows.append((f"{name} backward data", tm(lambda: mx.conv_backward_data(w, dy, xs_, padding=1)),
+                     ttm(lambda: torch.ops.aten.convolution_backward(T(dy), T(x), T(w), [ws_[0]], [1, 1], [1, 1],
+                                                                   [1, 1], False, [0, 0], 1, [True, False, False]))
+                     if torch else None))
+        rows.append((f"{name} backward filter", tm(lambda: mx.conv_backward_filter(x, dy, ws_, padding=1)),
+                     ttm(lambda: torch.ops.aten.convolution_backward(T(dy), T(x), T(w), [ws_[0]], [1, 1], [1, 1],
+                                                                   [1, 1], False, [0, 0], 1, [False, True, False]))
+                     if torch else None))
+    a = g(64, 32, 28, 28)
+    rows.append(("relu forward", tm(lambda: mx.activation_forward(a, "relu")), ttm(lambda: F.relu(T(a))) if torch else None))
+    rows.append(("maxpool forward", tm(lambda: mx.pooling_forward(a, "max", 2)),
+                 ttm(lambda: F.max_pool2d(T(a), 2)) if torch else None))
+    lg = g(64, 10)
+    rows.append(("softmax forward", tm(lambda: mx.softmax_forward(lg)), ttm(lambda: F.softmax(T(lg), 1)) if torch else None))
+    fx, fw = g(64, 3136), g(128, 3136)
+    rows.append(("fc1 gemm", tm(lambda: mx.linear_forward(fx, fw)), ttm(lambda: F.linear(T(fx), T(fw))) if torch else None))
+    big_a, big_b = g(8192, 8192), g(8192, 8192)
+    for mode in ("fp32", "tf32"):
+        with mx.math_scope(mode):
+            ours = tm(lambda: mx.gemm(big_a, big_b), repeat=10)
+        theirs = None
+        if torch:
+            prev = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+            theirs = ttm(lambda: torch.mm(T(big_a), T(big_b)), repeat=10)
+            torch.backends.cuda.matmul.allow_tf32 = prev
+        rows.append((f"sgemm 8192^3 {mode}", ours, theirs))
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--tf32", action="store_true")
+    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--json", default="runs/bench.json")
+    p.add_argument("--skip-ops", action="store_true")
+    args = p.parse_args()
+    if mx.num_gpus() == 0:
+        raise SystemExit(f"bench.py needs a GPU: {mx.runtime.gpu_status()[1]}")
+    dev = mx.gpu(0)
+    mode = "tf32" if args.tf32 else "fp32"
+    mx.set_math_mode(mode)
+    try:
+        import torch
+        torch.backends.cudnn.allow_tf32 = args.tf32
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+        torch.backends.cudnn.benchmark = True
+    except ImportError:
+        torch = None
+    info = mx.show_config()
+    xs, ys, tx, ty = load_data(dev, args.seed)
+    # one throwaway epoch-start per implementation warms caches (algorithms, kernels, memory pools)
+    results = {}
+    runs = [("dnnbind eager", lambda: bench_dnnbind(xs, ys, tx, ty, dev, args.seed, False)),
+            ("dnnbind captured step", lambda: bench_dnnbind(xs, ys, tx, ty, dev, args.seed, True))]
+    if torch is not None:
+        runs += [("PyTorch eager", lambda: bench_torch(torch, xs, ys, tx, ty, dev, args.seed, False)),
+                 ("PyTorch CUDA graph", lambda: bench_torch(torch, xs, ys, tx, ty, dev, args.seed, True))]
+    for name, fn in runs:
+        fn()  # warm-up epoch (not reported)
+        results[name] = fn()
+        r = results[name]
+        print(f"{name:<24} epoch {r['epoch_s']:.3f} s  setup {r['setup_s']:.3f} s  accuracy {100 * r['accuracy']:.2f}%")
+    print(f"\nSimpleCNN, one epoch ({STEPS} steps, batch {BATCH}), math {mode}, {info['gpus']['devices'][0]['name']}")
+    print(f"{'run':<24}{'epoch s':>10}{'images/s':>12}{'accuracy':>10}{'vs PyTorch eager':>18}{'vs PyTorch graph':>18}")
+    for name, r in results.items():
+        pe = results.get("PyTorch eager", {}).get("epoch_s")
+        pg = results.get("PyTorch CUDA graph", {}).get("epoch_s")
+        print(f"{name:<24}{r['epoch_s']:>10.3f}{BATCH * STEPS / r['epoch_s']:>12,.0f}{100 * r['accuracy']:>9.2f}%"
+              f"{(r['epoch_s'] / pe if pe else float('nan')):>17.2f}x{(r['epoch_s'] / pg if pg else float('nan')):>17.2f}x")
+    ops_rows = [] if args.skip_ops else bench_ops(torch, dev)
+    if ops_rows:
+        print(f"\n{'op (GPU time, median)':<28}{'dnnbind us':>12}{'PyTorch us':>12}{'ratio':>8}")
+        for name, ours, theirs in ops_rows:
+            print(f"{name:<28}{ours:>12.1f}{(theirs or float('nan')):>12.1f}{(ours / theirs if theirs else float('nan')):>8.2f}")
+    out = {"gpu": info["gpus"], "cudnn": info["cudnn"], "cublas": info["cublas"], "math_mode": mode,
+           "torch": getattr(torch, "__version__", None), "python": platform.python_version(),
+           "date": time.strftime("%Y-%m-%d"), "train": results,
+           "ops": [{"op": n, "dnnbind_us": o, "torch_us": t} for n, o, t in ops_rows]}
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""Train the seeds' SimpleCNN on MNIST with dnnbind: cuDNN/cuBLAS on the GPU, or the numpy backend on the CPU.
+
+    python scripts/train.py                      # 1 epoch, GPU if there is one
+    python scripts/train.py --epochs 10 --save runs/mnist.ckpt
+    python scripts/train.py --resume runs/mnist.ckpt --epochs 12
+
+Flags follow PyTorch's MNIST example. Checkpoints are one file, written atomically (temp file + rename):
+parameters, optimizer state, epoch, step within the epoch, and RNG state; the data order of an epoch is a
+function of (seed, epoch), so a resumed run sees the same batches as an uninterrupted one.
+"""
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import dnnbind as mx  # noqa: E402
+from dnnbind import autograd, gluon  # noqa: E402
+from dnnbind.gluon.data import DeviceDataLoader  # noqa: E402
+from dnnbind.gluon.data.vision import MNIST  # noqa: E402
+from models.simple_cnn import SimpleCNN  # noqa: E402
+
+# Defaults (the seeds' and FACTS.md's setting)
+EPOCHS = 1            # one epoch reaches ~98.3% test accuracy; 10 reach ~99.1%
+BATCH_SIZE = 64
+LR = 0.01
+MOMENTUM = 0.9
+LOG_INTERVAL = 100    # steps between progress-bar refreshes of loss and images/s
+OUT_DIR = "runs"      # metrics CSV/JSON and the loss/accuracy plot
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Train SimpleCNN on MNIST with dnnbind")
+    p.add_argument("--epochs", type=int, default=EPOCHS)
+    p.add_argument("--batch-size", type=int, default=BATCH_SIZE)
+    p.add_argument("--test-batch-size", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=LR)
+    p.add_argument("--momentum", type=float, default=MOMENTUM)
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
+    p.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (default: searched)")
+    p.add_argument("--save", default=None, help="checkpoint file written at each epoch end and on Ctrl-C")
+    p.add_argument("--resume", default=None, help="checkpoint file to continue from")
+    p.add_argument("--limit", type=int, default=0, help="use only the first N training images (0: all)")
+    p.add_argument("--log-interval", type=int, default=LOG_INTERVAL)
+    p.add_argument("--tf32", action="store_true", help="allow TF32 tensor cores (default: strict FP32)")
+    p.add_argument("--out-dir", default=OUT_DIR)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs a line per interval)")
+    return p.parse_args(argv)
+
+
+def pick_device(choice):
+    if choice == "cpu" or (choice == "auto" and mx.num_gpus() == 0):
+        if choice == "auto":
+            print(f"no GPU ({mx.runtime.gpu_status()[1]}): training on the CPU numpy backend")
+        return mx.cpu()
+    return mx.gpu(0)
+
+
+def evaluate(net, images, labels, device, batch_size):
+    """Test loss and accuracy, batch by batch, without recording."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    total_loss, correct = 0.0, 0
+    for i in range(0, len(labels), batch_size):
+        x = mx.array(images[i:i + batch_size], device=device)
+        y = mx.array(labels[i:i + batch_size], device=device)
+        out = net(x)
+        total_loss += float(loss_fn(out, y).sum().item())
+        correct += int((out.numpy().argmax(axis=1) == labels[i:i + batch_size]).sum())
+    return total_loss / len(labels), correct / len(labels)
+
+
+def save_checkpoint(path, net, trainer, epoch, step, history, args):
+    """One file, atomically: a crash mid-write leaves the previous checkpoint intact."""
+    arrays = {f"param/{k}": v.data().numpy() for k, v in net.collect_params().items()}
+    states = io.BytesIO()
+    tmp_states = path + ".states.tmp"
+    trainer.save_states(tmp_states)
+    with open(tmp_states, "rb") as f:
+        states.write(f.read())
+    os.remove(tmp_states)
+    meta = {"epoch": epoch, "step": step, "history": history, "args": vars(args),
+            "np_rng": np.random.get_state()[1].tolist()}
+    arrays["trainer_states"] = np.frombuffer(states.getvalue(), np.uint8)
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, net, trainer, device):
+    with np.load(path, allow_pickle=False) as z:
+        params = net.collect_params()
+        for k, v in params.items():
+            v.set_data(mx.array(z[f"param/{k}"], device=device))
+        tmp = path + ".states.tmp"
+        with open(tmp, "wb") as f:
+            f.write(z["trainer_states"].tobytes())
+        trainer.load_states(tmp)
+        os.remove(tmp)
+        meta = json.loads(z["meta"].tobytes().decode())
+    return meta
+
+
+def write_metrics(out_dir, history):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "metrics.json"), "w") as f:
+        json.dump(history, f, indent=1)
+    if history:
+        with open(os.path.join(out_dir, "metrics.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(history[0]))
+            w.writeheader()
+            w.writerows(history)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    ep = [h["epoch"] for h in history]
+    a1.plot(ep, [h["train_loss"] for h in history], "o-", label="train")
+    a1.plot(ep, [h["test_loss"] for h in history], "o-", label="test")
+    a1.set_xlabel("epoch"), a1.set_ylabel("loss"), a1.legend()
+    a2.plot(ep, [100 * h["test_acc"] for h in history], "o-", color="C2")
+    a2.set_xlabel("epoch"), a2.set_ylabel("test accuracy (%)")
+    fig.suptitle("dnnbind SimpleCNN on MNIST")
+    fig.tight_layout()
+    png = os.path.join(out_dir, "metrics.png")
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+
+
+class NaNLoss(RuntimeError):
+    pass
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    mx.set_math_mode("tf32" if args.tf32 else "fp32")
+    np.random.seed(args.seed)
+
+    # Data: the whole set lives on the device; each epoch is one shuffled upload, each batch a view.
+    train_set, test_set = MNIST(root=args.data_dir, train=True), MNIST(root=args.data_dir, train=False)
+    images, labels = train_set.data, train_set.label
+    if args.limit:
+        images, labels = images[:args.limit], labels[:args.limit]
+    loader = DeviceDataLoader(images, labels, args.batch_size, device, shuffle=True, seed=args.seed)
+    test_x = test_set.data.transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+    test_y = test_set.label.astype(np.int32)
+
+    net = SimpleCNN()
+    net.initialize(ctx=device)
+    net(mx.array(test_x[:2], device=device))  # deferred shapes resolved now, so the Trainer packs every param
+    opt_params = {"learning_rate": args.lr, "wd": args.weight_decay}
+    if args.optimizer == "sgd":
+        opt_params["momentum"] = args.momentum
+    trainer = gluon.Trainer(net.collect_params(), args.optimizer, opt_params)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    start_epoch, skip_steps, history = 1, 0, []
+    if args.resume:
+        meta = load_checkpoint(args.resume, net, trainer, device)
+        start_epoch, skip_steps, history = meta["epoch"], meta["step"], meta["history"]
+        if skip_steps == 0:  # saved at an epoch end: continue with the next one
+            start_epoch += 1
+        print(f"resumed from {args.resume}: epoch {start_epoch}, step {skip_steps}")
+
+    print(f"training SimpleCNN on {device} ({mx.math_mode()}), {len(labels)} images, batch {args.batch_size}, "
+          f"{args.optimizer} lr {args.lr}")
+    state = {"epoch": start_epoch, "step": skip_steps}
+    interrupted = False
+
+    def on_sigint(signum, frame):
+        nonlocal interrupted
+        interrupted = True  # finish the current step, then save and stop
+
+    old_handler = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        for epoch in range(start_epoch, args.epochs + 1):
+            state["epoch"] = epoch
+            loader.reset(epoch)
+            steps = len(loader)
+            bar = None
+            if not args.no_progress:
+                try:
+                    from tqdm import tqdm
+                    bar = tqdm(total=steps, desc=f"epoch {epoch}", unit="step", leave=True, dynamic_ncols=True)
+                except ImportError:
+                    bar = None
+            t0, seen, loss_sum, loss_count = time.perf_counter(), 0, None, 0
+            for step, (data, label) in enumerate(loader):
+                if step < skip_steps:  # resuming mid-epoch: these batches were already trained on
+                    continue
+                # forward and loss, taped
+                with autograd.record():
+                    output = net(data)
+                    loss = loss_fn(output, label)
+                # backward through cuDNN/cuBLAS backward calls, then one fused update over the flat buffers
+                loss.backward()
+                trainer.step(batch_size=data.shape[0])
+                # running loss stays on the device; read it back only at log points (a sync costs a step)
+                batch_loss = loss.sum()
+                loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
+                loss_count += data.shape[0]
+                seen += data.shape[0]
+                state["step"] = step + 1
+                if (step + 1) % args.log_interval == 0 or step + 1 == steps:
+                    mean = float(loss_sum.item()) / loss_count
+                    if not math.isfinite(mean):
+                        raise NaNLoss(f"loss became {mean} at epoch {epoch} step {step + 1}: try a smaller --lr")
+                    rate = seen / (time.perf_counter() - t0)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{mean:.4f}", img_s=f"{rate:,.0f}")
+                        bar.update((step + 1) - bar.n)
+                    else:
+                        print(f"epoch {epoch} step {step + 1}/{steps} loss {mean:.4f} {rate:,.0f} img/s")
+                    train_loss, loss_sum, loss_count = mean, None, 0
+                if interrupted:
+                    break
+            if bar is not None:
+                bar.close()
+            if interrupted:
+                print("interrupted: saving checkpoint" if args.save else "interrupted")
+                if args.save:
+                    save_checkpoint(args.save, net, trainer, epoch, state["step"], history, args)
+                return history
+            skip_steps = 0
+            epoch_time = time.perf_counter() - t0
+            test_loss, test_acc = evaluate(net, test_x, test_y, device, args.test_batch_size)
+            history.append({"epoch": epoch, "train_loss": train_loss, "test_loss": test_loss, "test_acc": test_acc,
+                            "epoch_seconds": epoch_time, "images_per_second": seen / epoch_time})
+            print(f"epoch {epoch}: test loss {test_loss:.4f}, test accuracy {100 * test_acc:.2f}%, "
+                  f"{epoch_time:.2f} s ({seen / epoch_time:,.0f} img/s)")
+            if args.save:
+                save_checkpoint(args.save, net, trainer, epoch, 0, history, args)
+            png = write_metrics(args.out_dir, history)
+        if history:
+            print(f"metrics: {os.path.join(args.out_dir, 'metrics.csv')}" + (f", plot: {png}" if png else ""))
+    except NaNLoss as exc:
+        print(f"stopping: {exc}", file=sys.stderr)
+        raise SystemExit(2)
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+    return history
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Training on the GPU (marker ``gpu``): Blocks on the GPU, per-step parity with PyTorch, a full epoch's
+accuracy, and the captured (CUDA graph) step against the eager one."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import dnnbind as mx
+from dnnbind import autograd, gluon
+from dnnbind.graph import CapturedStep, CaptureError
+
+pytestmark = pytest.mark.gpu
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from models.simple_cnn import SimpleCNN  # noqa: E402
+
+
+def _mnist(train=True):
+    from dnnbind.gluon.data.vision import MNIST
+    try:
+        ds = MNIST(train=train)
+    except FileNotFoundError as exc:
+        pytest.skip(f"MNIST not available: {exc}")
+    return ds.data.transpose(0, 3, 1, 2).astype(np.float32) / 255.0, ds.label.astype(np.int32)
+
+
+def _net(dev, seed=0):
+    np.random.seed(seed)
+    net = SimpleCNN()
+    net.initialize(mx.init.TorchDefault(), ctx=dev)
+    net(mx.zeros((2, 1, 28, 28), device=dev))
+    return net
+
+
+def test_block_forward_backward_on_gpu_matches_cpu():
+    x = np.random.default_rng(0).random((8, 1, 28, 28), dtype=np.float32)
+    y = np.random.default_rng(1).integers(0, 10, 8).astype(np.int32)
+    grads = {}
+    for dev in (mx.cpu(), mx.gpu(0)):
+        net = _net(dev)
+        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        with autograd.record():
+            loss = loss_fn(net(mx.array(x, device=dev)), mx.array(y, device=dev))
+        loss.backward()
+        grads[dev.kind] = {k: p.grad().numpy() for k, p in net.collect_params().items()}
+        grads[dev.kind + "_loss"] = loss.numpy()
+    np.testing.assert_allclose(grads["gpu_loss"], grads["cpu_loss"], rtol=1e-4, atol=1e-5)
+    for k in grads["cpu"]:
+        np.testing.assert_allclose(grads["gpu"][k], grads["cpu"][k], rtol=1e-3, atol=1e-5, err_msg=k)
+
+
+def test_parity_with_pytorch_50_steps():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    x_all, y_all = _mnist()
+    dev = mx.gpu(0)
+    net = _net(dev, seed=3)
+    tnet = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        torch.nn.Linear(3136, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
+    params = net.collect_params()
+    order = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight",
+             "fc2.bias"]
+    with torch.no_grad():
+        for p, name in zip(tnet.parameters(), order):
+            p.copy_(torch.from_numpy(params[name].data().numpy()))
+    trainer = gluon.Trainer(params, "sgd", {"learning_rate": 0.01, "momentum": 0.9})
+    topt = torch.optim.SGD(tnet.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rng = np.random.default_rng(0)
+    for step in range(50):
+        idx = rng.integers(0, len(y_all), 64)
+        xb, yb = x_all[idx], y_all[idx]
+        with autograd.record():
+            loss = loss_fn(net(mx.array(xb, device=dev)), mx.array(yb, device=dev))
+        loss.backward()
+        trainer.step(64)
+        ours = float(loss.mean().item())
+        topt.zero_grad()
+        tl = torch.nn.functional.cross_entropy(tnet(torch.from_numpy(xb).cuda()), torch.from_numpy(yb).long().cuda())
+        tl.backward()
+        topt.step()
+        assert abs(ours - tl.item()) <= 1e-4 * abs(tl.item()), f"step {step}: dnnbind {ours} torch {tl.item()}"
+
+
+def _train_epoch(net, x_all, y_all, dev, seed=1):
+    from dnnbind.gluon.data import DeviceDataLoader
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    loader = DeviceDataLoader((x_all * 255).round().astype(np.uint8).transpose(0, 2, 3, 1), y_all, 64, dev,
+                              seed=seed)
+    loader.reset(1)
+    for data, label in loader:
+        with autograd.record():
+            loss = loss_fn(net(data), label)
+        loss.backward()
+        trainer.step(64)
+    return trainer
+
+
+def _accuracy(net, dev):
+    x, y = _mnist(train=False)
+    correct = 0
+    for i in range(0, len(y), 1000):
+        correct += int((net(mx.array(x[i:i + 1000], device=dev)).numpy().argmax(1) == y[i:i + 1000]).sum())
+    return correct / len(y)
+
+
+def test_full_epoch_reaches_accuracy():
+    x_all, y_all = _mnist()
+    dev = mx.gpu(0)
+    net = _net(dev, seed=1)
+    _train_epoch(net, x_all, y_all, dev)
+    acc = _accuracy(net, dev)
+    print(f"accuracy after 1 epoch: {100 * acc:.2f}%")
+    assert acc >= 0.975
+
+
+def _step_fn(net, trainer, loss_fn, x, y):
+    def step():
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(x.shape[0])
+        return loss
+    return step
+
+
+def test_captured_step_matches_eager_and_refuses_shape_change(tmp_path):
+    mx.set_conv_algo_policy("time", deterministic=True)
+    try:
+        dev = mx.gpu(0)
+        rng = np.random.default_rng(5)
+        batches = [(rng.random((64, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 64).astype(np.int32))
+                   for _ in range(5)]
+        results = []
+        for captured in (False, True):
+            net = _net(dev, seed=7)
+            trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
+            loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+            x, y = mx.empty((64, 1, 28, 28), device=dev), mx.empty((64,), np.int32, device=dev)
+            step = _step_fn(net, trainer, loss_fn, x, y)
+            if captured:
+                step = CapturedStep(step, inputs=[x, y], preserve=trainer.state_arrays())
+            losses = []
+            for xb, yb in batches:
+                x.copy_(xb)
+                y.copy_(yb)
+                losses.append(step().numpy().copy())
+            results.append(({k: p.data().numpy() for k, p in net.collect_params().items()}, losses))
+        (pe, le), (pc, lc) = results
+        for a, b in zip(le, lc):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        for k in pe:
+            np.testing.assert_allclose(pe[k], pc[k], rtol=1e-6, atol=1e-7, err_msg=k)
+        # replay after load_parameters uses the loaded weights (load copies into the captured buffers)
+        path = str(tmp_path / "w.params")
+        net.save_parameters(path)
+        saved = {k: p.data().numpy() for k, p in net.collect_params().items()}
+        step()  # the weights move on
+        net.load_parameters(path, ctx=dev)
+        for k, p in net.collect_params().items():
+            np.testing.assert_array_equal(p.data().numpy(), saved[k])
+        expected = loss_fn(net(x), y).numpy()  # eager forward from the loaded weights
+        np.testing.assert_allclose(step().numpy(), expected, rtol=1e-6, atol=1e-7)
+        # a changed input shape is refused before launch
+        step.inputs[0] = mx.empty((32, 1, 28, 28), device=dev)
+        with pytest.raises(CaptureError, match="shape changed"):
+            step()
+    finally:
+        mx.set_conv_algo_policy("time", deterministic=False)
