@@ -24,3 +24,8 @@ __all__ = ["CublasError", "CudaError", "CudnnBadParam", "CudnnError", "CudnnExec
            "num_gpus", "ones", "set_math_mode", "show_time", "synchronize", "zeros", "show_config",
            *_ops_all]
 
+
+from . import autograd, nd  # noqa: E402,F401  (nd installs NDArray operators)
+from . import initializer as init  # noqa: E402,F401
+from . import gluon  # noqa: E402,F401
+from .ops import set_conv_algo_policy  # noqa: E402,F401

@@ -18,8 +18,20 @@ import math
 
 import numpy as np
 
-__all__ = ["InitDesc", "Initializer", "Uniform", "Normal", "Xavier", "MSRAPrelu", "Zero", "One", "Constant",
-           "TorchDefault", "create", "register"]
+__all__ = [
+    "Constant",
+    "InitDesc",
+    "Initializer",
+    "MSRAPrelu",
+    "Normal",
+    "One",
+    "TorchDefault",
+    "Uniform",
+    "Xavier",
+    "Zero",
+    "create",
+    "register",
+]
 
 _REGISTRY: dict[str, type] = {}
 

@@ -82,6 +82,7 @@ def evaluate(net, images, labels, device, batch_size):
 
 def save_checkpoint(path, net, trainer, epoch, step, history, args):
     """One file, atomically: a crash mid-write leaves the previous checkpoint intact."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     arrays = {f"param/{k}": v.data().numpy() for k, v in net.collect_params().items()}
     states = io.BytesIO()
     tmp_states = path + ".states.tmp"
@@ -93,7 +94,6 @@ def save_checkpoint(path, net, trainer, epoch, step, history, args):
             "np_rng": np.random.get_state()[1].tolist()}
     arrays["trainer_states"] = np.frombuffer(states.getvalue(), np.uint8)
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         np.savez(f, **arrays)
@@ -166,7 +166,7 @@ def main(argv=None):
     test_y = test_set.label.astype(np.int32)
 
     net = SimpleCNN()
-    net.initialize(ctx=device)
+    net.initialize(mx.init.TorchDefault(), ctx=device)  # PyTorch's default init: the accuracy anchors' start
     net(mx.array(test_x[:2], device=device))  # deferred shapes resolved now, so the Trainer packs every param
     opt_params = {"learning_rate": args.lr, "wd": args.weight_decay}
     if args.optimizer == "sgd":

@@ -19,9 +19,18 @@ i32, u32, i64, size_t = ctypes.c_int, ctypes.c_uint, ctypes.c_int64, ctypes.c_si
 f32, f64, vp, cstr = ctypes.c_float, ctypes.c_double, ctypes.c_void_p, ctypes.c_char_p
 P = ctypes.POINTER
 
+# Non-empty while a ``dnnbind.trace()`` is active (it holds the active traces; dnnbind.trace.ACTIVE is this
+# same list). Code below the tracer's layer tests it with one lookup, ``if TRACING:``, and imports
+# dnnbind.trace lazily inside; outside a trace nothing else is looked at.
+TRACING: list = []
+
 
 class Library:
     """Lazily bound functions of one shared library: ``lib.cudnnCreate(...)``."""
+
+    # Set only while a trace is active: ``hook(library, c_name, fn)`` wraps a function bound during the trace
+    # and returns what to call. Only the binding path (once per function) looks at it.
+    _on_bind: Callable | None = None
 
     def __init__(self, name: str, table: dict, errcheck: Callable | None):
         self._name, self._table, self._errcheck = name, table, errcheck
@@ -43,6 +52,8 @@ class Library:
             fn.errcheck = self._errcheck
         # Cache on the instance: later lookups skip __getattr__ entirely (the hot path).
         setattr(self, c_name, fn)
+        if Library._on_bind is not None:
+            return Library._on_bind(self, c_name, fn)
         return fn
 
     def has(self, c_name: str) -> bool:

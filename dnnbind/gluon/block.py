@@ -20,6 +20,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .. import nd
 from .parameter import Parameter, ParameterDict
 from .utils import atomic_savez
 
@@ -33,7 +34,7 @@ _global_lock = threading.Lock()
 class _BlockScope:
     """The naming scope a Block opens with ``name_scope()``: numbers the children made inside it."""
 
-    def __init__(self, block: "Block"):
+    def __init__(self, block: Block):
         self._block = block
         self._counter: dict[str, int] = {}
         self._old = None
@@ -75,9 +76,10 @@ class Block:
         object.__setattr__(self, "_children", OrderedDict())
         object.__setattr__(self, "_reg_params", OrderedDict())
         self._prefix = _BlockScope.create(prefix, self._alias())
-        self._name = self._prefix[:-1] if self._prefix.endswith("_") else self._prefix
+        self._name = self._prefix.removesuffix("_")
         self._scope = _BlockScope(self)
-        self._params = ParameterDict(self._prefix, shared=params)
+        # Sharing (MXNet 1.x): the new dict takes the shared dict's prefix so that get('weight') finds its names.
+        self._params = ParameterDict(params.prefix if params is not None else self._prefix, shared=params)
         self._forward_hooks: list = []
         self._forward_pre_hooks: list = []
 
@@ -116,7 +118,7 @@ class Block:
         self._reg_params.pop(name, None)
         object.__delattr__(self, name)
 
-    def register_child(self, block: "Block", name: str | None = None) -> "Block":
+    def register_child(self, block: Block, name: str | None = None) -> Block:
         """Add ``block`` as a child under ``name`` (default: its index, as Sequential does)."""
         if name is None:
             name = str(len(self._children))
@@ -172,7 +174,7 @@ class Block:
         for p in self.collect_params().values():
             p.cast(dtype)
 
-    def apply(self, fn) -> "Block":
+    def apply(self, fn) -> Block:
         for child in self._children.values():
             child.apply(fn)
         fn(self)
@@ -247,7 +249,6 @@ class Block:
         hybrid = getattr(self, "hybrid_forward", None)
         if hybrid is None:
             raise NotImplementedError(f"{type(self).__name__} must define forward(self, x)")
-        from .. import nd
         params = {name: p.data() for name, p in self._reg_params.items() if p is not None}
         return hybrid(nd, x, *args, **kwargs, **params)
 

@@ -20,7 +20,7 @@ from .. import initializer as _init
 from ..runtime.array import NDArray, array, empty, zeros
 from ..runtime.device import Device, as_device
 
-__all__ = ["Parameter", "Constant", "ParameterDict", "DeferredInitializationError"]
+__all__ = ["Constant", "DeferredInitializationError", "Parameter", "ParameterDict"]
 
 _REQS = ("write", "add", "null")
 
@@ -111,8 +111,10 @@ class Parameter:
         chosen = explicit if explicit is not None else (default_init or _init.Uniform())
         ctx = self._ctx if (ctx is None and self._ctx is not None) else _one_ctx(ctx)
         self._deferred_init = (chosen, explicit is not None, ctx)
-        if not self._shape_known():
-            if self.allow_deferred_init:
+        # A bias whose layer's weight shape is still unknown waits too: its fan_in comes from that weight.
+        waits_for_weight = self.fan_in_from is not None and not self.fan_in_from._shape_known()
+        if not self._shape_known() or waits_for_weight:
+            if self.allow_deferred_init or waits_for_weight:
                 return
             raise ValueError(f"Cannot initialize Parameter `{self.display_name}`: its shape {self._shape} has "
                              "unknown (0) dimensions and allow_deferred_init is False. Give the full shape.")
@@ -288,7 +290,7 @@ class Constant(Parameter):
 class ParameterDict:
     """An ordered name -> Parameter mapping (``collect_params()`` returns one keyed by structural names)."""
 
-    def __init__(self, prefix: str = "", shared: "ParameterDict | None" = None):
+    def __init__(self, prefix: str = "", shared: ParameterDict | None = None):
         self._prefix = prefix
         self._params: OrderedDict[str, Parameter] = OrderedDict()
         self._shared = shared
@@ -342,7 +344,7 @@ class ParameterDict:
         self._params[full] = param
         return param
 
-    def select(self, pattern: str | None) -> "ParameterDict":
+    def select(self, pattern: str | None) -> ParameterDict:
         if pattern is None:
             return self
         rx = re.compile(pattern)

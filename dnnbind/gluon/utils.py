@@ -13,7 +13,7 @@ import numpy as np
 
 from ..runtime.array import NDArray, array
 
-__all__ = ["atomic_savez", "split_data", "split_and_load"]
+__all__ = ["atomic_savez", "split_and_load", "split_data"]
 
 
 def atomic_savez(path, arrays: dict) -> None:

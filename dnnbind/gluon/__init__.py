@@ -1,0 +1,35 @@
+"""Gluon (``mxnet.gluon``): Blocks, Parameters, layers, losses, Trainer, metrics, data.
+Layer: gluon; imports dnnbind.nd, autograd, ops, runtime (and dnnbind.initializer).
+"""
+
+from . import loss, metric, nn, utils
+from .block import Block, HybridBlock, SymbolBlock
+from .parameter import Constant, DeferredInitializationError, Parameter, ParameterDict
+from .trainer import StaleGradientError, Trainer
+
+try:
+    from . import data
+except ImportError as _exc:  # data is built beside this package; keep models and Trainer usable without it
+    _data_error = _exc
+
+    def __getattr__(name):
+        if name == "data":
+            raise ImportError(f"dnnbind.gluon.data could not be imported: {_data_error}") from _data_error
+        raise AttributeError(f"module 'dnnbind.gluon' has no attribute {name!r}")
+
+__all__ = [
+    "Block",
+    "Constant",
+    "DeferredInitializationError",
+    "HybridBlock",
+    "Parameter",
+    "ParameterDict",
+    "StaleGradientError",
+    "SymbolBlock",
+    "Trainer",
+    "data",
+    "loss",
+    "metric",
+    "nn",
+    "utils",
+]

@@ -1,0 +1,179 @@
+"""Basic layers (``mxnet.gluon.nn``): Sequential, Dense, Activation, Dropout, Flatten, Lambda.
+Layer: gluon; imports nd, gluon.block, gluon.parameter.
+
+Dense keeps MXNet's weight layout (units, in_units) and calls ``nd.FullyConnected`` (one cuBLAS Sgemm plus a
+rank-1 Sgemm for the bias). ``in_units=0`` defers the weight's shape to the first forward pass.
+"""
+
+from __future__ import annotations
+
+from ... import nd
+from ..block import Block
+
+__all__ = [
+    "Activation",
+    "Dense",
+    "Dropout",
+    "Flatten",
+    "HybridLambda",
+    "HybridSequential",
+    "Lambda",
+    "Sequential",
+]
+
+
+class Sequential(Block):
+    """Stacks Blocks; children are named by index (``0.weight``, ``1.bias`` in collect_params)."""
+
+    def __init__(self, prefix=None, params=None):
+        super().__init__(prefix=prefix, params=params)
+
+    def add(self, *blocks: Block) -> Sequential:
+        for block in blocks:
+            self.register_child(block)
+        return self
+
+    def forward(self, x, *args):
+        for block in self._children.values():
+            x = block(x, *args)
+            args = ()
+            if isinstance(x, (tuple, list)):
+                x, args = x[0], tuple(x[1:])
+        return x if not args else (x, *args)
+
+    def __getitem__(self, key):
+        blocks = list(self._children.values())[key]
+        if isinstance(key, slice):
+            out = type(self)(prefix=self._prefix)
+            return out.add(*blocks)
+        return blocks
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+
+HybridSequential = Sequential
+
+
+def _act_name(activation) -> str:
+    return activation if isinstance(activation, str) else "linear"
+
+
+class Dense(Block):
+    """y = activation(x W^T + b). MXNet arguments; ``flatten=True`` views (N, ...) input as (N, -1)."""
+
+    def __init__(self, units: int, activation: str | None = None, use_bias: bool = True, flatten: bool = True,
+                 dtype="float32", weight_initializer=None, bias_initializer=None, in_units: int = 0,
+                 prefix=None, params=None):
+        super().__init__(prefix=prefix, params=params)
+        self._units, self._in_units, self._flatten = int(units), int(in_units), flatten
+        with self.name_scope():
+            self.weight = self.params.get("weight", shape=(units, in_units), dtype=dtype, init=weight_initializer,
+                                          allow_deferred_init=True)
+            self.bias = None
+            if use_bias:
+                self.bias = self.params.get("bias", shape=(units,), dtype=dtype, init=bias_initializer,
+                                            allow_deferred_init=True)
+                self.bias.fan_in_from = self.weight
+            self.act = Activation(activation, prefix=activation + "_") if activation is not None else None
+
+    def _alias(self) -> str:
+        return "dense"
+
+    def _infer(self, x) -> None:
+        """First forward: take in_units from the input, then finish the deferred initialization."""
+        if not self.weight._shape_known():
+            if x.ndim < 2:
+                raise ValueError(f"{self.name}: Dense expects input of shape (N, ...), got {x.shape}")
+            in_units = 1
+            for d in (x.shape[1:] if self._flatten else x.shape[-1:]):
+                in_units *= d
+            self.weight.shape = (self._units, in_units)
+            self._in_units = in_units
+        self.weight._finish_deferred_init()
+        if self.bias is not None:
+            self.bias._finish_deferred_init()
+
+    def forward(self, x):
+        if self.weight._data is None:
+            self._infer(x)
+        w = self.weight.data()
+        b = self.bias.data() if self.bias is not None else None
+        if self._flatten or x.ndim == 2:
+            y = nd.FullyConnected(x, w, b, num_hidden=self._units, no_bias=b is None, flatten=self._flatten)
+        else:  # apply to the last axis: (..., in) -> (..., units) through a 2-D view
+            lead = x.shape[:-1]
+            y = nd.FullyConnected(x.reshape((-1, x.shape[-1])), w, b, num_hidden=self._units, no_bias=b is None)
+            y = y.reshape(lead + (self._units,))
+        return self.act(y) if self.act is not None else y
+
+    def __repr__(self) -> str:
+        shape = self.weight.shape
+        act = self.act._act_type if self.act is not None else "linear"
+        return f"{type(self).__name__}({shape[1] or None} -> {shape[0]}, {act})"
+
+
+class Activation(Block):
+    """``nd.Activation``: relu, sigmoid, tanh (cudnnActivationForward)."""
+
+    def __init__(self, activation: str, prefix=None, params=None):
+        self._act_type = activation
+        super().__init__(prefix=prefix, params=params)
+
+    def _alias(self) -> str:
+        return self._act_type
+
+    def forward(self, x):
+        return nd.Activation(x, act_type=self._act_type)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._act_type})"
+
+
+class Dropout(Block):
+    """Inverted dropout with rate ``rate`` inside ``autograd.record()`` (training); identity otherwise."""
+
+    def __init__(self, rate: float, axes: tuple = (), prefix=None, params=None):
+        super().__init__(prefix=prefix, params=params)
+        if axes:
+            raise ValueError("Dropout: axes (shared masks) are not supported; use axes=()")
+        if not 0 <= rate < 1:
+            raise ValueError(f"Dropout: rate must be in [0, 1), got {rate}")
+        self._rate = float(rate)
+
+    def forward(self, x):
+        return nd.Dropout(x, p=self._rate)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(p = {self._rate}, axes=())"
+
+
+class Flatten(Block):
+    """(N, ...) -> (N, -1), a view."""
+
+    def forward(self, x):
+        return nd.Flatten(x)
+
+    def __repr__(self) -> str:
+        return type(self).__name__
+
+
+class Lambda(Block):
+    """Wrap a function of NDArrays (or the name of an ``nd`` function) as a Block."""
+
+    def __init__(self, function, prefix=None):
+        super().__init__(prefix=prefix)
+        if isinstance(function, str):
+            if not hasattr(nd, function):
+                raise ValueError(f"Lambda: dnnbind.nd has no function {function!r}")
+            function = getattr(nd, function)
+        self._func = function
+
+    def forward(self, *args):
+        return self._func(*args)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({getattr(self._func, '__name__', repr(self._func))})"
+
+
+HybridLambda = Lambda

@@ -1,0 +1,30 @@
+"""The seeds' SimpleCNN for 28x28 MNIST digits. Layer: models; imports dnnbind.gluon and dnnbind.nd only.
+
+conv 1->32 3x3 pad 1, relu, max-pool 2 -> conv 32->64 3x3 pad 1, relu, max-pool 2 -> dense 3136->128, relu
+-> dense 128->10 (logits). Written exactly as the MXNet seed writes it (name_scope, deferred in_channels /
+in_units), so the seed's code runs unchanged with ``import dnnbind as mx``.
+"""
+
+from __future__ import annotations
+
+from dnnbind import gluon, nd
+from dnnbind.gluon import nn
+
+
+class SimpleCNN(gluon.Block):
+    def __init__(self, prefix=None, params=None):
+        super().__init__(prefix=prefix, params=params)
+        with self.name_scope():
+            self.conv1 = nn.Conv2D(32, kernel_size=3, strides=1, padding=1)
+            self.conv2 = nn.Conv2D(64, kernel_size=3, strides=1, padding=1)
+            self.fc1 = nn.Dense(128)
+            self.fc2 = nn.Dense(10)
+
+    def forward(self, x):
+        x = nd.relu(self.conv1(x))
+        x = nd.Pooling(x, pool_type="max", kernel=(2, 2), stride=(2, 2))
+        x = nd.relu(self.conv2(x))
+        x = nd.Pooling(x, pool_type="max", kernel=(2, 2), stride=(2, 2))
+        x = x.reshape((0, -1))  # flatten: (N, 64, 7, 7) -> (N, 3136)
+        x = nd.relu(self.fc1(x))
+        return self.fc2(x)
