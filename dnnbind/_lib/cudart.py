@@ -33,11 +33,17 @@ def error_string(err) -> str:
         return ""
 
 
+_fns: dict = {}
+
+
 def call(name: str, *args):
     """``call("cudaMallocAsync", n, stream)`` -> the value(s) after the status; raises CudaError."""
-    result = getattr(rt(), name)(*args)
-    err = result[0] if isinstance(result, tuple) else result
-    if int(err) != 0:
+    fn = _fns.get(name)
+    if fn is None:
+        fn = _fns[name] = getattr(rt(), name)
+    result = fn(*args)
+    err = result[0] if type(result) is tuple else result
+    if err != 0:
         raise CudaError(int(err), name, f"{getattr(err, 'name', err)} - {error_string(err)}")
     if not isinstance(result, tuple) or len(result) == 1:
         return None

@@ -37,12 +37,15 @@ def _fmt(**shapes: Any) -> str:
 
 
 def _is_int(v: Any) -> bool:
-    # bool is an int subclass, but stride=True is always a mistake.
-    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+    # bool is an int subclass, but stride=True is always a mistake. `type(v) is int` first: the hot path.
+    return type(v) is int or (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)))
 
 
 def pair(op: str, name: str, value: Any, minimum: int = 1) -> Pair:
     """Normalize an int or (h, w) pair of ints to a tuple, each at least `minimum`."""
+    if type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int \
+            and value[0] >= minimum and value[1] >= minimum:
+        return value  # already normalized (the hot path: ops call this with normalized pairs)
     if _is_int(value):
         hw = (int(value), int(value))
     elif isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) for v in value):
@@ -82,6 +85,19 @@ def check_shape_arg(op: str, name: str, shape: Any) -> tuple[int, ...]:
 
 def check_dtype(op: str, allowed: tuple = FLOAT_DTYPES, **arrays: Any) -> np.dtype:
     """All given arrays (None skipped) share one dtype from `allowed`; returns it."""
+    first = None
+    for a in arrays.values():  # hot path: every array already has the same allowed dtype
+        if a is None:
+            continue
+        if first is None:
+            first = a.dtype
+            if first not in allowed:
+                break
+        elif a.dtype != first:
+            break
+    else:
+        if first is not None:
+            return first
     allowed = tuple(np.dtype(d) for d in allowed)
     given = {name: np.dtype(a.dtype) for name, a in arrays.items() if a is not None}
     for name, dt in given.items():

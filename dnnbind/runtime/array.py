@@ -9,6 +9,8 @@ layer never imports autograd. Arithmetic operators are added by ``dnnbind.nd`` i
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._lib.errors import DnnbindError
@@ -52,8 +54,8 @@ class NDArray:
     device = property(lambda self: self._device)
     context = ctx = device  # MXNet spelling
     ndim = property(lambda self: len(self._shape))
-    size = property(lambda self: int(np.prod(self._shape, dtype=np.int64)))
-    nbytes = property(lambda self: self.size * self._dtype.itemsize)
+    size = property(lambda self: math.prod(self._shape))
+    nbytes = property(lambda self: math.prod(self._shape) * self._dtype.itemsize)
 
     @property
     def ptr(self) -> int:
@@ -210,7 +212,7 @@ class NDArray:
         else:
             raise IndexError("gpu NDArray supports an int or a step-1 slice on the first axis; use .numpy() "
                              "for other indexing")
-        row = int(np.prod(self._shape[1:], dtype=np.int64)) * self._dtype.itemsize
+        row = math.prod(self._shape[1:]) * self._dtype.itemsize
         return NDArray._from_ptr(self._ptr + start * row, shape, self._dtype, self._device, self._owner)
 
     def __setitem__(self, key, value):
@@ -280,28 +282,29 @@ def _order_for_consumer(device: Device, consumer_stream: int) -> None:
 
 
 def _infer_shape(old: tuple, new: tuple) -> tuple:
-    size = int(np.prod(old, dtype=np.int64))
+    size = math.prod(old)
     out = [old[i] if d == 0 and i < len(old) else int(d) for i, d in enumerate(new)]
     if out.count(-1) > 1:
         raise ValueError(f"reshape: at most one -1 allowed, got {new}")
     if -1 in out:
-        rest = int(np.prod([d for d in out if d != -1], dtype=np.int64))
+        rest = math.prod(d for d in out if d != -1)
         if rest == 0 or size % rest:
             raise ValueError(f"reshape: cannot reshape {old} into {new}")
         out[out.index(-1)] = size // rest
-    if int(np.prod(out, dtype=np.int64)) != size or any(d < 0 for d in out):
+    if math.prod(out) != size or any(d < 0 for d in out):
         raise ValueError(f"reshape: cannot reshape {old} (size {size}) into {tuple(new)}")
     return tuple(out)
 
 
 # -- factories -----------------------------------------------------------------------------------------------
 def empty(shape, dtype=np.float32, device=None) -> NDArray:
-    device = as_device(device)
-    shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
-    dtype = np.dtype(dtype)
+    device = device if type(device) is Device else as_device(device)
+    if type(shape) is not tuple:
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+    dtype = dtype if type(dtype) is np.dtype else np.dtype(dtype)
     if device.kind == "cpu":
         return NDArray._from_numpy(np.empty(shape, dtype))
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     buf = DeviceBuffer(nbytes, device)
     return NDArray._from_ptr(buf.ptr, shape, dtype, device, buf)
 

@@ -8,7 +8,7 @@ and what lets allocations happen inside CUDA graph capture.
 
 from __future__ import annotations
 
-import weakref
+import atexit
 
 from .._lib import cudart
 from .device import Device
@@ -27,12 +27,15 @@ def _prepare_pool(index: int) -> None:
     threshold = driver.cuuint64_t(0xFFFFFFFFFFFFFFFF)
     cudart.call("cudaMemPoolSetAttribute", pool, rt.cudaMemPoolAttr.cudaMemPoolAttrReleaseThreshold, threshold)
     _pools_ready.add(index)
+    if len(_pools_ready) == 1:
+        # Registered after cuda-python set up its own exit teardown, so (LIFO) ours runs first.
+        atexit.register(_at_exit)
 
 
 class DeviceBuffer:
     """``nbytes`` of device memory, freed (stream-ordered, on the stream it was made on) when unreferenced."""
 
-    __slots__ = ("ptr", "nbytes", "device", "stream", "_finalizer", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "device", "stream", "__weakref__")
 
     def __init__(self, nbytes: int, device: Device, stream: Stream | None = None):
         device.activate()
@@ -40,27 +43,39 @@ class DeviceBuffer:
             _prepare_pool(device.index)
         stream = stream or current_stream(device)
         self.nbytes, self.device, self.stream = int(nbytes), device, stream
-        if self.nbytes == 0:
-            self.ptr, self._finalizer = 0, None
-            return
-        self.ptr = int(cudart.call("cudaMallocAsync", self.nbytes, stream.handle))
-        # The stream object is captured so it outlives every buffer allocated on it.
-        self._finalizer = weakref.finalize(self, _free, self.ptr, stream)
-        self._finalizer.atexit = False  # at exit the driver frees everything; CUDA may be gone
+        self.ptr = int(cudart.call("cudaMallocAsync", self.nbytes, stream.handle)) if self.nbytes else 0
+
+    # NOTE: __del__ rather than weakref.finalize: a training step makes ~30 buffers and finalize costs
+    # microseconds each. The buffer holds its stream, so the stream outlives every buffer made on it.
+    def __del__(self):
+        self.free()
 
     def free(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
+        ptr = getattr(self, "ptr", 0)  # 0 also when __init__ failed before allocating
+        self.ptr = 0
+        if ptr:
+            _free(ptr, self.stream)
 
     def __repr__(self) -> str:
         return f"DeviceBuffer(0x{self.ptr:x}, {self.nbytes} bytes, {self.device!r})"
 
 
 def _free(ptr: int, stream: Stream) -> None:
+    if _shutting_down:
+        return  # at exit the driver frees everything; CUDA may already be torn down
     try:
         cudart.rt().cudaFreeAsync(ptr, stream.handle)
-    except Exception:  # interpreter shutdown
+    except Exception:
         pass
+
+
+_shutting_down = False
+
+
+def _at_exit() -> None:
+    global _shutting_down
+    _shutting_down = True
+
 
 
 def memcpy(dst: int, src: int, nbytes: int, kind: int, stream: Stream) -> None:
