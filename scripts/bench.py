@@ -122,8 +122,6 @@ def bench_torch(torch, xs, ys, tx, ty, dev, seed, graph):
                 opt.zero_grad(set_to_none=True)
                 lossf(tnet(sx), sy).backward()
                 opt.step()
-            tnet.load_state_dict(state)
-            opt.state.clear()
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)
@@ -132,10 +130,13 @@ def bench_torch(torch, xs, ys, tx, ty, dev, seed, graph):
             static_loss.backward()
             opt.step()
         torch.cuda.synchronize()
-        # NOTE: capture does not run the step, but the momentum buffers were created during it: reset them
-        for group in opt.param_groups:
-            for p in group["params"]:
-                opt.state[p]["momentum_buffer"].zero_()
+        # NOTE: the momentum buffers must exist before capture (else the captured step is SGD's first-step
+        # branch, buf = grad, forever); undo the warm-up by restoring weights and zeroing the buffers.
+        with torch.no_grad():
+            tnet.load_state_dict(state)
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    opt.state[p]["momentum_buffer"].zero_()
         setup = time.perf_counter() - t0
         t0 = time.perf_counter()
         for i in range(STEPS):
@@ -259,7 +260,8 @@ def main():
               f"{(r['epoch_s'] / pe if pe else float('nan')):>17.2f}x{(r['epoch_s'] / pg if pg else float('nan')):>17.2f}x")
     ops_rows = [] if args.skip_ops else bench_ops(torch, dev)
     if ops_rows:
-        print(f"\n{'op (GPU time, median)':<28}{'dnnbind us':>12}{'PyTorch us':>12}{'ratio':>8}")
+        print("\nsingle-call latency: CUDA events around one call on an idle GPU (launch latency included)")
+        print(f"{'op':<28}{'dnnbind us':>12}{'PyTorch us':>12}{'ratio':>8}")
         for name, ours, theirs in ops_rows:
             print(f"{name:<28}{ours:>12.1f}{(theirs or float('nan')):>12.1f}{(ours / theirs if theirs else float('nan')):>8.2f}")
     out = {"gpu": info["gpus"], "cudnn": info["cudnn"], "cublas": info["cublas"], "math_mode": mode,

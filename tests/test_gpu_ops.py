@@ -63,6 +63,8 @@ def test_conv_forward_and_backward(case):
                  *tol_for(dw_ref), name="conv_backward_filter")
     db_ref = R.conv_backward_bias(f64(dy))
     assert_close(d.conv_backward_bias(g(dy)), db_ref, *tol_for(db_ref), name="conv_backward_bias")
+    from dnnbind.ops.conv import conv_backward_bias_gemv
+    assert_close(conv_backward_bias_gemv(g(dy)), db_ref, *tol_for(db_ref), name="conv_backward_bias_gemv")
 
 
 def test_conv_numpy_in_numpy_out_and_float64():

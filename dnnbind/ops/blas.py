@@ -41,6 +41,12 @@ def sum_rows_into(h, a_ptr, ones_ptr, out_ptr, rows, cols, alpha, beta, dtype) -
                              ones_ptr, 1, D.scalar_ptr(beta, dtype), out_ptr, 1)
 
 
+def row_sums_into(h, a_ptr, ones_ptr, out_ptr, rows, cols, alpha, beta, dtype) -> None:
+    """out[rows] = alpha * sum over columns of A[rows, cols] + beta * out (gemv, transposed view)."""
+    getattr(C, _GEMV[dtype])(h, cublas.CUBLAS_OP_T, cols, rows, D.scalar_ptr(alpha, dtype), a_ptr, cols,
+                             ones_ptr, 1, D.scalar_ptr(beta, dtype), out_ptr, 1)
+
+
 _ones: dict = {}
 
 

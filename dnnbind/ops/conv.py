@@ -7,6 +7,8 @@ two together). Algorithms come from ops.algos, chosen once per shape; the worksp
 
 from __future__ import annotations
 
+import numpy as np
+
 from .._lib import cudnn
 from .._lib.errors import CudnnError
 from ..runtime import config
@@ -112,4 +114,24 @@ def conv_backward_bias(dy):
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
     L.cudnnConvolutionBackwardBias(dnn(dy), one, D.tensor(dy._shape, dtype), dy._ptr, zero,
                                    D.tensor((1, k, 1, 1), dtype), db._ptr)
+    return db
+
+
+def conv_backward_bias_gemv(dy):
+    """Same result as conv_backward_bias, as two cuBLAS gemv against ones (sum over N, then over H*W).
+
+    NOTE: cudnnConvolutionBackwardBias is slow at MNIST sizes (FACTS.md); the training path (nd.Convolution's
+    backward) uses this instead. GPU NDArrays only.
+    """
+    from ..runtime.array import empty
+    from .blas import ones_vector, row_sums_into, sum_rows_into
+    from ._common import blas
+    dtype = float_dtype("conv_backward_bias", (np.dtype(np.float32), np.dtype(np.float64)), dy=dy)
+    n, k, p, q = dy._shape
+    hw = p * q
+    h = blas(dy)
+    per_pixel = empty((k * hw,), dtype, dy._device)
+    sum_rows_into(h, dy._ptr, ones_vector(dy._device, n, dtype)._ptr, per_pixel._ptr, n, k * hw, 1.0, 0.0, dtype)
+    db = out_like((k,), dtype, dy._device)
+    row_sums_into(h, per_pixel._ptr, ones_vector(dy._device, hw, dtype)._ptr, db._ptr, k, hw, 1.0, 0.0, dtype)
     return db
