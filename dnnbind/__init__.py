@@ -21,7 +21,7 @@ __all__ = ["CublasError", "CudaError", "CudnnBadParam", "CudnnError", "CudnnExec
            "CudnnInternalError", "CudnnNotInitialized", "CudnnNotSupported", "DnnbindError",
            "LibraryNotFoundError", "NvrtcError", "Device", "Event", "NDArray", "Stream", "array", "cpu",
            "current_stream", "default_device", "empty", "from_dlpack", "full", "gpu", "math_mode", "math_scope",
-           "num_gpus", "ones", "set_math_mode", "show_time", "synchronize", "zeros", "show_config",
+           "num_gpus", "ones", "set_math_mode", "show_time", "synchronize", "zeros", "show_config", "trace",
            *_ops_all]
 
 
@@ -29,3 +29,4 @@ from . import autograd, nd  # noqa: E402,F401  (nd installs NDArray operators)
 from . import initializer as init  # noqa: E402,F401
 from . import gluon  # noqa: E402,F401
 from .ops import set_conv_algo_policy  # noqa: E402,F401
+from . import trace  # noqa: E402,F401  (dnnbind.trace() records every library call)

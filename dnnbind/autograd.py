@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+from ._lib.cfunc import TRACING
 from .ops.blas import axpy, copy as copy_into
 from .runtime.array import NDArray, register_autograd, zeros
 
@@ -71,10 +72,10 @@ def set_training(flag: bool) -> bool:
 
 
 class Node:
-    __slots__ = ("backward", "inputs", "name")
+    __slots__ = ("backward", "inputs", "name", "scope")
 
     def __init__(self, backward, inputs, name):
-        self.backward, self.inputs, self.name = backward, inputs, name
+        self.backward, self.inputs, self.name, self.scope = backward, inputs, name, None
 
 
 def needs_grad(x) -> bool:
@@ -86,7 +87,10 @@ def record_op(name: str, output: NDArray, inputs: tuple, backward) -> NDArray:
     if getattr(_tls, "recording", False):
         for x in inputs:
             if x is not None and (x._node is not None or x._grad_req != "null"):
-                output._node = Node(backward, inputs, name)
+                node = output._node = Node(backward, inputs, name)
+                if TRACING:  # keep the Block path (net.conv1) so the backward's calls are traced under it
+                    from . import trace
+                    node.scope = trace.current_path()
                 break
     return output
 
@@ -150,7 +154,12 @@ def backward(heads, head_grads=None, retain_graph: bool = False) -> None:
             continue
         if g is None:
             continue
-        in_grads = node.backward(g)
+        if node.scope is not None and TRACING:
+            from . import trace
+            with trace.scopes(node.scope):
+                in_grads = node.backward(g)
+        else:
+            in_grads = node.backward(g)
         for inp, ig in zip(node.inputs, in_grads):
             if ig is not None and inp is not None and (inp._node is not None or inp._grad_req != "null"):
                 _accumulate(grads, inp, ig)

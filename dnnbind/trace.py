@@ -11,7 +11,10 @@ layer tests one list, ``from dnnbind._lib.cfunc import TRACING`` (the same list 
 this module inside the test: ``if TRACING: from dnnbind import trace; trace.annotate(x=x.shape)``.
 
 GPU time: two pooled CUDA events around each call on the stream of its handle, read after one synchronize per
-device at exit (or every 4096 calls). Host time: perf_counter around the call. One scope stack for all threads.
+device at exit (or every 4096 calls). NOTE: on an idle GPU the start event completes at once, so a call's GPU
+time also holds the host work inside the call before its kernels are queued (cuDNN's can be tens of µs); CUPTI's
+kernel durations (cupti-python) are the kernels alone. Host time: perf_counter around the call. One scope stack
+serves all threads.
 """
 # ruff: noqa: BLE001, S110  (the optional tools, CUPTI and NVTX, must never turn a failure into an exception)
 
@@ -207,6 +210,24 @@ def scope(name: str, op: bool = False):
         pop()
 
 
+def current_path() -> tuple:
+    """The scope names now open (e.g. ("simplecnn", "conv1")); autograd keeps it to replay in backward."""
+    return tuple(name for name, op, _, _ in _scopes if not op)
+
+
+@contextmanager
+def scopes(path: tuple, suffix: str = "backward"):
+    """Re-enter a recorded scope path (a backward runs outside the Blocks whose forward taped it)."""
+    for name in path:
+        push(name)
+    push(suffix)
+    try:
+        yield
+    finally:
+        for _ in range(len(path) + 1):
+            pop()
+
+
 def annotate(**info) -> None:
     """Attach ``info`` (shapes, dtypes, math mode...) to the next recorded call that does GPU work."""
     s = _S
@@ -352,14 +373,14 @@ def _kernel_where(arg):
     return gpu(device), _kl.stream_handle(stream, device)
 
 
-def _event(dev, stream_handle: int) -> Event:
-    free = _pool.get(dev)
-    ev = free.pop() if free else Event(dev)
+def _record(ev: Event, stream_handle: int) -> Event:
     cudart.call("cudaEventRecord", ev._obj, stream_handle)
     return ev
 
 
 def _gpu_begin(s, where, arg):
+    """(device, stream, recorded start event, end event) or None; both events are taken before the call so that
+    creating one never lands inside the timed interval."""
     try:
         w = where(arg)
         if w is None:
@@ -369,9 +390,12 @@ def _gpu_begin(s, where, arg):
             if _CAPTURED not in s.notes:
                 s.notes.append(_CAPTURED)
             return None
+        free = _pool.setdefault(dev, [])
+        while len(free) < 3:
+            free.append(Event(dev))
         if dev not in s.base:
-            s.base[dev] = (_event(dev, h), (time.perf_counter() - s.t0) * 1e6)
-        return dev, h, _event(dev, h)
+            s.base[dev] = (_record(free.pop(), h), (time.perf_counter() - s.t0) * 1e6)
+        return dev, h, _record(free.pop(), h), free.pop()
     except Exception as exc:  # no GPU or no driver: host times only
         s.gpu_ok = False
         s.notes.append(f"no GPU times: {exc}")
@@ -379,9 +403,13 @@ def _gpu_begin(s, where, arg):
 
 
 def _gpu_end(s, pair):
-    dev, h, start = pair
-    end = _gpu_begin(s, lambda _: (dev, h), None)  # only the events differ between begin and end
-    return (dev, start, end[2]) if end is not None else None
+    dev, h, start, end = pair
+    try:
+        return dev, start, _record(end, h)
+    except Exception as exc:
+        s.gpu_ok = False
+        s.notes.append(f"no GPU times: {exc}")
+        return None
 
 
 def _resolve(s: _Session) -> None:
@@ -444,6 +472,9 @@ def _cupti_collect(s: _Session) -> None:
     if s.cupti is None:
         return
     try:
+        for dev in s.base:  # kernels still running would be missing from the flush
+            dev.activate()
+            cudart.call("cudaDeviceSynchronize")
         s.cupti.activity_flush_all(1)
         acts = list(_cupti_acts)
         _cupti_acts.clear()

@@ -56,6 +56,9 @@ def parse_args(argv=None):
     p.add_argument("--tf32", action="store_true", help="allow TF32 tensor cores (default: strict FP32)")
     p.add_argument("--out-dir", default=OUT_DIR)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs a line per interval)")
+    p.add_argument("--graph", action="store_true", help="capture the training step as one CUDA graph (GPU, SGD)")
+    p.add_argument("--trace", action="store_true",
+                   help="trace one full training step (every cuDNN/cuBLAS call and kernel), print it, and exit")
     return p.parse_args(argv)
 
 
@@ -150,6 +153,53 @@ class NaNLoss(RuntimeError):
     pass
 
 
+def capture_step(net, trainer, loss_fn, args, device):
+    """One training step recorded as a CUDA graph over fixed input buffers (dnnbind.graph.CapturedStep)."""
+    from dnnbind.graph import CapturedStep
+    if not device.is_gpu or args.optimizer != "sgd":
+        raise SystemExit("--graph needs a GPU and --optimizer sgd (Adam's step-dependent lr is not captured)")
+    x = mx.zeros((args.batch_size, 1, 28, 28), device=device)
+    y = mx.zeros((args.batch_size,), np.int32, device=device)
+
+    def step():
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(args.batch_size)
+        return loss
+
+    t0 = time.perf_counter()
+    captured = CapturedStep(step, inputs=[x, y], preserve=trainer.state_arrays())
+    print(f"captured the training step as a CUDA graph in {time.perf_counter() - t0:.2f} s")
+    return captured, x, y
+
+
+def trace_one_step(net, trainer, loss_fn, loader, args, device):
+    """The seeds' walk-through, measured: every library call of one step, with its scope and GPU time."""
+    loader.reset(1)
+    batches = iter(loader)
+    for _ in range(3):  # warm-up: conv algorithms chosen, kernels compiled, memory pool warm
+        data, label = next(batches)
+        with autograd.record():
+            loss = loss_fn(net(data), label)
+        loss.backward()
+        trainer.step(data.shape[0])
+    mx.synchronize(device)
+    data, label = next(batches)
+    with mx.trace() as t:
+        with autograd.record():
+            output = net(data)
+            loss = loss_fn(output, label)
+        loss.backward()
+        trainer.step(data.shape[0])
+    print(t.table())
+    os.makedirs(args.out_dir, exist_ok=True)
+    t.to_json(os.path.join(args.out_dir, "trace.json"))
+    t.to_chrome(os.path.join(args.out_dir, "trace_chrome.json"))
+    print(f"wrote {args.out_dir}/trace.json and {args.out_dir}/trace_chrome.json (open in ui.perfetto.dev)")
+    return t
+
+
 def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
@@ -174,6 +224,9 @@ def main(argv=None):
     trainer = gluon.Trainer(net.collect_params(), args.optimizer, opt_params)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
+    if args.trace:
+        return trace_one_step(net, trainer, loss_fn, loader, args, device)
+
     start_epoch, skip_steps, history = 1, 0, []
     if args.resume:
         meta = load_checkpoint(args.resume, net, trainer, device)
@@ -184,6 +237,9 @@ def main(argv=None):
 
     print(f"training SimpleCNN on {device} ({mx.math_mode()}), {len(labels)} images, batch {args.batch_size}, "
           f"{args.optimizer} lr {args.lr}")
+    captured = None
+    if args.graph:
+        captured, static_x, static_y = capture_step(net, trainer, loss_fn, args, device)
     state = {"epoch": start_epoch, "step": skip_steps}
     interrupted = False
 
@@ -208,13 +264,19 @@ def main(argv=None):
             for step, (data, label) in enumerate(loader):
                 if step < skip_steps:  # resuming mid-epoch: these batches were already trained on
                     continue
-                # forward and loss, taped
-                with autograd.record():
-                    output = net(data)
-                    loss = loss_fn(output, label)
-                # backward through cuDNN/cuBLAS backward calls, then one fused update over the flat buffers
-                loss.backward()
-                trainer.step(batch_size=data.shape[0])
+                if captured is not None:
+                    # the whole step is one CUDA graph: stage the batch into its input buffers and replay
+                    mx.copy(data, static_x)
+                    mx.copy(label, static_y)
+                    loss = captured()
+                else:
+                    # forward and loss, taped
+                    with autograd.record():
+                        output = net(data)
+                        loss = loss_fn(output, label)
+                    # backward through cuDNN/cuBLAS backward calls, then one fused update over the flat buffers
+                    loss.backward()
+                    trainer.step(batch_size=data.shape[0])
                 # running loss stays on the device; read it back only at log points (a sync costs a step)
                 batch_loss = loss.sum()
                 loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss

@@ -177,3 +177,60 @@ def test_captured_step_matches_eager_and_refuses_shape_change(tmp_path):
             step()
     finally:
         mx.set_conv_algo_policy("time", deterministic=False)
+
+
+def test_traced_training_step_lists_the_library_calls_in_order():
+    dev = mx.gpu(0)
+    net = _net(dev, seed=2)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rng = np.random.default_rng(0)
+    x = mx.array(rng.random((64, 1, 28, 28), dtype=np.float32), device=dev)
+    y = mx.array(rng.integers(0, 10, 64).astype(np.int32), device=dev)
+    step = _step_fn(net, trainer, loss_fn, x, y)
+    for _ in range(3):
+        step()
+    mx.synchronize(dev)
+    start, end = mx.Event(dev), mx.Event(dev)
+    start.record()
+    with mx.trace() as t:
+        step()
+    end.record()
+    end.synchronize()
+    step_us = end.elapsed_ms(start) * 1e3
+    fns = [r.function for r in t.records if r.library in ("cudnn", "cublas", "kernel")]
+    forward = [f for f in fns if f in ("cudnnConvolutionForward", "cudnnActivationForward", "cudnnPoolingForward")]
+    assert forward[:6] == ["cudnnConvolutionForward", "cudnnActivationForward", "cudnnPoolingForward"] * 2, forward
+    for expected in ("cudnnSoftmaxForward", "cublasSgemm_v2", "cudnnConvolutionBackwardData",
+                     "cudnnConvolutionBackwardFilter", "cudnnPoolingBackward", "cudnnActivationBackward",
+                     "cublasSgemv_v2", "cublasSaxpy_v2"):
+        assert expected in fns, f"{expected} missing from {fns}"
+    assert fns.index("cudnnConvolutionForward") < fns.index("cudnnSoftmaxForward") < \
+        fns.index("cudnnConvolutionBackwardFilter") < len(fns) - 1
+    # every call that queues GPU work has a GPU time, and together they account for the step
+    gpu = [r.gpu_us for r in t.records if r.library in ("cudnn", "cublas", "kernel") and r.gpu_us is not None]
+    assert gpu and all(v > 0 for v in gpu)
+    assert 0.2 * step_us <= sum(gpu) <= 1.05 * step_us, (sum(gpu), step_us)
+    assert "simplecnn" in str(t) and "conv1" in str(t)
+
+
+def test_custom_kernel_inside_a_captured_step_replays():
+    from dnnbind import kernels
+    add2 = kernels.compile(r'''
+extern "C" __global__ void add2_kernel(float* c, const float* a, const float* b, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) c[i] = a[i] + b[i];
+}''', "add2_kernel")
+    dev = mx.gpu(0)
+    n = 1000
+    a, b = mx.zeros((n,), device=dev), mx.ones((n,), device=dev)
+
+    def step():
+        c = mx.empty((n,), device=dev)
+        add2.launch((n + 255) // 256, 256, (c, a, b, n))
+        return c
+
+    captured = CapturedStep(step, inputs=[a, b], warmup=1)
+    for k in range(3):
+        host = np.random.default_rng(k).random(n, dtype=np.float32)
+        a.copy_(host)
+        np.testing.assert_allclose(captured().numpy(), host + 1.0, rtol=0, atol=0)

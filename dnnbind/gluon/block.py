@@ -21,6 +21,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .. import nd
+from .._lib.cfunc import TRACING
 from .parameter import Parameter, ParameterDict
 from .utils import atomic_savez
 
@@ -109,6 +110,7 @@ class Block:
             self._reg_params.pop(name, None)
             if isinstance(value, Block):
                 self._children[name] = value
+                value.__dict__.setdefault("_trace_name", name)  # its name in a trace's scope path
             elif isinstance(value, Parameter):
                 self._reg_params[name] = value
         object.__setattr__(self, name, value)
@@ -237,6 +239,13 @@ class Block:
         self._forward_hooks.append(hook)
 
     def __call__(self, *args, **kwargs):
+        if TRACING:  # one list check: dnnbind.trace() is recording; name this Block's calls (net.conv1 -> ...)
+            from .. import trace
+            with trace.scope(self.__dict__.get("_trace_name") or type(self).__name__.lower()):
+                return self._call(args, kwargs)
+        return self._call(args, kwargs)
+
+    def _call(self, args, kwargs):
         for hook in self._forward_pre_hooks:
             hook(self, args)
         out = self.forward(*args, **kwargs)

@@ -15,6 +15,7 @@ import inspect
 
 import numpy as np
 
+from .._lib.cfunc import TRACING
 from ..runtime.array import NDArray, array
 from ..runtime.device import default_device
 
@@ -41,6 +42,12 @@ def op(reference, *array_names: str):
                 elif a._device is not device:
                     fast = False
                     break
+            if TRACING:  # dnnbind.trace() is recording: name the op around its library calls
+                from .. import trace
+                with trace.scope(op_name, op=True):
+                    if fast:
+                        return impl(*args, **kwargs)
+                    return _slow_path(op_name, impl, reference, positions, args, kwargs)
             if fast:
                 return impl(*args, **kwargs)
             return _slow_path(op_name, impl, reference, positions, args, kwargs)
@@ -87,7 +94,7 @@ def _slow_path(op_name, impl, reference, positions, args, kwargs):
         if target.kind == "cpu":
             for pos, name, a in found:
                 put(pos, name, np.asarray(a))
-            return reference(*args, **kwargs)
+            return _reference(op_name, reference, args, kwargs)
         for pos, name, a in found:
             put(pos, name, array(np.asarray(a), device=target))
         return _to_numpy(impl(*args, **kwargs))
@@ -96,7 +103,7 @@ def _slow_path(op_name, impl, reference, positions, args, kwargs):
             raise ValueError(f"{op_name}: cannot mix cpu NDArrays with GPU arrays of another library")
         for pos, name, a in found:
             put(pos, name, a._data if isinstance(a, NDArray) else np.asarray(a, dtype=None))
-        return _wrap_cpu(reference(*args, **kwargs))
+        return _wrap_cpu(_reference(op_name, reference, args, kwargs))
     # GPU: NDArrays on one GPU mixed with numpy or foreign arrays
     target = nd_device
     for pos, name, a in found:
@@ -115,6 +122,13 @@ def _slow_path(op_name, impl, reference, positions, args, kwargs):
             raise ValueError(f"{op_name}: {name} is on {wrapped.device} but other arrays are on {target}")
         put(pos, name, wrapped)
     return impl(*args, **kwargs)
+
+
+def _reference(op_name, reference, args, kwargs):
+    if TRACING:  # the numpy backend's calls appear in a trace as library "numpy"
+        from .. import trace
+        return trace.timed_numpy(op_name, reference, *args, **kwargs)
+    return reference(*args, **kwargs)
 
 
 def _to_numpy(result):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._lib import cudnn
+from .._lib.cfunc import TRACING
 from .._lib.errors import CudnnError
 from ..runtime import config
 from . import _check, algos, reference
@@ -46,6 +47,9 @@ def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
 
     try:
         algo, ws_bytes = algos.choose(("fwd",) + key, "fwd", h, (xd, wd, cdesc, yd), run, x._device)
+        if TRACING:  # name shapes, dtype and math mode on the call the trace records next
+            from .. import trace
+            trace.annotate(x=x._shape, w=w._shape, dtype=dtype.name, math=config.math_mode())
         run(algo, *workspace(x._device, ws_bytes))
         if b is not None:
             L.cudnnAddTensor(h, one, D.tensor((1, y_shape[1], 1, 1), dtype), b._ptr, one, yd, y._ptr)
@@ -73,6 +77,9 @@ def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1
 
     try:
         algo, ws_bytes = algos.choose(("bwd_data",) + key, "bwd_data", h, (wd, dyd, cdesc, dxd), run, w._device)
+        if TRACING:  # name shapes, dtype and math mode on the call the trace records next
+            from .. import trace
+            trace.annotate(w=w._shape, dy=dy._shape, dtype=dtype.name, math=config.math_mode())
         run(algo, *workspace(w._device, ws_bytes))
     except CudnnError as exc:
         raise with_context(exc, op="conv_backward_data", w=w._shape, dy=dy._shape, x_shape=x_shape) from None
@@ -99,6 +106,9 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
     try:
         algo, ws_bytes = algos.choose(("bwd_filter",) + key, "bwd_filter", h, (xd, dyd, cdesc, dwd), run,
                                       x._device)
+        if TRACING:  # name shapes, dtype and math mode on the call the trace records next
+            from .. import trace
+            trace.annotate(x=x._shape, dy=dy._shape, dtype=dtype.name, math=config.math_mode())
         run(algo, *workspace(x._device, ws_bytes))
     except CudnnError as exc:
         raise with_context(exc, op="conv_backward_filter", x=x._shape, dy=dy._shape, w_shape=w_shape) from None
