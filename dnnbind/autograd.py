@@ -137,6 +137,16 @@ def backward(heads, head_grads=None, retain_graph: bool = False) -> None:
             raise RuntimeError("backward: this array was not computed inside `with autograd.record():` from "
                                "arrays with attach_grad() (or Parameters); nothing to differentiate")
         _topo(h, seen, order)
+    # Leaves with grad_req "write" that receive exactly one gradient can have it written straight into their
+    # grad buffer by the op's backward (see grad_out): no temporary, no copy (8 fewer copies per CNN step).
+    uses: dict[int, int] = {}
+    for x in order:
+        if x._node is not None:
+            for inp in x._node.inputs:
+                if inp is not None and inp._node is None:
+                    uses[id(inp)] = uses.get(id(inp), 0) + 1
+    _tls.direct = {i: x._grad for x in order if x._node is None and x._grad_req == "write"
+                   and x._grad is not None and uses.get(id(x)) == 1 for i in (id(x),)}
     grads: dict[int, NDArray] = {}
     for h, g in zip(heads, head_grads):
         g = _ones_like(h) if g is None else (g if isinstance(g, NDArray) else _as_array(g, h))
@@ -165,6 +175,13 @@ def backward(heads, head_grads=None, retain_graph: bool = False) -> None:
                 _accumulate(grads, inp, ig)
         if not retain_graph:
             x._node = None
+    _tls.direct = None
+
+
+def grad_out(x):
+    """Inside backward: the buffer an op's backward may write x's gradient into directly, else None."""
+    direct = getattr(_tls, "direct", None)
+    return direct.get(id(x)) if direct else None
 
 
 def _topo(x, seen, order):

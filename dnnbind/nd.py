@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 
 from . import ops
-from .autograd import is_recording, is_training, needs_grad, record_op
+from .autograd import grad_out, is_recording, is_training, needs_grad, record_op
 from .ops import arith
 from .ops.blas import gemm_into, ones_vector, sum_rows_into
 from .ops.conv import conv_backward_bias_gemv
@@ -44,21 +44,26 @@ def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0),
         def backward(dy):
             dx = ops.conv_backward_data(weight, dy, x_shape, stride, pad, dilate, num_group) \
                 if needs_grad(data) else None
-            dw = ops.conv_backward_filter(data, dy, w_shape, stride, pad, dilate, num_group) \
-                if needs_grad(weight) else None
+            dw = None
+            if needs_grad(weight):
+                if dy._data is None:  # GPU: straight into the Parameter's grad buffer when autograd allows
+                    dw = ops.conv_backward_filter.gpu(data, dy, w_shape, stride, pad, dilate, num_group,
+                                                      out=grad_out(weight))
+                else:
+                    dw = ops.conv_backward_filter(data, dy, w_shape, stride, pad, dilate, num_group)
             db = None
             if b is not None and needs_grad(b):
-                db = _conv_bias_grad(dy)
+                db = _conv_bias_grad(dy, b)
             return dx, dw, db
 
         record_op("Convolution", y, (data, weight, b), backward)
     return y
 
 
-def _conv_bias_grad(dy):
+def _conv_bias_grad(dy, b):
     # On the GPU two gemv calls beat cudnnConvolutionBackwardBias at these sizes (FACTS.md).
     if dy._data is None and dy.dtype in (np.float32, np.float64):
-        return conv_backward_bias_gemv(dy)
+        return conv_backward_bias_gemv(dy, out=grad_out(b))
     return ops.conv_backward_bias(dy)
 
 
@@ -84,10 +89,14 @@ def _linear_backward(x, w, b, dy):
         dx = empty((n, k), dtype, x.device)
         gemm_into(h, dy._ptr, w._ptr, dx._ptr, n, k, units, False, False, 1.0, 0.0, dtype)
     if needs_grad(w):
-        dw = empty((units, k), dtype, x.device)
+        dw = grad_out(w)
+        if dw is None:
+            dw = empty((units, k), dtype, x.device)
         gemm_into(h, dy._ptr, x._ptr, dw._ptr, units, k, n, True, False, 1.0, 0.0, dtype)
     if b is not None and needs_grad(b):
-        db = empty((units,), dtype, x.device)
+        db = grad_out(b)
+        if db is None:
+            db = empty((units,), dtype, x.device)
         sum_rows_into(h, dy._ptr, ones_vector(x.device, n, dtype)._ptr, db._ptr, n, units, 1.0, 0.0, dtype)
     return dx, dw, db
 

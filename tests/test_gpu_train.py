@@ -234,3 +234,30 @@ extern "C" __global__ void add2_kernel(float* c, const float* a, const float* b,
         host = np.random.default_rng(k).random(n, dtype=np.float32)
         a.copy_(host)
         np.testing.assert_allclose(captured().numpy(), host + 1.0, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("grad_req", ["write", "add"])
+def test_shared_parameters_and_grad_req_on_gpu_match_cpu(grad_req):
+    """A layer used twice gets the sum of both gradients (no direct write); 'add' accumulates across passes."""
+    from dnnbind.gluon import nn
+    x = np.random.default_rng(3).random((5, 1, 6, 6), dtype=np.float32)
+    out = {}
+    for dev in (mx.cpu(), mx.gpu(0)):
+        np.random.seed(4)
+        conv = nn.Conv2D(1, kernel_size=3, padding=1)
+        dense = nn.Dense(4)
+        conv.initialize(mx.init.TorchDefault(), ctx=dev)
+        dense.initialize(mx.init.TorchDefault(), ctx=dev)
+        xa = mx.array(x, device=dev)
+        conv(xa), dense(xa.reshape((5, -1)))
+        params = list(conv.collect_params().values()) + list(dense.collect_params().values())
+        for p in params:
+            p.grad_req = grad_req
+        for _ in range(2):
+            with autograd.record():
+                y = dense(conv(conv(xa)).reshape((5, -1)))  # conv applied twice: shared weights
+                loss = (y * y).sum()
+            loss.backward()
+        out[dev.kind] = [p.grad().numpy() for p in params]
+    for a, b in zip(out["cpu"], out["gpu"]):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)

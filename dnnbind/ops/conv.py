@@ -87,14 +87,14 @@ def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1
 
 
 @op(reference.conv_backward_filter, "x", "dy")
-def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups=1):
-    """dw = correlation of x with dy: ``cudnnConvolutionBackwardFilter``."""
+def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups=1, out=None):
+    """dw = correlation of x with dy: ``cudnnConvolutionBackwardFilter`` (into ``out`` if given, GPU only)."""
     dtype = float_dtype("conv_backward_filter", x=x, dy=dy)
     w_shape = _check.check_shape_arg("conv_backward_filter", "w_shape", w_shape)
     _check.conv_grad_params("conv_backward_filter", x._shape, w_shape, dy._shape, stride, padding, dilation,
                             groups)
     _, cdesc, key = _setup("conv_backward_filter", x._shape, w_shape, stride, padding, dilation, groups, dtype)
-    dw = out_like(w_shape, dtype, x._device)
+    dw = _target(out, w_shape, dtype, x._device, "conv_backward_filter")
     h = dnn(x)
     xd, dyd, dwd = D.tensor(x._shape, dtype), D.tensor(dy._shape, dtype), D.filt(w_shape, dtype)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
@@ -127,7 +127,16 @@ def conv_backward_bias(dy):
     return db
 
 
-def conv_backward_bias_gemv(dy):
+def _target(out, shape, dtype, device, opname):
+    if out is None:
+        return out_like(shape, dtype, device)
+    if out._shape != tuple(shape) or out._dtype != dtype or out._device is not device:
+        raise ValueError(f"{opname}: out has shape {out._shape}, {out._dtype} on {out._device}; expected "
+                         f"{tuple(shape)}, {dtype} on {device}")
+    return out
+
+
+def conv_backward_bias_gemv(dy, out=None):
     """Same result as conv_backward_bias, as two cuBLAS gemv against ones (sum over N, then over H*W).
 
     NOTE: cudnnConvolutionBackwardBias is slow at MNIST sizes (FACTS.md); the training path (nd.Convolution's
@@ -142,6 +151,6 @@ def conv_backward_bias_gemv(dy):
     h = blas(dy)
     per_pixel = empty((k * hw,), dtype, dy._device)
     sum_rows_into(h, dy._ptr, ones_vector(dy._device, n, dtype)._ptr, per_pixel._ptr, n, k * hw, 1.0, 0.0, dtype)
-    db = out_like((k,), dtype, dy._device)
+    db = _target(out, (k,), dtype, dy._device, "conv_backward_bias")
     row_sums_into(h, per_pixel._ptr, ones_vector(dy._device, hw, dtype)._ptr, db._ptr, k, hw, 1.0, 0.0, dtype)
     return db
