@@ -136,18 +136,21 @@ def _graph_time(run, algo, ptr, size, stream, start, end):
         cudart.call("cudaStreamBeginCapture", stream.handle, cudart.rt().cudaStreamCaptureMode(1))
     except Exception:
         return None
-    graph = None
+    graph, failed = None, False
     try:
         for _ in range(REPEAT):
             run(algo, ptr, size)
     except Exception:
-        pass
+        failed = True  # an incomplete graph would time too fast: fall back to eager timing
     finally:
         try:
             graph = cudart.call("cudaStreamEndCapture", stream.handle)
         except Exception:
             graph = None
     if graph is None:
+        return None
+    if failed:
+        cudart.call("cudaGraphDestroy", graph)
         return None
     try:
         exe = cudart.call("cudaGraphInstantiate", graph, 0)
