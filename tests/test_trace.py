@@ -255,8 +255,10 @@ def test_gpu_conv_and_activation_are_traced_with_gpu_times(gpu, tmp_path):
     for r in t.records:
         by_name.setdefault(r.function, []).append(r)
     assert "cudnnConvolutionForward" in by_name and "cudnnActivationForward" in by_name, str(t)
-    for name in ("cudnnConvolutionForward", "cudnnActivationForward"):
-        assert all(r.gpu_us is not None and r.gpu_us > 0 and r.scope.startswith("net") for r in by_name[name])
+    # The first conv of a new shape also times each candidate algorithm inside small captured graphs
+    # (ops.algos); captured launches have no GPU time of their own. The op's own, last call has one.
+    for r in (by_name["cudnnConvolutionForward"][-1], *by_name["cudnnActivationForward"]):
+        assert r.gpu_us is not None and r.gpu_us > 0 and r.scope.startswith("net"), r
     conv = by_name["cudnnConvolutionForward"][-1]
     assert conv.library == "cudnn" and conv.details["algo"] in cudnn.FWD_ALGOS and "workspace_bytes" in conv.details
     text = str(t)
