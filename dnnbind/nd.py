@@ -33,15 +33,29 @@ def _pair(v):
 # -- convolution and dense ------------------------------------------------------------------------------------
 
 def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0), dilate=(1, 1), num_filter=None,
-                num_group=1, no_bias=False, **_ignored):
-    """y = conv(x, w) + b (cudnnConvolutionForward + cudnnAddTensor)."""
+                num_group=1, no_bias=False, act_type=None, **_ignored):
+    """y = conv(x, w) + b (cudnnConvolutionForward + cudnnAddTensor).
+
+    ``act_type="relu"`` fuses the ReLU: one cudnnConvolutionBiasActivationForward on the GPU (float32 with a
+    bias); its backward is cudnnActivationBackward on the output, then the convolution's backward.
+    """
     b = None if no_bias else bias
     stride, pad, dilate = _pair(stride), _pair(pad), _pair(dilate)
-    y = ops.conv_forward(data, weight, b, stride, pad, dilate, num_group)
+    fused = act_type == "relu"
+    if act_type not in (None, "relu"):
+        raise ValueError(f"Convolution: act_type must be None or 'relu', got {act_type!r}")
+    if fused and b is not None and data._data is None and data.dtype == np.float32:
+        y = ops.conv_bias_relu_forward(data, weight, b, stride, pad, dilate, num_group)
+    else:
+        y = ops.conv_forward(data, weight, b, stride, pad, dilate, num_group)
+        if fused:
+            y = ops.activation_forward(y, "relu")
     if is_recording():
         x_shape, w_shape = data.shape, weight.shape
 
         def backward(dy):
+            if fused:  # relu'(z) from its output: y > 0 exactly where z > 0
+                dy = ops.activation_backward(y, dy, y, "relu")
             dx = ops.conv_backward_data(weight, dy, x_shape, stride, pad, dilate, num_group) \
                 if needs_grad(data) else None
             dw = None

@@ -12,18 +12,23 @@ from dnnbind.gluon import nn
 
 
 class SimpleCNN(gluon.Block):
-    def __init__(self, prefix=None, params=None):
+    """``fuse_relu=True`` gives the convolutions ``activation="relu"``: the same function and parameters, but
+    each conv+bias+ReLU is one cudnnConvolutionBiasActivationForward on the GPU (scripts/train.py, bench.py)."""
+
+    def __init__(self, prefix=None, params=None, fuse_relu: bool = False):
         super().__init__(prefix=prefix, params=params)
+        self.fuse_relu = fuse_relu
+        act = "relu" if fuse_relu else None
         with self.name_scope():
-            self.conv1 = nn.Conv2D(32, kernel_size=3, strides=1, padding=1)
-            self.conv2 = nn.Conv2D(64, kernel_size=3, strides=1, padding=1)
+            self.conv1 = nn.Conv2D(32, kernel_size=3, strides=1, padding=1, activation=act)
+            self.conv2 = nn.Conv2D(64, kernel_size=3, strides=1, padding=1, activation=act)
             self.fc1 = nn.Dense(128)
             self.fc2 = nn.Dense(10)
 
     def forward(self, x):
-        x = nd.relu(self.conv1(x))
+        x = self.conv1(x) if self.fuse_relu else nd.relu(self.conv1(x))
         x = nd.Pooling(x, pool_type="max", kernel=(2, 2), stride=(2, 2))
-        x = nd.relu(self.conv2(x))
+        x = self.conv2(x) if self.fuse_relu else nd.relu(self.conv2(x))
         x = nd.Pooling(x, pool_type="max", kernel=(2, 2), stride=(2, 2))
         x = x.reshape((0, -1))  # flatten: (N, 64, 7, 7) -> (N, 3136)
         x = nd.relu(self.fc1(x))

@@ -38,7 +38,7 @@ def load_data(dev, seed):
 
 def make_net(dev, seed):
     np.random.seed(seed)
-    net = SimpleCNN()
+    net = SimpleCNN(fuse_relu=True)
     net.initialize(mx.init.TorchDefault(), ctx=dev)
     net(mx.zeros((2, 1, 28, 28), device=dev))
     return net

@@ -28,7 +28,7 @@ def main():
     from torch.profiler import ProfilerActivity, profile
     mx.set_math_mode("tf32" if args.tf32 else "fp32")
     dev = mx.gpu(0)
-    net = SimpleCNN()
+    net = SimpleCNN(fuse_relu=True)
     net.initialize(mx.init.TorchDefault(), ctx=dev)
     net(mx.zeros((2, 1, 28, 28), device=dev))
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})

@@ -24,7 +24,7 @@ def main():
     p.add_argument("--top", type=int, default=35)
     args = p.parse_args()
     dev = mx.default_device()
-    net = SimpleCNN()
+    net = SimpleCNN(fuse_relu=True)
     net.initialize(mx.init.TorchDefault(), ctx=dev)
     net(mx.zeros((2, 1, 28, 28), device=dev))
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})

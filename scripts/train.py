@@ -215,7 +215,7 @@ def main(argv=None):
     test_x = test_set.data.transpose(0, 3, 1, 2).astype(np.float32) / 255.0
     test_y = test_set.label.astype(np.int32)
 
-    net = SimpleCNN()
+    net = SimpleCNN(fuse_relu=True)
     net.initialize(mx.init.TorchDefault(), ctx=device)  # PyTorch's default init: the accuracy anchors' start
     net(mx.array(test_x[:2], device=device))  # deferred shapes resolved now, so the Trainer packs every param
     opt_params = {"learning_rate": args.lr, "wd": args.weight_decay}

@@ -261,3 +261,30 @@ def test_shared_parameters_and_grad_req_on_gpu_match_cpu(grad_req):
         out[dev.kind] = [p.grad().numpy() for p in params]
     for a, b in zip(out["cpu"], out["gpu"]):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_conv_bias_relu_matches_separate_ops():
+    """SimpleCNN(fuse_relu=True) (cudnnConvolutionBiasActivationForward) = the seed's conv, bias, relu."""
+    dev = mx.gpu(0)
+    x = np.random.default_rng(8).random((16, 1, 28, 28), dtype=np.float32)
+    y = np.random.default_rng(9).integers(0, 10, 16).astype(np.int32)
+    res = []
+    for fuse in (False, True):
+        np.random.seed(11)
+        net = SimpleCNN(fuse_relu=fuse)
+        net.initialize(mx.init.TorchDefault(), ctx=dev)
+        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        with autograd.record():
+            loss = loss_fn(net(mx.array(x, device=dev)), mx.array(y, device=dev))
+        loss.backward()
+        res.append((loss.numpy(), {k: p.grad().numpy() for k, p in net.collect_params().items()}))
+    np.testing.assert_allclose(res[1][0], res[0][0], rtol=1e-5, atol=1e-6)
+    for k in res[0][1]:
+        np.testing.assert_allclose(res[1][1][k], res[0][1][k], rtol=1e-4, atol=1e-6, err_msg=k)
+    from dnnbind.ops import reference as R
+    xa, w, b = (np.random.default_rng(s).standard_normal(sh).astype(np.float32)
+                for s, sh in ((1, (4, 3, 9, 9)), (2, (5, 3, 3, 3)), (3, (5,))))
+    ref = R.activation_forward(R.conv_forward(xa.astype(float), w.astype(float), b.astype(float), padding=1), "relu")
+    got = mx.conv_bias_relu_forward(mx.array(xa, device=dev), mx.array(w, device=dev), mx.array(b, device=dev),
+                                    padding=1)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)

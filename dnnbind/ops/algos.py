@@ -73,12 +73,15 @@ def candidates(direction: str, handle: int, d1, d2, cdesc, d3) -> list:
     return out
 
 
-def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device) -> tuple[int, int]:
-    """(algo, workspace bytes) for ``key``; ``run(algo, ws_ptr, ws_size)`` launches one candidate."""
+def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device, only=None) -> tuple[int, int]:
+    """(algo, workspace bytes) for ``key``; ``run(algo, ws_ptr, ws_size)`` launches one candidate.
+    ``only``: the algorithms allowed (e.g. the fused conv+bias+ReLU supports IMPLICIT_PRECOMP_GEMM)."""
     hit = _chosen.get(key)
     if hit is not None:
         return hit
     cands = candidates(direction, handle, *descs)
+    if only is not None:
+        cands = [c for c in cands if c[0] in only]
     if not cands:
         raise CudnnError(cudnn.CUDNN_STATUS_NOT_SUPPORTED, DIRECTIONS[direction][0],
                          "no usable algorithm for this configuration", repr(key))

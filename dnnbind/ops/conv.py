@@ -59,6 +59,45 @@ def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     return y
 
 
+def _reference_conv_bias_relu(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    return reference.activation_forward(reference.conv_forward(x, w, b, stride, padding, dilation, groups), "relu")
+
+
+@op(_reference_conv_bias_relu, "x", "w", "b")
+def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    """y = relu(conv(x, w) + b) in one call: ``cudnnConvolutionBiasActivationForward``.
+
+    NOTE: cuDNN documents only IMPLICIT_PRECOMP_GEMM for this call with a ReLU, and it needs a bias; z (the
+    residual input) is y itself with alpha2 = 0.
+    """
+    dtype = float_dtype("conv_bias_relu_forward", (np.dtype(np.float32),), x=x, w=w, b=b)
+    if b is None:
+        raise ValueError("conv_bias_relu_forward: needs a bias b (use conv_forward + activation_forward without)")
+    _check.conv_params("conv_bias_relu_forward", x._shape, w._shape, b._shape, stride, padding, dilation, groups)
+    y_shape, cdesc, key = _setup("conv_bias_relu_forward", x._shape, w._shape, stride, padding, dilation, groups,
+                                 dtype)
+    y = out_like(y_shape, dtype, x._device)
+    h = dnn(x)
+    xd, wd, yd = D.tensor(x._shape, dtype), D.filt(w._shape, dtype), D.tensor(y_shape, dtype)
+    bd, act = D.tensor((1, y_shape[1], 1, 1), dtype), D.activation("relu", 0.0)
+    one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+
+    def run(algo, ws, ws_size):
+        L.cudnnConvolutionBiasActivationForward(h, one, xd, x._ptr, wd, w._ptr, cdesc, algo, ws, ws_size, zero,
+                                                yd, y._ptr, bd, b._ptr, act, yd, y._ptr)
+
+    try:
+        algo, ws_bytes = algos.choose(("fwd_bias_relu",) + key, "fwd", h, (xd, wd, cdesc, yd), run, x._device,
+                                      only=(1,))  # CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+        if TRACING:
+            from .. import trace
+            trace.annotate(x=x._shape, w=w._shape, dtype=dtype.name, math=config.math_mode())
+        run(algo, *workspace(x._device, ws_bytes))
+    except CudnnError as exc:
+        raise with_context(exc, op="conv_bias_relu_forward", x=x._shape, w=w._shape) from None
+    return y
+
+
 @op(reference.conv_backward_data, "w", "dy")
 def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1):
     """dx = conv_transpose(dy, w): ``cudnnConvolutionBackwardData``."""

@@ -69,10 +69,12 @@ class Conv2D(Block):
         if self.weight._data is None:
             self._infer(x)
         b = self.bias.data() if self.bias is not None else None
+        # A ReLU activation is fused into the convolution (one cuDNN call on the GPU); others run after it.
+        fuse = self.act is not None and self.act._act_type == "relu"
         y = nd.Convolution(x, self.weight.data(), b, kernel=self._kernel, stride=self._strides, pad=self._padding,
                            dilate=self._dilation, num_filter=self._channels, num_group=self._groups,
-                           no_bias=b is None)
-        return self.act(y) if self.act is not None else y
+                           no_bias=b is None, act_type="relu" if fuse else None)
+        return self.act(y) if self.act is not None and not fuse else y
 
     def __repr__(self) -> str:
         in_ch = self.weight.shape[1] * self._groups or None
