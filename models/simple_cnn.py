@@ -33,3 +33,22 @@ class SimpleCNN(gluon.Block):
         x = x.reshape((0, -1))  # flatten: (N, 64, 7, 7) -> (N, 3136)
         x = nd.relu(self.fc1(x))
         return self.fc2(x)
+
+
+def to_torch(net: SimpleCNN, device: str = "cuda"):
+    """The same network in PyTorch, holding a copy of ``net``'s weights (parity tests, benchmarks).
+
+    PyTorch's Conv2d/Linear weights have dnnbind's layouts ((K, C, R, S) and (units, in)), so the copy is 1:1.
+    """
+    import torch
+    tnet = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        torch.nn.Linear(3136, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
+    params = net.collect_params()
+    names = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight",
+             "fc2.bias"]
+    with torch.no_grad():
+        for p, name in zip(tnet.parameters(), names):
+            p.copy_(torch.from_numpy(params[name].data().numpy()))
+    return tnet

@@ -20,7 +20,7 @@ import dnnbind as mx  # noqa: E402
 from dnnbind import autograd, gluon  # noqa: E402
 from dnnbind.graph import CapturedStep  # noqa: E402
 from dnnbind.gluon.data.vision import MNIST  # noqa: E402
-from models.simple_cnn import SimpleCNN  # noqa: E402
+from models.simple_cnn import SimpleCNN, to_torch  # noqa: E402
 
 BATCH, STEPS, LR, MOMENTUM = 64, 937, 0.01, 0.9  # FACTS.md's measured setting
 SEED = 0
@@ -90,22 +90,8 @@ def bench_dnnbind(xs, ys, tx, ty, dev, seed, graph):
             "accuracy": accuracy_dnnbind(net, tx, ty, dev)}
 
 
-def torch_model(torch, net):
-    tnet = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 32, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(32, 64, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
-        torch.nn.Linear(3136, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
-    params = net.collect_params()
-    names = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight",
-             "fc2.bias"]
-    with torch.no_grad():
-        for p, name in zip(tnet.parameters(), names):
-            p.copy_(torch.from_numpy(params[name].data().numpy()))
-    return tnet
-
-
 def bench_torch(torch, xs, ys, tx, ty, dev, seed, graph):
-    tnet = torch_model(torch, make_net(dev, seed))
+    tnet = to_torch(make_net(dev, seed))
     opt = torch.optim.SGD(tnet.parameters(), lr=LR, momentum=MOMENTUM)
     X, Y = torch.from_dlpack(xs), torch.from_dlpack(ys).long()  # the same buffers, zero copy
     lossf = torch.nn.functional.cross_entropy

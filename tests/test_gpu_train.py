@@ -16,7 +16,7 @@ from dnnbind.graph import CapturedStep, CaptureError
 pytestmark = pytest.mark.gpu
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from models.simple_cnn import SimpleCNN  # noqa: E402
+from models.simple_cnn import SimpleCNN, to_torch  # noqa: E402
 
 
 def _mnist(train=True):
@@ -62,16 +62,8 @@ def test_parity_with_pytorch_50_steps():
     x_all, y_all = _mnist()
     dev = mx.gpu(0)
     net = _net(dev, seed=3)
-    tnet = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 32, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(32, 64, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
-        torch.nn.Linear(3136, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
+    tnet = to_torch(net)
     params = net.collect_params()
-    order = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight",
-             "fc2.bias"]
-    with torch.no_grad():
-        for p, name in zip(tnet.parameters(), order):
-            p.copy_(torch.from_numpy(params[name].data().numpy()))
     trainer = gluon.Trainer(params, "sgd", {"learning_rate": 0.01, "momentum": 0.9})
     topt = torch.optim.SGD(tnet.parameters(), lr=0.01, momentum=0.9)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()

@@ -21,9 +21,14 @@ from ._dispatch import op
 L = cudnn.lib
 
 
-def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype):
-    stride, padding, dilation, groups, y_shape = _check.conv_params(
-        opname, x_shape, w_shape, None, stride, padding, dilation, groups)
+def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape=None, dy_shape=None):
+    """Validate once (with the bias, or the gradient's shape for a backward) and build the conv descriptor."""
+    if dy_shape is None:
+        stride, padding, dilation, groups, y_shape = _check.conv_params(
+            opname, x_shape, w_shape, b_shape, stride, padding, dilation, groups)
+    else:
+        stride, padding, dilation, groups, y_shape = _check.conv_grad_params(
+            opname, x_shape, w_shape, dy_shape, stride, padding, dilation, groups)
     math = config.math_mode()
     cdesc = D.conv(padding, stride, dilation, groups, dtype, math)
     key = (tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, dtype.str, math)
@@ -34,9 +39,8 @@ def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype):
 def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     """y = conv(x, w) + b: ``cudnnConvolutionForward`` (+ ``cudnnAddTensor`` for the bias)."""
     dtype = float_dtype("conv_forward", x=x, w=w, b=b)
-    _check.conv_params("conv_forward", x._shape, w._shape, None if b is None else b._shape, stride, padding,
-                       dilation, groups)
-    y_shape, cdesc, key = _setup("conv_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype)
+    y_shape, cdesc, key = _setup("conv_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,
+                                 b_shape=None if b is None else b._shape)
     y = out_like(y_shape, dtype, x._device)
     h = dnn(x)
     xd, wd, yd = D.tensor(x._shape, dtype), D.filt(w._shape, dtype), D.tensor(y_shape, dtype)
@@ -73,9 +77,8 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
     dtype = float_dtype("conv_bias_relu_forward", (np.dtype(np.float32),), x=x, w=w, b=b)
     if b is None:
         raise ValueError("conv_bias_relu_forward: needs a bias b (use conv_forward + activation_forward without)")
-    _check.conv_params("conv_bias_relu_forward", x._shape, w._shape, b._shape, stride, padding, dilation, groups)
     y_shape, cdesc, key = _setup("conv_bias_relu_forward", x._shape, w._shape, stride, padding, dilation, groups,
-                                 dtype)
+                                 dtype, b_shape=b._shape)
     y = out_like(y_shape, dtype, x._device)
     h = dnn(x)
     xd, wd, yd = D.tensor(x._shape, dtype), D.filt(w._shape, dtype), D.tensor(y_shape, dtype)
@@ -103,8 +106,8 @@ def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1
     """dx = conv_transpose(dy, w): ``cudnnConvolutionBackwardData``."""
     dtype = float_dtype("conv_backward_data", w=w, dy=dy)
     x_shape = _check.check_shape_arg("conv_backward_data", "x_shape", x_shape)
-    _check.conv_grad_params("conv_backward_data", x_shape, w._shape, dy._shape, stride, padding, dilation, groups)
-    _, cdesc, key = _setup("conv_backward_data", x_shape, w._shape, stride, padding, dilation, groups, dtype)
+    _, cdesc, key = _setup("conv_backward_data", x_shape, w._shape, stride, padding, dilation, groups, dtype,
+                           dy_shape=dy._shape)
     dx = out_like(x_shape, dtype, w._device)
     h = dnn(w)
     wd, dyd, dxd = D.filt(w._shape, dtype), D.tensor(dy._shape, dtype), D.tensor(x_shape, dtype)
@@ -130,9 +133,8 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
     """dw = correlation of x with dy: ``cudnnConvolutionBackwardFilter`` (into ``out`` if given, GPU only)."""
     dtype = float_dtype("conv_backward_filter", x=x, dy=dy)
     w_shape = _check.check_shape_arg("conv_backward_filter", "w_shape", w_shape)
-    _check.conv_grad_params("conv_backward_filter", x._shape, w_shape, dy._shape, stride, padding, dilation,
-                            groups)
-    _, cdesc, key = _setup("conv_backward_filter", x._shape, w_shape, stride, padding, dilation, groups, dtype)
+    _, cdesc, key = _setup("conv_backward_filter", x._shape, w_shape, stride, padding, dilation, groups, dtype,
+                           dy_shape=dy._shape)
     dw = _target(out, w_shape, dtype, x._device, "conv_backward_filter")
     h = dnn(x)
     xd, dyd, dwd = D.tensor(x._shape, dtype), D.tensor(dy._shape, dtype), D.filt(w_shape, dtype)

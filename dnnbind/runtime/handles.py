@@ -84,11 +84,6 @@ def cublas_handle(device: Device, stream: Stream | None = None) -> int:
     return h.handle
 
 
-def cublas_handle_object(device: Device, stream: Stream | None = None) -> CublasHandle:
-    cublas_handle(device, stream)
-    return _cublas[stream or current_stream(device)]
-
-
 _exit_registered = []
 
 
