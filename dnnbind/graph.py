@@ -1,11 +1,12 @@
-"""Top layer (graph): capture a whole training step as one CUDA graph and replay it. Imports runtime.
+"""Top layer (graph): capture a whole training step as one CUDA graph and replay it. Imports runtime, ops.
 
 A step (forward, loss, backward, optimizer update) is a fixed sequence of cuDNN/cuBLAS calls and kernel
 launches on fixed buffers once shapes are fixed, so CUDA can record it once and replay it with a single
 ``cudaGraphLaunch``: the Python, ctypes and cuDNN host costs (~26-150 us per conv call, FACTS.md) vanish.
 
 What makes a step capturable here:
-- warm-up first (eagerly): it picks conv algorithms (which synchronize), grows the workspace, loads kernels
+- warm-up first (eagerly): it picks conv algorithms for GPU time alone (``ops.algos.optimize_for("graph")``;
+  timing synchronizes), grows the workspace, loads kernels
   and fills every cache, so nothing inside the capture allocates a cache or synchronizes;
 - inputs are *static* device buffers the caller refills before each replay (``x.copy_(batch)``);
 - every temporary is allocated and freed inside the capture (stream-ordered allocations become graph memory
@@ -21,6 +22,7 @@ from __future__ import annotations
 import gc
 
 from ._lib import cudart
+from .ops.algos import optimize_for
 from .runtime.array import NDArray, empty
 from .runtime.device import as_device
 from .runtime.memory import D2D, memcpy
@@ -53,8 +55,9 @@ class CapturedStep:
             raise CaptureError("cannot capture on the legacy default stream")
         snapshot = [a.copy() for a in self.preserve]
         out = None
-        for _ in range(max(self.warmup, 1)):
-            out = self.fn()
+        with optimize_for("graph"):  # replayed, only GPU time counts: pick conv algorithms for that
+            for _ in range(max(self.warmup, 1)):
+                out = self.fn()
         if not isinstance(out, NDArray):
             raise CaptureError(f"the step function must return an NDArray (e.g. the loss), got {type(out).__name__}")
         self.output = empty(out.shape, out.dtype, self.device)
@@ -64,7 +67,8 @@ class CapturedStep:
         rt = cudart.rt()
         cudart.call("cudaStreamBeginCapture", stream.handle, rt.cudaStreamCaptureMode(_CAPTURE_MODE_THREAD_LOCAL))
         try:
-            out = self.fn()
+            with optimize_for("graph"):
+                out = self.fn()
             memcpy(self.output._ptr, out._ptr, out.nbytes, D2D, stream)
             del out
             gc.collect()  # every temporary must be freed inside the capture (graph memory-free nodes)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 
 # Tests run from a source checkout without installing (PYTHONPATH=. or not): make `import dnnbind` work.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Conv algorithm choices persist on disk (ops.algo_cache); tests keep theirs out of the user's ~/.cache.
+os.environ["DNNBIND_CACHE_DIR"] = tempfile.mkdtemp(prefix="dnnbind-test-cache-")
 
 
 def _gpu_count() -> tuple[int, str]:

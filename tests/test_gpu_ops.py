@@ -247,3 +247,53 @@ def test_show_time_and_events(capsys):
     assert len(t.gpu_us) == 10 and t.median_us > 0
     info = d.show_config()
     assert info["gpus"]["count"] >= 1 and "cudnn" in capsys.readouterr().out
+
+
+def test_conv_algorithms_per_objective_and_reused_from_disk(monkeypatch):
+    """Eager and graph objectives choose separately; a later process reuses the choices from the disk cache."""
+    from dnnbind.ops import algo_cache, algos
+    x, w = rnd((3, 5, 11, 9), 40), rnd((7, 5, 3, 3), 41)  # a shape no other test uses
+    expected = R.conv_forward(f64(x), f64(w), None, 1, 1, 1, 1)
+    y_eager = d.ops.conv_forward(g(x), g(w), padding=1).numpy()
+    with algos.optimize_for("graph"):
+        y_graph = d.ops.conv_forward(g(x), g(w), padding=1).numpy()
+        assert algos.objective() == "graph"
+    assert algos.objective() == "eager"
+    mine = lambda table: [k for k in algos.chosen(table) if k[0] == "fwd" and k[1] == (3, 5, 11, 9)]  # noqa: E731
+    assert len(mine("eager")) == 1 and len(mine("graph")) == 1
+    b = rnd((7,), 42)
+    d.ops.conv_bias_relu_forward(g(x), g(w), g(b), padding=1)
+    fused = [v for k, v in algos.chosen("eager").items() if k[0] == "fwd_bias_relu" and k[1] == (3, 5, 11, 9)]
+    assert fused and fused[0][0] == "IMPLICIT_PRECOMP_GEMM", fused  # the only algorithm cuDNN documents for it
+    assert_close(y_eager, expected, *tol_for(expected))
+    assert_close(y_graph, expected, *tol_for(expected))
+    eager_choice = algos.chosen("eager")[mine("eager")[0]]
+
+    # a new process: nothing in memory, so the choice must come from the file, with no timing
+    for table in algos._chosen.values():
+        table.clear()
+    algo_cache.forget()
+
+    def no_timing(*_a, **_k):
+        raise AssertionError("the algorithm was timed again instead of read from the disk cache")
+
+    monkeypatch.setattr(algos, "_time_candidates", no_timing)
+    y_again = d.ops.conv_forward(g(x), g(w), padding=1).numpy()
+    assert algos.chosen("eager")[mine("eager")[0]] == eager_choice
+    assert_close(y_again, expected, *tol_for(expected))
+    with pytest.raises(ValueError, match="optimize_for"):
+        with algos.optimize_for("fastest"):
+            pass
+
+
+def test_conv_argument_checks_still_apply_after_a_cached_call():
+    """Conv calls cache their checked arguments per argument set; equal-hashing spellings must still be refused."""
+    x, w = g(rnd((2, 3, 8, 8), 50)), g(rnd((4, 3, 3, 3), 51))
+    expected = R.conv_forward(f64(x.numpy()), f64(w.numpy()), None, 1, 1, 1, 1)
+    for _ in range(2):  # the second call takes the cached plan
+        assert_close(d.ops.conv_forward(x, w, stride=1, padding=1).numpy(), expected, *tol_for(expected))
+    for bad in (True, 1.0, (1, True)):
+        with pytest.raises(TypeError, match="conv_forward: stride"):
+            d.ops.conv_forward(x, w, stride=bad, padding=1)
+    with pytest.raises(ValueError, match="conv_forward"):  # another shape is checked afresh
+        d.ops.conv_forward(x, g(rnd((4, 2, 3, 3), 52)), stride=1, padding=1)

@@ -1,23 +1,35 @@
 """Layer 2 (ops): choosing convolution algorithms. Imports _lib, runtime and ops.descriptors.
 
 NOTE: at MNIST-sized shapes neither cuDNN's heuristics (``Get*_v7``) nor ``Find*`` reliably picks the fastest
-algorithm (FACTS.md), so the default policy times every candidate the heuristics list as usable, with CUDA
-events, once per shape, and caches the winner with its workspace size. ``set_conv_algo_policy("heuristic")``
-takes the heuristics' first choice instead (no timing); ``deterministic=True`` keeps only deterministic
-algorithms (bitwise-reproducible training).
+algorithm (FACTS.md), so the default policy times every candidate the heuristics list as usable, once per
+shape, and caches the winner with its workspace size, in the process and on disk (ops.algo_cache), so the
+next run reuses it. ``set_conv_algo_policy("heuristic")`` takes the heuristics' first choice instead (no
+timing); ``deterministic=True`` keeps only deterministic algorithms (bitwise-reproducible training).
+
+What "fastest" means depends on how the call will run. In a captured CUDA graph only GPU time counts. Run
+eagerly, each legacy conv call also costs 30-120 us of cuDNN's own CPU work, which differs by algorithm and
+often exceeds the kernel (FACTS.md), so eager calls pick the algorithm with the least wall time per call,
+host work included. ``optimize_for("graph")`` (used by dnnbind.graph.CapturedStep while it warms up) selects
+the GPU-time objective; the default is ``"eager"``. Each objective has its own cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import threading
+import time
 
 from .._lib import cudnn
 from .._lib.errors import CudnnError
 from ..runtime.stream import Event, current_stream
+from . import algo_cache
 
 L = cudnn.lib
 _policy = {"mode": "time", "deterministic": False}
-_chosen: dict = {}  # key -> (algo, workspace bytes)
+_chosen = {"eager": {}, "graph": {}}  # objective -> {key -> (algo, workspace bytes)}
+_tls = threading.local()
+_identity: dict = {}  # device index -> "GPU name sm_XY cudnn N", the on-disk cache's scope
 
 DIRECTIONS = {
     "fwd": ("cudnnGetConvolutionForwardAlgorithm_v7", "cudnnGetConvolutionForwardWorkspaceSize",
@@ -35,18 +47,39 @@ def set_conv_algo_policy(mode: str = "time", deterministic: bool = False) -> Non
     if mode not in ("time", "heuristic"):
         raise ValueError(f"set_conv_algo_policy: mode must be 'time' or 'heuristic', got {mode!r}")
     if (mode, deterministic) != (_policy["mode"], _policy["deterministic"]):
-        _chosen.clear()
+        for table in _chosen.values():
+            table.clear()
     _policy.update(mode=mode, deterministic=bool(deterministic))
 
 
+@contextlib.contextmanager
+def optimize_for(target: str):
+    """``with optimize_for("graph"):`` conv algorithms chosen inside minimize GPU time alone (for a step that
+    will be captured); ``"eager"`` (the default) minimizes wall time per call, cuDNN's host work included."""
+    if target not in _chosen:
+        raise ValueError(f"optimize_for: target must be 'eager' or 'graph', got {target!r}")
+    prev = getattr(_tls, "objective", "eager")
+    _tls.objective = target
+    try:
+        yield
+    finally:
+        _tls.objective = prev
+
+
+def objective() -> str:
+    return getattr(_tls, "objective", "eager")
+
+
 def algo_name(direction: str, algo: int) -> str:
-    names = DIRECTIONS[direction][3]
+    names = DIRECTIONS["fwd" if direction == "fwd_bias_relu" else direction][3]  # the fused op uses fwd algos
     return names[algo] if 0 <= algo < len(names) else str(algo)
 
 
-def chosen() -> dict:
-    """Every (direction, shapes...) -> (algorithm name, workspace bytes) picked so far in this process."""
-    return {k: (algo_name(k[0], a), ws) for k, (a, ws) in _chosen.items()}
+def chosen(target: str | None = None) -> dict:
+    """Every (direction, shapes...) -> (algorithm name, workspace bytes) in use for ``target`` (default: the
+    current objective), picked in this process or loaded from the on-disk cache."""
+    table = _chosen[target or objective()]
+    return {k: (algo_name(k[0], a), ws) for k, (a, ws) in table.items()}
 
 
 def candidates(direction: str, handle: int, d1, d2, cdesc, d3) -> list:
@@ -76,25 +109,45 @@ def candidates(direction: str, handle: int, d1, d2, cdesc, d3) -> list:
 def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device, only=None) -> tuple[int, int]:
     """(algo, workspace bytes) for ``key``; ``run(algo, ws_ptr, ws_size)`` launches one candidate.
     ``only``: the algorithms allowed (e.g. the fused conv+bias+ReLU supports IMPLICIT_PRECOMP_GEMM)."""
-    hit = _chosen.get(key)
+    target = getattr(_tls, "objective", "eager")
+    table = _chosen[target]
+    hit = table.get(key)
     if hit is not None:
         return hit
+    timed = _policy["mode"] == "time"
+    disk_key = key + (target, _policy["deterministic"])
+    if timed:
+        hit = algo_cache.lookup(_device_identity(device), disk_key)
+        if hit is not None and (only is None or hit[0] in only):
+            table[key] = hit
+            return hit
     cands = candidates(direction, handle, *descs)
     if only is not None:
         cands = [c for c in cands if c[0] in only]
     if not cands:
         raise CudnnError(cudnn.CUDNN_STATUS_NOT_SUPPORTED, DIRECTIONS[direction][0],
                          "no usable algorithm for this configuration", repr(key))
-    if _policy["mode"] == "heuristic" or len(cands) == 1:
+    if not timed or len(cands) == 1:
         best = cands[0][:2]
     else:
-        best = _time_candidates(cands, run, device)
-    _chosen[key] = best
+        best = _time_candidates(cands, run, device, target)
+        algo_cache.store(_device_identity(device), disk_key, best)
+    table[key] = best
     return best
 
 
-def _time_candidates(cands, run, device) -> tuple[int, int]:
-    """The fastest candidate by GPU time alone.
+def _device_identity(device) -> str:
+    ident = _identity.get(device.index)
+    if ident is None:
+        from .._lib import cudart
+        prop = cudart.call("cudaGetDeviceProperties", device.index)
+        name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
+        ident = _identity[device.index] = f"{name.strip(chr(0))} sm_{prop.major}{prop.minor} cudnn {cudnn.version()}"
+    return ident
+
+
+def _time_candidates(cands, run, device, target: str = "graph") -> tuple[int, int]:
+    """The fastest candidate: by GPU time alone for "graph", by wall time per back-to-back call for "eager".
 
     NOTE: an event pair around one eager call measures cuDNN's host work too (26-150 us per conv call,
     FACTS.md), which swamps 10-40 us kernels. So each candidate is captured into a small CUDA graph of
@@ -109,6 +162,9 @@ def _time_candidates(cands, run, device) -> tuple[int, int]:
         ptr, size = workspace(device, ws_bytes)
         try:
             run(algo, ptr, size)  # warm-up: the first launch may load kernels
+            if target == "eager":
+                results.append((_wall_time(run, algo, ptr, size, stream), ws_bytes, algo))
+                continue
             best_ms = _graph_time(run, algo, ptr, size, stream, start, end)
             if best_ms is None:
                 best_ms = float("inf")
@@ -129,6 +185,19 @@ def _time_candidates(cands, run, device) -> tuple[int, int]:
 
 
 REPEAT = 5
+
+
+def _wall_time(run, algo, ptr, size, stream) -> float:
+    """Best ms per call of REPEAT back-to-back eager calls: max(host work, GPU time), as a host-bound step sees."""
+    best = float("inf")
+    for _ in range(3):
+        stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(REPEAT):
+            run(algo, ptr, size)
+        stream.synchronize()
+        best = min(best, (time.perf_counter() - t0) * 1e3 / REPEAT)
+    return best
 
 
 def _graph_time(run, algo, ptr, size, stream, start, end):

@@ -21,29 +21,57 @@ from ._dispatch import op
 L = cudnn.lib
 
 
+class _Plan:
+    """What a conv call needs besides pointers, built once per argument set: checked shapes, descriptors and
+    the algorithm-cache key. The hot path is one dict lookup on the raw arguments."""
+    __slots__ = ("y_shape", "cdesc", "key", "xd", "wd", "yd", "bd")
+
+
+_plans: dict = {}
+
+
+def _exact(v) -> bool:
+    return type(v) is int or (type(v) is tuple and all(type(e) is int for e in v))
+
+
 def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape=None, dy_shape=None):
-    """Validate once (with the bias, or the gradient's shape for a backward) and build the conv descriptor."""
+    """Validate once per argument set (with the bias, or the gradient's shape for a backward); build the
+    descriptors. Other spellings (lists, floats) are validated every call instead of cached."""
+    math = config.math_mode()
+    raw = plan = None
+    # Only exact ints are cached: 1.0 and True hash like 1 but must still be refused by the checks below.
+    if _exact(stride) and _exact(padding) and _exact(dilation) and type(groups) is int:
+        raw = (opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math)
+        plan = _plans.get(raw)
+        if plan is not None:
+            return plan
     if dy_shape is None:
         stride, padding, dilation, groups, y_shape = _check.conv_params(
             opname, x_shape, w_shape, b_shape, stride, padding, dilation, groups)
     else:
         stride, padding, dilation, groups, y_shape = _check.conv_grad_params(
             opname, x_shape, w_shape, dy_shape, stride, padding, dilation, groups)
-    math = config.math_mode()
-    cdesc = D.conv(padding, stride, dilation, groups, dtype, math)
-    key = (tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, dtype.str, math)
-    return y_shape, cdesc, key
+    plan = _Plan()
+    plan.y_shape = y_shape
+    plan.cdesc = D.conv(padding, stride, dilation, groups, dtype, math)
+    plan.key = (tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, dtype.str, math)
+    plan.xd, plan.wd = D.tensor(tuple(x_shape), dtype), D.filt(tuple(w_shape), dtype)
+    plan.yd = D.tensor(y_shape, dtype)
+    plan.bd = D.tensor((1, y_shape[1], 1, 1), dtype)
+    if raw is not None:
+        _plans[raw] = plan
+    return plan
 
 
 @op(reference.conv_forward, "x", "w", "b")
 def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     """y = conv(x, w) + b: ``cudnnConvolutionForward`` (+ ``cudnnAddTensor`` for the bias)."""
     dtype = float_dtype("conv_forward", x=x, w=w, b=b)
-    y_shape, cdesc, key = _setup("conv_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,
-                                 b_shape=None if b is None else b._shape)
+    plan = _setup("conv_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,
+                  b_shape=None if b is None else b._shape)
+    y_shape, cdesc, key, xd, wd, yd = plan.y_shape, plan.cdesc, plan.key, plan.xd, plan.wd, plan.yd
     y = out_like(y_shape, dtype, x._device)
     h = dnn(x)
-    xd, wd, yd = D.tensor(x._shape, dtype), D.filt(w._shape, dtype), D.tensor(y_shape, dtype)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
 
     def run(algo, ws, ws_size):
@@ -56,7 +84,7 @@ def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
             trace.annotate(x=x._shape, w=w._shape, dtype=dtype.name, math=config.math_mode())
         run(algo, *workspace(x._device, ws_bytes))
         if b is not None:
-            L.cudnnAddTensor(h, one, D.tensor((1, y_shape[1], 1, 1), dtype), b._ptr, one, yd, y._ptr)
+            L.cudnnAddTensor(h, one, plan.bd, b._ptr, one, yd, y._ptr)
     except CudnnError as exc:
         raise with_context(exc, op="conv_forward", x=x._shape, w=w._shape, stride=stride, padding=padding,
                            dilation=dilation, groups=groups) from None
@@ -77,12 +105,12 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
     dtype = float_dtype("conv_bias_relu_forward", (np.dtype(np.float32),), x=x, w=w, b=b)
     if b is None:
         raise ValueError("conv_bias_relu_forward: needs a bias b (use conv_forward + activation_forward without)")
-    y_shape, cdesc, key = _setup("conv_bias_relu_forward", x._shape, w._shape, stride, padding, dilation, groups,
-                                 dtype, b_shape=b._shape)
+    plan = _setup("conv_bias_relu_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,
+                  b_shape=b._shape)
+    y_shape, cdesc, key, xd, wd, yd, bd = plan.y_shape, plan.cdesc, plan.key, plan.xd, plan.wd, plan.yd, plan.bd
     y = out_like(y_shape, dtype, x._device)
     h = dnn(x)
-    xd, wd, yd = D.tensor(x._shape, dtype), D.filt(w._shape, dtype), D.tensor(y_shape, dtype)
-    bd, act = D.tensor((1, y_shape[1], 1, 1), dtype), D.activation("relu", 0.0)
+    act = D.activation("relu", 0.0)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
 
     def run(algo, ws, ws_size):
@@ -106,11 +134,11 @@ def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1
     """dx = conv_transpose(dy, w): ``cudnnConvolutionBackwardData``."""
     dtype = float_dtype("conv_backward_data", w=w, dy=dy)
     x_shape = _check.check_shape_arg("conv_backward_data", "x_shape", x_shape)
-    _, cdesc, key = _setup("conv_backward_data", x_shape, w._shape, stride, padding, dilation, groups, dtype,
-                           dy_shape=dy._shape)
+    plan = _setup("conv_backward_data", x_shape, w._shape, stride, padding, dilation, groups, dtype,
+                  dy_shape=dy._shape)
+    cdesc, key, wd, dyd, dxd = plan.cdesc, plan.key, plan.wd, plan.yd, plan.xd
     dx = out_like(x_shape, dtype, w._device)
     h = dnn(w)
-    wd, dyd, dxd = D.filt(w._shape, dtype), D.tensor(dy._shape, dtype), D.tensor(x_shape, dtype)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
 
     def run(algo, ws, ws_size):
@@ -133,11 +161,11 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
     """dw = correlation of x with dy: ``cudnnConvolutionBackwardFilter`` (into ``out`` if given, GPU only)."""
     dtype = float_dtype("conv_backward_filter", x=x, dy=dy)
     w_shape = _check.check_shape_arg("conv_backward_filter", "w_shape", w_shape)
-    _, cdesc, key = _setup("conv_backward_filter", x._shape, w_shape, stride, padding, dilation, groups, dtype,
-                           dy_shape=dy._shape)
+    plan = _setup("conv_backward_filter", x._shape, w_shape, stride, padding, dilation, groups, dtype,
+                  dy_shape=dy._shape)
+    cdesc, key, xd, dyd, dwd = plan.cdesc, plan.key, plan.xd, plan.yd, plan.wd
     dw = _target(out, w_shape, dtype, x._device, "conv_backward_filter")
     h = dnn(x)
-    xd, dyd, dwd = D.tensor(x._shape, dtype), D.tensor(dy._shape, dtype), D.filt(w_shape, dtype)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
 
     def run(algo, ws, ws_size):

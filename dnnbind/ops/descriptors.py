@@ -25,12 +25,18 @@ _SCALARS = {}
 
 
 def scalar_ptr(value: float, dtype) -> int:
-    key = (float(value), np.dtype(dtype) == np.float64)
-    ptr = _SCALARS.get(key)
+    ptr = _SCALARS.get((value, dtype))  # hot path: the caller's own (value, dtype) seen before
     if ptr is None:
-        holder = (ctypes.c_double if key[1] else ctypes.c_float)(key[0])
-        _SCALARS[key] = ptr = ctypes.addressof(holder)
-        _SCALARS[("keep",) + key] = holder
+        key = (float(value), np.dtype(dtype) == np.float64)
+        ptr = _SCALARS.get(key)
+        if ptr is None:
+            holder = (ctypes.c_double if key[1] else ctypes.c_float)(key[0])
+            _SCALARS[key] = ptr = ctypes.addressof(holder)
+            _SCALARS[("keep",) + key] = holder
+        try:
+            _SCALARS[(value, dtype)] = ptr
+        except TypeError:  # an unhashable dtype spelling: no fast entry
+            pass
     return ptr
 
 

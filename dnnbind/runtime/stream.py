@@ -82,13 +82,16 @@ def default_stream(device: Device) -> Stream:
 
 def current_stream(device=None) -> Stream:
     """The stream dnnbind launches on for ``device``: ``with stream:`` selects one, else the device's own."""
-    device = as_device(device)
-    over = getattr(_tls, "override", None)
+    # Hot path (every op, every allocation): a Device with no ``with stream:`` active is two lookups.
+    if type(device) is not Device:
+        device = as_device(device)
+    over = _tls.__dict__.get("override")
     if over:
         s = over.get(device)
         if s is not None:
             return s
-    return default_stream(device)
+    s = _default_streams.get(device)
+    return s if s is not None else default_stream(device)
 
 
 def synchronize(device=None) -> None:
