@@ -45,13 +45,9 @@ def config() -> dict:
         if count == 0:
             return {"count": 0, "why": why}
         out = []
-        rt = cudart.rt()
         for i in range(count):
-            prop = cudart.call("cudaGetDeviceProperties", i)
-            name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
-            out.append({"index": i, "name": name.strip("\x00"), "cc": f"{prop.major}.{prop.minor}",
-                        "memory_gib": round(prop.totalGlobalMem / 2**30, 1)})
-        del rt
+            name, major, minor, memory = device.gpu_properties(i)
+            out.append({"index": i, "name": name, "cc": f"{major}.{minor}", "memory_gib": round(memory / 2**30, 1)})
         return {"count": count, "devices": out}
 
     return {"dnnbind": _try(lambda: __import__("dnnbind").__version__), "python": sys.version.split()[0],

@@ -131,50 +131,46 @@ def test_captured_step_matches_eager_and_refuses_shape_change(tmp_path):
     mx.set_conv_algo_policy("time", deterministic=True)
     # The eager run uses the graph objective's algorithms too (eager calls otherwise pick by wall time), so
     # both runs execute the same deterministic kernels and must agree to rounding.
-    with optimize_for("graph"):
-        _captured_vs_eager(tmp_path)
-
-
-def _captured_vs_eager(tmp_path):
     try:
-        dev = mx.gpu(0)
-        rng = np.random.default_rng(5)
-        batches = [(rng.random((64, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 64).astype(np.int32))
-                   for _ in range(5)]
-        results = []
-        for captured in (False, True):
-            net = _net(dev, seed=7)
-            trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
-            loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-            x, y = mx.empty((64, 1, 28, 28), device=dev), mx.empty((64,), np.int32, device=dev)
-            step = _step_fn(net, trainer, loss_fn, x, y)
-            if captured:
-                step = CapturedStep(step, inputs=[x, y], preserve=trainer.state_arrays())
-            losses = []
-            for xb, yb in batches:
-                x.copy_(xb)
-                y.copy_(yb)
-                losses.append(step().numpy().copy())
-            results.append(({k: p.data().numpy() for k, p in net.collect_params().items()}, losses))
-        (pe, le), (pc, lc) = results
-        for a, b in zip(le, lc):
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-        for k in pe:
-            np.testing.assert_allclose(pe[k], pc[k], rtol=1e-6, atol=1e-7, err_msg=k)
-        # replay after load_parameters uses the loaded weights (load copies into the captured buffers)
-        path = str(tmp_path / "w.params")
-        net.save_parameters(path)
-        saved = {k: p.data().numpy() for k, p in net.collect_params().items()}
-        step()  # the weights move on
-        net.load_parameters(path, ctx=dev)
-        for k, p in net.collect_params().items():
-            np.testing.assert_array_equal(p.data().numpy(), saved[k])
-        expected = loss_fn(net(x), y).numpy()  # eager forward from the loaded weights
-        np.testing.assert_allclose(step().numpy(), expected, rtol=1e-6, atol=1e-7)
-        # a changed input shape is refused before launch
-        step.inputs[0] = mx.empty((32, 1, 28, 28), device=dev)
-        with pytest.raises(CaptureError, match="shape changed"):
-            step()
+        with optimize_for("graph"):
+            dev = mx.gpu(0)
+            rng = np.random.default_rng(5)
+            batches = [(rng.random((64, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 64).astype(np.int32))
+                       for _ in range(5)]
+            results = []
+            for captured in (False, True):
+                net = _net(dev, seed=7)
+                trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
+                loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+                x, y = mx.empty((64, 1, 28, 28), device=dev), mx.empty((64,), np.int32, device=dev)
+                step = _step_fn(net, trainer, loss_fn, x, y)
+                if captured:
+                    step = CapturedStep(step, inputs=[x, y], preserve=trainer.state_arrays())
+                losses = []
+                for xb, yb in batches:
+                    x.copy_(xb)
+                    y.copy_(yb)
+                    losses.append(step().numpy().copy())
+                results.append(({k: p.data().numpy() for k, p in net.collect_params().items()}, losses))
+            (pe, le), (pc, lc) = results
+            for a, b in zip(le, lc):
+                np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+            for k in pe:
+                np.testing.assert_allclose(pe[k], pc[k], rtol=1e-6, atol=1e-7, err_msg=k)
+            # replay after load_parameters uses the loaded weights (load copies into the captured buffers)
+            path = str(tmp_path / "w.params")
+            net.save_parameters(path)
+            saved = {k: p.data().numpy() for k, p in net.collect_params().items()}
+            step()  # the weights move on
+            net.load_parameters(path, ctx=dev)
+            for k, p in net.collect_params().items():
+                np.testing.assert_array_equal(p.data().numpy(), saved[k])
+            expected = loss_fn(net(x), y).numpy()  # eager forward from the loaded weights
+            np.testing.assert_allclose(step().numpy(), expected, rtol=1e-6, atol=1e-7)
+            # a changed input shape is refused before launch
+            step.inputs[0] = mx.empty((32, 1, 28, 28), device=dev)
+            with pytest.raises(CaptureError, match="shape changed"):
+                step()
     finally:
         mx.set_conv_algo_policy("time", deterministic=False)
 

@@ -22,6 +22,7 @@ import time
 
 from .._lib import cudnn
 from .._lib.errors import CudnnError
+from ..runtime.device import gpu_properties
 from ..runtime.stream import Event, current_stream
 from . import algo_cache
 
@@ -109,7 +110,7 @@ def candidates(direction: str, handle: int, d1, d2, cdesc, d3) -> list:
 def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device, only=None) -> tuple[int, int]:
     """(algo, workspace bytes) for ``key``; ``run(algo, ws_ptr, ws_size)`` launches one candidate.
     ``only``: the algorithms allowed (e.g. the fused conv+bias+ReLU supports IMPLICIT_PRECOMP_GEMM)."""
-    target = getattr(_tls, "objective", "eager")
+    target = objective()
     table = _chosen[target]
     hit = table.get(key)
     if hit is not None:
@@ -139,10 +140,8 @@ def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device, o
 def _device_identity(device) -> str:
     ident = _identity.get(device.index)
     if ident is None:
-        from .._lib import cudart
-        prop = cudart.call("cudaGetDeviceProperties", device.index)
-        name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
-        ident = _identity[device.index] = f"{name.strip(chr(0))} sm_{prop.major}{prop.minor} cudnn {cudnn.version()}"
+        name, major, minor, _ = gpu_properties(device.index)
+        ident = _identity[device.index] = f"{name} sm_{major}{minor} cudnn {cudnn.version()}"
     return ident
 
 

@@ -88,6 +88,13 @@ def gpu_status() -> tuple[int, str]:
     return _count
 
 
+def gpu_properties(index: int) -> tuple[str, int, int, int]:
+    """(name, compute capability major, minor, total memory bytes) of GPU ``index`` (cudaGetDeviceProperties)."""
+    prop = cudart.call("cudaGetDeviceProperties", index)
+    name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
+    return name.strip("\x00"), int(prop.major), int(prop.minor), int(prop.totalGlobalMem)
+
+
 def _ensure_gpu(index: int) -> None:
     count, why = gpu_status()
     if index >= count:

@@ -45,8 +45,8 @@ class DeviceBuffer:
         self.nbytes, self.device, self.stream = int(nbytes), device, stream
         self.ptr = 0
         if self.nbytes:
-            # NOTE: the bound function directly, not cudart.call: this runs ~20 times per training step.
-            err, ptr = _malloc_async()(self.nbytes, stream.handle)
+            # NOTE: cuda-python directly, not cudart.call: this runs ~20 times per training step.
+            err, ptr = cudart.rt().cudaMallocAsync(self.nbytes, stream.handle)
             if err != 0:  # again through cudart.call: it raises CudaError with CUDA's text (or succeeds)
                 ptr = cudart.call("cudaMallocAsync", self.nbytes, stream.handle)
             self.ptr = int(ptr)
@@ -70,26 +70,10 @@ def _free(ptr: int, stream: Stream) -> None:
     if _shutting_down:
         return  # at exit the driver frees everything; CUDA may already be torn down
     try:
-        _free_async()(ptr, stream.handle)
+        cudart.rt().cudaFreeAsync(ptr, stream.handle)
     except Exception:
         pass
 
-
-_bound: dict = {}
-
-
-def _malloc_async():
-    fn = _bound.get("malloc")
-    if fn is None:
-        fn = _bound["malloc"] = cudart.rt().cudaMallocAsync
-    return fn
-
-
-def _free_async():
-    fn = _bound.get("free")
-    if fn is None:
-        fn = _bound["free"] = cudart.rt().cudaFreeAsync
-    return fn
 
 
 _shutting_down = False
