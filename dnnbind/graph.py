@@ -1,4 +1,12 @@
-"""Top layer (graph): capture a whole training step as one CUDA graph and replay it. Imports runtime, ops.
+"""Top layer (graph): record a whole training step once, replay it every step. Imports _lib, runtime, ops.
+
+Two ways to replay, one recording discipline:
+- ``CapturedStep``: the step captured as one CUDA graph, replayed with a single ``cudaGraphLaunch``;
+- ``RecordedStep``: the step recorded as its list of library calls (each cuDNN/cuBLAS function with its
+  argument tuple, each packed kernel launch, each device copy) and replayed from the host call by call. No
+  CUDA graph: every call is issued as an eager step issues it, minus everything Python did to get there
+  (autograd, shape checks, descriptor and algorithm lookups, allocation). MXNet's ``hybridize(static_alloc=
+  True, static_shape=True)`` makes the same trade.
 
 A step (forward, loss, backward, optimizer update) is a fixed sequence of cuDNN/cuBLAS calls and kernel
 launches on fixed buffers once shapes are fixed, so CUDA can record it once and replay it with a single
@@ -20,12 +28,18 @@ snapshotted before warm-up and restored after capture.
 from __future__ import annotations
 
 import gc
+import re
 
-from ._lib import cudart
+import numpy as np
+
+from . import autograd
+from ._lib import cublas, cudart, cudnn
+from ._lib.cfunc import RECORDING, TRACING, Library
+from .ops import _common
 from .ops.algos import optimize_for
 from .runtime.array import NDArray, empty
 from .runtime.device import as_device
-from .runtime.memory import D2D, memcpy
+from .runtime.memory import D2D, Hold, memcpy
 from .runtime.stream import current_stream
 
 # cudaStreamCaptureMode: thread-local, so another thread's unrelated CUDA calls don't invalidate the capture
@@ -36,16 +50,19 @@ class CaptureError(RuntimeError):
     pass
 
 
-class CapturedStep:
-    """``step = CapturedStep(fn, inputs=[x, y], preserve=[...])``; ``out = step()`` replays the graph."""
+class _StaticStep:
+    """What both replays share: fixed input shapes, warm-up, snapshot/restore of ``preserve``."""
+
+    _objective = "graph"  # how conv algorithms are chosen while warming up and recording (ops.algos)
+    _kind = "a recorded step"
 
     def __init__(self, fn, inputs=(), preserve=(), warmup: int = 2, device=None):
         self.fn, self.inputs, self.preserve, self.warmup = fn, list(inputs), list(preserve), warmup
         self.device = as_device(device if device is not None else (inputs[0].device if inputs else None))
         if not self.device.is_gpu:
-            raise CaptureError("CapturedStep needs a GPU device; on the cpu call the step function directly")
+            raise CaptureError(f"{type(self).__name__} needs a GPU device; on the cpu call the step function "
+                               "directly")
         self._shapes = [(a.shape, a.dtype) for a in self.inputs]
-        self._exec = self._graph = None
         self.output: NDArray | None = None
         self.recapture()
 
@@ -55,20 +72,43 @@ class CapturedStep:
             raise CaptureError("cannot capture on the legacy default stream")
         snapshot = [a.copy() for a in self.preserve]
         out = None
-        with optimize_for("graph"):  # replayed, only GPU time counts: pick conv algorithms for that
+        with optimize_for(self._objective):
             for _ in range(max(self.warmup, 1)):
                 out = self.fn()
         if not isinstance(out, NDArray):
             raise CaptureError(f"the step function must return an NDArray (e.g. the loss), got {type(out).__name__}")
-        self.output = empty(out.shape, out.dtype, self.device)
+        self._out_spec = (out.shape, out.dtype)
         del out
         stream.synchronize()
-        gc.collect()  # free warm-up temporaries now, not inside the capture
+        gc.collect()  # free warm-up temporaries now, not inside the recording
+        # The shared conv workspaces are used by pointer; one that grows later must outlive the recording.
+        self._workspaces = list(_common._workspaces.values())
+        with optimize_for(self._objective):
+            self._record(stream)
+        for a, s in zip(self.preserve, snapshot):  # undo the warm-up steps' updates
+            a.copy_(s)
+        stream.synchronize()
+
+    def _check_inputs(self) -> None:
+        for a, (shape, dtype) in zip(self.inputs, self._shapes):
+            if a.shape != shape or a.dtype != dtype:
+                raise CaptureError(f"input shape changed from {shape} to {a.shape}: {self._kind} replays fixed "
+                                   "shapes; capture again for the new shape (e.g. the last, smaller batch)")
+
+
+class CapturedStep(_StaticStep):
+    """``step = CapturedStep(fn, inputs=[x, y], preserve=[...])``; ``out = step()`` replays the graph."""
+
+    _kind = "a captured step"
+
+    def _record(self, stream) -> None:
+        self._exec = self._graph = None
+        out = None
+        self.output = empty(*self._out_spec, self.device)  # before capture: not a graph allocation
         rt = cudart.rt()
         cudart.call("cudaStreamBeginCapture", stream.handle, rt.cudaStreamCaptureMode(_CAPTURE_MODE_THREAD_LOCAL))
         try:
-            with optimize_for("graph"):
-                out = self.fn()
+            out = self.fn()
             memcpy(self.output._ptr, out._ptr, out.nbytes, D2D, stream)
             del out
             gc.collect()  # every temporary must be freed inside the capture (graph memory-free nodes)
@@ -82,20 +122,214 @@ class CapturedStep:
         graph = cudart.call("cudaStreamEndCapture", stream.handle)
         self._graph = graph
         self._exec = cudart.call("cudaGraphInstantiate", graph, 0)
-        for a, s in zip(self.preserve, snapshot):  # undo the warm-up steps' updates
-            a.copy_(s)
-        stream.synchronize()
 
     def num_nodes(self) -> int:
         nodes = cudart.call("cudaGraphGetNodes", self._graph, 0)
         return int(nodes[1] if isinstance(nodes, tuple) else nodes)
 
     def __call__(self) -> NDArray:
-        for a, (shape, dtype) in zip(self.inputs, self._shapes):
-            if a.shape != shape or a.dtype != dtype:
-                raise CaptureError(f"input shape changed from {shape} to {a.shape}: a captured step replays fixed "
-                                   "shapes; capture again for the new shape (e.g. the last, smaller batch)")
+        self._check_inputs()
         cudart.call("cudaGraphLaunch", self._exec, current_stream(self.device).handle)
         return self.output
 
     replay = __call__
+
+
+# Calls that only query or create (no GPU work, no state a replay needs) are made but not recorded; a Destroy
+# during the recording is postponed until the recording is dropped (a replay may still use the object).
+_QUERY = re.compile(r"^(cudnn|cublas)(Get|Create)")
+_DESTROY = re.compile(r"^(cudnn|cublas)Destroy")
+
+
+class RecordedStep(_StaticStep):
+    """``step = RecordedStep(fn, inputs=[x, y], preserve=[...])``; ``out = step()`` re-issues the recorded calls.
+
+    The recording runs the step once for real (then restores ``preserve``), noting every cuDNN/cuBLAS call with
+    its arguments, every kernel launch with its packed parameters and every device-to-device copy or memset.
+    Memory those calls point at stays allocated while the step exists (runtime.memory.Hold). Conv algorithms
+    are chosen for eager calls (wall time, cuDNN's host work included): a replay pays that host work.
+    ``step.calls`` lists the recorded functions in order, for the curious.
+    """
+
+    _objective = "eager"
+    _kind = "a recorded step"
+
+    def _record(self, stream) -> None:
+        if TRACING or Library._on_bind is not None:
+            raise CaptureError("cannot record a step inside dnnbind.trace(); trace the replay instead")
+        old = getattr(self, "_hold", None)
+        self._calls, self.calls, self._keep, self._destroys = [], [], [], []
+        self._hold = Hold()
+        patched = []
+        for lib in (cudnn.lib, cublas.lib):
+            for name, fn in list(vars(lib).items()):
+                if name in lib._table:
+                    patched.append((lib, name, fn))
+                    setattr(lib, name, self._wrap(name, fn))
+
+        def on_bind(lib, name, fn):
+            if lib is cudnn.lib or lib is cublas.lib:
+                patched.append((lib, name, fn))
+                setattr(lib, name, self._wrap(name, fn))
+                return getattr(lib, name)
+            return fn
+
+        Library._on_bind = on_bind
+        RECORDING.append(self)
+        try:
+            with self._hold:
+                out = self.fn()
+                if not isinstance(out, NDArray):
+                    raise CaptureError("the step function must return an NDArray")
+                self.output = out  # its buffer is held: every replay rewrites it in place
+        except BaseException as exc:
+            self._calls, self._keep = [], []
+            self._hold.release()
+            self._hold = old
+            if isinstance(exc, CaptureError):
+                raise
+            raise CaptureError(f"recording the step failed: {exc}") from exc
+        finally:
+            RECORDING.remove(self)
+            Library._on_bind = None
+            for lib, name, fn in reversed(patched):
+                setattr(lib, name, fn)
+        pointers = set()
+        for args in [args for _, args in self._calls] + self._keep:  # call arguments, kernel parameters
+            for a in args:
+                v = getattr(a, "value", a)
+                if type(v) is int and v > 0xFFFF:
+                    pointers.add(v)
+        self._hold.pin(pointers)
+        if old is not None:
+            old.release()
+
+    def _wrap(self, name, fn):
+        if _QUERY.match(name):
+            return fn
+        if _DESTROY.match(name):
+            def postponed(*args):
+                self._destroys.append((fn, args))
+                return 0
+            return postponed
+
+        def recorded(*args):
+            result = fn(*args)
+            self._calls.append((fn, args))
+            self.calls.append(name)
+            return result
+        return recorded
+
+    # Hooks the lower layers call through _lib.cfunc.RECORDING (kernels.launch, runtime.memory).
+    def launch(self, name, fn, args, holders) -> None:
+        self._keep.append(holders)
+        self._calls.append((_checked(fn, name), args))
+        self.calls.append(name)
+
+    def runtime(self, name, args) -> None:
+        if name == "cudaMemcpyAsync" and args[3] != D2D:
+            raise CaptureError("the step copies between host and device (.numpy(), .item(), an array from "
+                               "numpy): a recorded step can replay device work only")
+        self._calls.append((_checked(getattr(cudart.rt(), name), name), args))
+        self.calls.append(name)
+
+    def __call__(self) -> NDArray:
+        self._check_inputs()
+        if self._hold is None:
+            raise CaptureError("this recorded step was closed; record it again with recapture()")
+        for fn, args in self._calls:
+            fn(*args)
+        return self.output
+
+    replay = __call__
+
+    def close(self) -> None:
+        """Free what the recording holds now (also done when the step is garbage collected)."""
+        for fn, args in self._destroys:
+            try:
+                fn(*args)
+            except Exception:
+                pass
+        self._destroys, self._calls, self._keep = [], [], []
+        if getattr(self, "_hold", None) is not None:
+            self._hold.release()
+            self._hold = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+REPLAYS = {"graph": CapturedStep, "host": RecordedStep}
+
+
+class TrainingStep:
+    """``step = training_step(net, loss_fn, trainer, (64, 1, 28, 28))``; ``loss = step(data, label)``.
+
+    The Block-API way to make a training step static: forward, loss, backward and ``trainer.step`` are
+    recorded once over fixed input buffers and replayed for every batch, ``replay="graph"`` as one CUDA graph
+    (CapturedStep), ``replay="host"`` call by call from the host (RecordedStep). A call stages the batch into
+    the input buffers (two device copies) and replays; the returned loss buffer is rewritten by the next call.
+    Host-side scalars are those of the recording: a changed learning rate needs ``step.recapture()``.
+    """
+
+    def __init__(self, net, loss_fn, trainer, data_shape, label_shape=None, label_dtype=np.int32,
+                 replay: str = "graph", device=None, warmup: int = 2):
+        if replay not in REPLAYS:
+            raise ValueError(f"training_step: replay must be one of {sorted(REPLAYS)}, got {replay!r}")
+        device = as_device(device if device is not None else _first_param_device(net))
+        batch = int(data_shape[0])
+        self.data = empty(tuple(data_shape), np.float32, device)
+        self.label = empty(tuple(label_shape) if label_shape is not None else (batch,), label_dtype, device)
+        self.data.copy_(np.random.default_rng(0).random(self.data.shape, dtype=np.float32))
+        self.label.copy_(np.zeros(self.label.shape, label_dtype))
+        x, y = self.data, self.label
+
+        def step():
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            trainer.step(batch)
+            return loss
+
+        self.replay = REPLAYS[replay](step, inputs=[x, y], preserve=trainer.state_arrays(), warmup=warmup,
+                                      device=device)
+
+    def recapture(self) -> None:
+        self.replay.recapture()
+
+    def __call__(self, data, label) -> NDArray:
+        if data.shape != self.data.shape or label.shape != self.label.shape:
+            raise CaptureError(f"training step: batch of shape {data.shape} / {label.shape}, recorded for "
+                               f"{self.data.shape} / {self.label.shape}; record another step for this shape "
+                               "(or drop the short last batch)")
+        self.data.copy_(data)
+        self.label.copy_(label)
+        return self.replay()
+
+
+def training_step(net, loss_fn, trainer, data_shape, label_shape=None, label_dtype=np.int32,
+                  replay: str = "graph", device=None, warmup: int = 2) -> TrainingStep:
+    return TrainingStep(net, loss_fn, trainer, data_shape, label_shape, label_dtype, replay, device, warmup)
+
+
+training_step.__doc__ = TrainingStep.__doc__
+
+
+def _first_param_device(net):
+    for p in net.collect_params().values():
+        return p.data().device
+    raise CaptureError("training_step: the network has no initialized parameters (run one forward first)")
+
+
+def _checked(fn, name):
+    """A cuda-python function (it returns ``(err, ...)``) that raises like cudart.call on an error."""
+    def call(*args):
+        result = fn(*args)
+        err = result[0] if type(result) is tuple else result
+        if err != 0:
+            raise CaptureError(f"{name} failed in a recorded step: {getattr(err, 'name', err)} - "
+                               f"{cudart.error_string(err)}")
+    return call

@@ -56,7 +56,11 @@ def parse_args(argv=None):
     p.add_argument("--tf32", action="store_true", help="allow TF32 tensor cores (default: strict FP32)")
     p.add_argument("--out-dir", default=OUT_DIR)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs a line per interval)")
-    p.add_argument("--graph", action="store_true", help="capture the training step as one CUDA graph (GPU, SGD)")
+    static = p.add_mutually_exclusive_group()
+    static.add_argument("--graph", action="store_true", help="capture the training step as one CUDA graph (GPU, SGD)")
+    static.add_argument("--record", action="store_true",
+                        help="record the training step's library calls once and replay them from the host, "
+                             "no CUDA graph (GPU, SGD)")
     p.add_argument("--trace", action="store_true",
                    help="trace one full training step (every cuDNN/cuBLAS call and kernel), print it, and exit")
     return p.parse_args(argv)
@@ -153,25 +157,17 @@ class NaNLoss(RuntimeError):
     pass
 
 
-def capture_step(net, trainer, loss_fn, args, device):
-    """One training step recorded as a CUDA graph over fixed input buffers (dnnbind.graph.CapturedStep)."""
-    from dnnbind.graph import CapturedStep
+def static_step(net, trainer, loss_fn, args, device):
+    """The training step recorded once over fixed input buffers and replayed per batch (dnnbind.graph)."""
+    from dnnbind.graph import training_step
+    flag, replay = ("--graph", "graph") if args.graph else ("--record", "host")
     if not device.is_gpu or args.optimizer != "sgd":
-        raise SystemExit("--graph needs a GPU and --optimizer sgd (Adam's step-dependent lr is not captured)")
-    x = mx.zeros((args.batch_size, 1, 28, 28), device=device)
-    y = mx.zeros((args.batch_size,), np.int32, device=device)
-
-    def step():
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        trainer.step(args.batch_size)
-        return loss
-
+        raise SystemExit(f"{flag} needs a GPU and --optimizer sgd (Adam's step-dependent lr is not recorded)")
     t0 = time.perf_counter()
-    captured = CapturedStep(step, inputs=[x, y], preserve=trainer.state_arrays())
-    print(f"captured the training step as a CUDA graph in {time.perf_counter() - t0:.2f} s")
-    return captured, x, y
+    step = training_step(net, loss_fn, trainer, (args.batch_size, 1, 28, 28), replay=replay, device=device)
+    what = "as one CUDA graph" if replay == "graph" else "as its library calls, replayed from the host"
+    print(f"recorded the training step {what} in {time.perf_counter() - t0:.2f} s")
+    return step
 
 
 def trace_one_step(net, trainer, loss_fn, loader, args, device):
@@ -237,9 +233,7 @@ def main(argv=None):
 
     print(f"training SimpleCNN on {device} ({mx.math_mode()}), {len(labels)} images, batch {args.batch_size}, "
           f"{args.optimizer} lr {args.lr}")
-    captured = None
-    if args.graph:
-        captured, static_x, static_y = capture_step(net, trainer, loss_fn, args, device)
+    recorded = static_step(net, trainer, loss_fn, args, device) if args.graph or args.record else None
     state = {"epoch": start_epoch, "step": skip_steps}
     interrupted = False
 
@@ -264,11 +258,9 @@ def main(argv=None):
             for step, (data, label) in enumerate(loader):
                 if step < skip_steps:  # resuming mid-epoch: these batches were already trained on
                     continue
-                if captured is not None:
-                    # the whole step is one CUDA graph: stage the batch into its input buffers and replay
-                    mx.copy(data, static_x)
-                    mx.copy(label, static_y)
-                    loss = captured()
+                if recorded is not None:
+                    # the whole step recorded once: stage the batch into its input buffers and replay
+                    loss = recorded(data, label)
                 else:
                     # forward and loss, taped
                     with autograd.record():

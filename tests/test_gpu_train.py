@@ -11,7 +11,7 @@ import pytest
 
 import dnnbind as mx
 from dnnbind import autograd, gluon
-from dnnbind.graph import CapturedStep, CaptureError
+from dnnbind.graph import CapturedStep, CaptureError, RecordedStep
 
 pytestmark = pytest.mark.gpu
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -126,13 +126,15 @@ def _step_fn(net, trainer, loss_fn, x, y):
     return step
 
 
-def test_captured_step_matches_eager_and_refuses_shape_change(tmp_path):
+@pytest.mark.parametrize("replay", [CapturedStep, RecordedStep])
+def test_replayed_step_matches_eager_and_refuses_shape_change(tmp_path, replay):
+    """A captured (CUDA graph) or recorded (host-replayed) step gives what the eager steps give."""
     from dnnbind.ops.algos import optimize_for
     mx.set_conv_algo_policy("time", deterministic=True)
-    # The eager run uses the graph objective's algorithms too (eager calls otherwise pick by wall time), so
-    # both runs execute the same deterministic kernels and must agree to rounding.
+    # The eager run chooses conv algorithms for the objective the replay uses (a CUDA graph: GPU time; a
+    # recorded step: eager wall time), so both runs execute the same deterministic kernels.
     try:
-        with optimize_for("graph"):
+        with optimize_for("graph" if replay is CapturedStep else "eager"):
             dev = mx.gpu(0)
             rng = np.random.default_rng(5)
             batches = [(rng.random((64, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 64).astype(np.int32))
@@ -145,7 +147,7 @@ def test_captured_step_matches_eager_and_refuses_shape_change(tmp_path):
                 x, y = mx.empty((64, 1, 28, 28), device=dev), mx.empty((64,), np.int32, device=dev)
                 step = _step_fn(net, trainer, loss_fn, x, y)
                 if captured:
-                    step = CapturedStep(step, inputs=[x, y], preserve=trainer.state_arrays())
+                    step = replay(step, inputs=[x, y], preserve=trainer.state_arrays())
                 losses = []
                 for xb, yb in batches:
                     x.copy_(xb)
@@ -210,7 +212,8 @@ def test_traced_training_step_lists_the_library_calls_in_order():
     assert "simplecnn" in str(t) and "conv1" in str(t)
 
 
-def test_custom_kernel_inside_a_captured_step_replays():
+@pytest.mark.parametrize("replay", [CapturedStep, RecordedStep])
+def test_custom_kernel_inside_a_replayed_step_replays(replay):
     from dnnbind import kernels
     add2 = kernels.compile(r'''
 extern "C" __global__ void add2_kernel(float* c, const float* a, const float* b, int n) {
@@ -225,7 +228,7 @@ extern "C" __global__ void add2_kernel(float* c, const float* a, const float* b,
         add2.launch((n + 255) // 256, 256, (c, a, b, n))
         return c
 
-    captured = CapturedStep(step, inputs=[a, b], warmup=1)
+    captured = replay(step, inputs=[a, b], warmup=1)
     for k in range(3):
         host = np.random.default_rng(k).random(n, dtype=np.float32)
         a.copy_(host)
@@ -284,3 +287,76 @@ def test_fused_conv_bias_relu_matches_separate_ops():
     got = mx.conv_bias_relu_forward(mx.array(xa, device=dev), mx.array(w, device=dev), mx.array(b, device=dev),
                                     padding=1)
     np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_recorded_step_lists_its_calls_and_refuses_host_copies():
+    dev = mx.gpu(0)
+    net = _net(dev, seed=2)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rng = np.random.default_rng(9)
+    x = mx.array(rng.random((16, 1, 28, 28), dtype=np.float32), device=dev)
+    y = mx.array(rng.integers(0, 10, 16).astype(np.int32), device=dev)
+    step = RecordedStep(_step_fn(net, trainer, loss_fn, x, y), inputs=[x, y], preserve=trainer.state_arrays())
+    calls = step.calls
+    assert calls.count("cudnnConvolutionBackwardFilter") == 2 and "cudnnConvolutionForward" in calls
+    assert any(c.startswith("cublasSgemm") for c in calls)
+    assert not any("Get" in c or "Create" in c for c in calls)
+    w0 = {k: p.data().numpy() for k, p in net.collect_params().items()}
+    losses = [step().numpy().copy() for _ in range(3)]
+    assert all(np.isfinite(v).all() for v in losses) and not np.array_equal(losses[0], losses[2])
+    assert any(not np.array_equal(w0[k], p.data().numpy()) for k, p in net.collect_params().items())
+    step.close()
+
+    def bad():
+        loss = loss_fn(net(x), y)
+        loss.numpy()  # a host copy cannot be replayed (its numpy buffer is gone by then)
+        return loss
+    with pytest.raises(CaptureError, match="host"):
+        RecordedStep(bad, inputs=[x, y], warmup=1)
+
+
+def test_training_step_helper_replays_like_eager_and_refuses_other_shapes():
+    """graph.training_step (the Block-API helper train.py --graph/--record use): host and graph replays give
+    the eager losses; the conv algorithms may differ between objectives, hence the tolerance."""
+    from dnnbind.graph import training_step
+    dev = mx.gpu(0)
+    rng = np.random.default_rng(11)
+    batches = [(rng.random((32, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 32).astype(np.int32))
+               for _ in range(4)]
+    losses = {}
+    for replay in (None, "host", "graph"):
+        net = _net(dev, seed=3)
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9})
+        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        if replay is None:
+            out = []
+            for xb, yb in batches:
+                x, y = mx.array(xb, device=dev), mx.array(yb, device=dev)
+                out.append(_step_fn(net, trainer, loss_fn, x, y)().numpy().copy())
+        else:
+            step = training_step(net, loss_fn, trainer, (32, 1, 28, 28), replay=replay, device=dev)
+            out = [step(mx.array(xb, device=dev), yb).numpy().copy() for xb, yb in batches]
+            with pytest.raises(CaptureError, match="recorded for"):
+                step(mx.array(batches[0][0][:16], device=dev), batches[0][1][:16])
+        losses[replay] = out
+    for replay in ("host", "graph"):
+        for a, b in zip(losses[None], losses[replay]):
+            np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5, err_msg=replay)
+    assert not np.allclose(losses[None][0], losses[None][-1])  # the weights did move
+
+
+@pytest.mark.parametrize("flag", ["--graph", "--record"])
+def test_train_script_with_a_recorded_step_learns(tmp_path, flag):
+    import subprocess
+    _mnist()  # skips without MNIST
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), flag, "--device", "gpu", "--epochs", "1",
+           "--limit", "12800", "--no-progress", "--out-dir", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "recorded the training step" in r.stdout
+    import json
+    with open(tmp_path / "metrics.json") as f:
+        history = json.load(f)
+    assert history[-1]["test_acc"] > 0.85, (history, r.stdout[-2000:])  # 200 steps of SGD reach ~94%

@@ -23,6 +23,9 @@ P = ctypes.POINTER
 # same list). Code below the tracer's layer tests it with one lookup, ``if TRACING:``, and imports
 # dnnbind.trace lazily inside; outside a trace nothing else is looked at.
 TRACING: list = []
+# Non-empty while dnnbind.graph.RecordedStep records a step: the layers that queue GPU work outside the cuDNN/
+# cuBLAS tables (kernel launches, memcpy/memset) test it the same way and hand the call to RECORDING[-1].
+RECORDING: list = []
 
 
 class Library:

@@ -2,13 +2,16 @@
 
 Every prototype below was checked against cudnn_{graph,ops,cnn}_v9.h of the nvidia-cudnn wheel (9.28).
 Handles and descriptors are opaque pointers (c_void_p); arrays are device pointers as ints.
+
+The backend (graph) API (cudnnBackend*, used by ops.conv_backend) is declared here too; its enum values are
+copied from cudnn_graph_v9.h (9.28) and tests/test_conv_backend.py checks them against that header's text.
 """
 
 from __future__ import annotations
 
 import ctypes
 
-from .cfunc import STATUS, Library, P, cstr, f64, i32, size_t, vp
+from .cfunc import STATUS, Library, P, cstr, f64, i32, i64, size_t, vp
 from .errors import cudnn_error_class
 
 # cudnnStatus_t families (cudnn_graph_v9.h); cudnnGetErrorString names any code.
@@ -43,6 +46,82 @@ CUDNN_SOFTMAX_MODE_INSTANCE, CUDNN_SOFTMAX_MODE_CHANNEL = 0, 1
 CUDNN_OP_TENSOR_ADD, CUDNN_OP_TENSOR_MUL, CUDNN_OP_TENSOR_MIN, CUDNN_OP_TENSOR_MAX = 0, 1, 2, 3
 # libraryPropertyType
 MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL = 0, 1, 2
+
+# --- Backend (graph) API enums, all from cudnn_graph_v9.h (9.28) -------------------------------------------
+# cudnnBackendDescriptorType_t
+CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR = 1
+CUDNN_BACKEND_ENGINE_DESCRIPTOR = 2
+CUDNN_BACKEND_ENGINECFG_DESCRIPTOR = 3
+CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR = 4
+CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR = 5
+CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR = 7
+CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR = 10
+CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR = 11
+CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR = 12
+CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR = 15
+CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR = 16
+CUDNN_BACKEND_TENSOR_DESCRIPTOR = 17
+# cudnnBackendAttributeName_t. NOTE: the header's prose calls 101 "CUDNN_ATTR_CONVOLUTION_MODE"; the enum
+# spells it CUDNN_ATTR_CONVOLUTION_CONV_MODE.
+CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_ATTR_CONVOLUTION_CONV_MODE = 100, 101
+CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES = 102, 103
+CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS = 104, 105
+CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS = 106
+CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_ATTR_ENGINEHEUR_RESULTS = 200, 201, 202
+CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES = 300, 302
+CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE = 303
+CUDNN_ATTR_EXECUTION_PLAN_HANDLE = 400  # deprecated in the header, still documented as required there
+CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG = 401
+CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE = 402
+CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION = 405
+CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE = 600, 601
+CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA = 700
+CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA = 701
+CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC = 702
+CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W = 703
+CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X = 704
+CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y = 705
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA = 706
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA = 707
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC = 708
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W = 709
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX = 710
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY = 711
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA = 712
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA = 713
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC = 714
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW = 715
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X = 716
+CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY = 717
+CUDNN_ATTR_OPERATIONGRAPH_HANDLE = 800  # deprecated in the header, still documented as required there
+CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT = 801, 802
+CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_ATTR_TENSOR_DATA_TYPE = 900, 901
+CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_ATTR_TENSOR_STRIDES = 902, 903
+CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_ATTR_TENSOR_IS_VIRTUAL = 906, 907
+CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS = 1000, 1001
+CUDNN_ATTR_VARIANT_PACK_WORKSPACE = 1003
+CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_ATTR_ENGINE_GLOBAL_INDEX = 1300, 1301
+CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE = 1303, 1305
+# cudnnBackendAttributeType_t
+CUDNN_TYPE_HANDLE, CUDNN_TYPE_DATA_TYPE, CUDNN_TYPE_BOOLEAN, CUDNN_TYPE_INT64 = 0, 1, 2, 3
+CUDNN_TYPE_FLOAT, CUDNN_TYPE_DOUBLE, CUDNN_TYPE_VOID_PTR, CUDNN_TYPE_CONVOLUTION_MODE = 4, 5, 6, 7
+CUDNN_TYPE_HEUR_MODE, CUDNN_TYPE_KNOB_TYPE, CUDNN_TYPE_NUMERICAL_NOTE = 8, 9, 11
+CUDNN_TYPE_BACKEND_DESCRIPTOR, CUDNN_TYPE_BEHAVIOR_NOTE, CUDNN_TYPE_CHAR = 15, 19, 24
+# cudnnBackendHeurMode_t (A is the decision tree preferred over INSTANT; FALLBACK: functional, unoptimized)
+CUDNN_HEUR_MODE_INSTANT, CUDNN_HEUR_MODE_B, CUDNN_HEUR_MODE_FALLBACK, CUDNN_HEUR_MODE_A = 0, 1, 2, 3
+# cudnnBackendNumericalNote_t
+CUDNN_NUMERICAL_NOTE_TENSOR_CORE, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS = 0, 1
+CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION, CUDNN_NUMERICAL_NOTE_FFT = 2, 3
+CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC, CUDNN_NUMERICAL_NOTE_WINOGRAD = 4, 5
+CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4, CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6 = 6, 7
+CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13, CUDNN_NUMERICAL_NOTE_STRICT_NAN_PROP = 8, 9
+CUDNN_NUMERICAL_NOTE_TYPE_COUNT = 10
+# cudnnBackendBehaviorNote_t
+CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION, CUDNN_BEHAVIOR_NOTE_REQUIRES_FILTER_INT8x32_REORDER = 0, 1
+CUDNN_BEHAVIOR_NOTE_REQUIRES_BIAS_INT8x32_REORDER, CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API = 2, 3
+CUDNN_BEHAVIOR_NOTE_CUBLASLT_DEPENDENCY, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT = 4, 5
+# cudnnBackendKnobType_t: only the count (the size of a knob-choice array)
+CUDNN_KNOB_TYPE_COUNTS = 46
 
 FWD_ALGOS = ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING", "WINOGRAD",
              "WINOGRAD_NONFUSED")
@@ -198,6 +277,25 @@ _TABLE = {
     # cudnnStatus_t cudnnSoftmaxBackward(handle, algo, mode, const void *alpha, yDesc, const void *y,
     #     dyDesc, const void *dy, const void *beta, dxDesc, void *dx)
     "cudnnSoftmaxBackward": (STATUS, [vp, i32, i32, vp, vp, vp, vp, vp, vp, vp, vp]),
+    # --- backend (graph) API, cudnn_graph_v9.h; cudnnBackendDescriptor_t is void* ---------------------------
+    # cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t descriptorType,
+    #                                            cudnnBackendDescriptor_t *descriptor)
+    "cudnnBackendCreateDescriptor": (STATUS, [i32, P(vp)]),
+    # cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t descriptor)
+    "cudnnBackendDestroyDescriptor": (STATUS, [vp]),
+    # cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor)
+    "cudnnBackendFinalize": (STATUS, [vp]),
+    # cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
+    #     cudnnBackendAttributeName_t attributeName, cudnnBackendAttributeType_t attributeType,
+    #     int64_t elementCount, const void *arrayOfElements)
+    "cudnnBackendSetAttribute": (STATUS, [vp, i32, i32, i64, vp]),
+    # cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const descriptor,
+    #     cudnnBackendAttributeName_t attributeName, cudnnBackendAttributeType_t attributeType,
+    #     int64_t requestedElementCount, int64_t *elementCount, void *arrayOfElements)
+    "cudnnBackendGetAttribute": (STATUS, [vp, i32, i32, i64, P(i64), vp]),
+    # cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan,
+    #     cudnnBackendDescriptor_t variantPack)
+    "cudnnBackendExecute": (STATUS, [vp, vp, vp]),
 }
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from dnnbind._lib import cudart
+from dnnbind._lib.cfunc import RECORDING
 from dnnbind._lib.errors import CudaDriverError, CudaError, LibraryNotFoundError
 
 __all__ = [
@@ -487,6 +488,10 @@ class Kernel:
                 raise CudaDriverError(int(err), "cuLaunchKernel", _driver_error_text(int(err)),
                                       f"kernel '{name}', grid {g}, block {b}, shared_mem {shared_mem},"
                                       f" stream {h:#x}, device {device}")
+        if RECORDING:  # a step being recorded for host replay: keep the packed launch (holders keep params valid)
+            RECORDING[-1].launch(name, drv.cuLaunchKernel,
+                                 (fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h, params or None, 0),
+                                 holders)
         if _launch_hooks:
             for hook in tuple(_launch_hooks):
                 hook(name, g, b, h)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 
 from .._lib import cudart
+from .._lib.cfunc import RECORDING
 from .device import Device
 from .stream import Stream, current_stream
 
@@ -69,6 +70,11 @@ class DeviceBuffer:
 def _free(ptr: int, stream: Stream) -> None:
     if _shutting_down:
         return  # at exit the driver frees everything; CUDA may already be torn down
+    if _holds or _pinned:  # a recorded step may still use this memory: its Hold frees it (see Hold)
+        owner = _pinned.get(ptr) or (_holds[-1] if _holds else None)
+        if owner is not None:
+            owner.deferred[ptr] = stream
+            return
     try:
         cudart.rt().cudaFreeAsync(ptr, stream.handle)
     except Exception:
@@ -77,6 +83,39 @@ def _free(ptr: int, stream: Stream) -> None:
 
 
 _shutting_down = False
+_holds: list = []  # Holds now recording: every free meanwhile is deferred to the innermost
+_pinned: dict = {}  # device pointer -> the Hold whose recorded calls use it
+
+
+class Hold:
+    """Keeps the memory a recorded step's calls point at allocated for as long as the step exists.
+
+    A step recorded for host replay (dnnbind.graph.RecordedStep) holds raw device pointers. While it records,
+    every free is deferred to the hold, so no temporary's address is handed out again; afterwards ``pin``
+    names the pointers its calls use, and freeing one of those (a workspace that grew, a parameter buffer
+    that was replaced) is deferred too. ``release()`` frees what was deferred, stream-ordered.
+    """
+
+    def __init__(self):
+        self.deferred: dict = {}  # pointer -> the Stream to free it on
+
+    def __enter__(self) -> Hold:
+        _holds.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _holds.remove(self)
+
+    def pin(self, pointers) -> None:
+        for p in pointers:
+            _pinned.setdefault(p, self)
+
+    def release(self) -> None:
+        for p in [p for p, h in _pinned.items() if h is self]:
+            del _pinned[p]
+        deferred, self.deferred = self.deferred, {}
+        for p, stream in deferred.items():
+            _free(p, stream)
 
 
 def _at_exit() -> None:
@@ -88,11 +127,15 @@ def _at_exit() -> None:
 def memcpy(dst: int, src: int, nbytes: int, kind: int, stream: Stream) -> None:
     if nbytes:
         cudart.call("cudaMemcpyAsync", dst, src, nbytes, kind, stream.handle)
+        if RECORDING:
+            RECORDING[-1].runtime("cudaMemcpyAsync", (dst, src, nbytes, kind, stream.handle))
 
 
 def memset(ptr: int, value: int, nbytes: int, stream: Stream) -> None:
     if nbytes:
         cudart.call("cudaMemsetAsync", ptr, value, nbytes, stream.handle)
+        if RECORDING:
+            RECORDING[-1].runtime("cudaMemsetAsync", (ptr, value, nbytes, stream.handle))
 
 
 def pool_stats(device: Device) -> dict:
