@@ -27,6 +27,7 @@ snapshotted before warm-up and restored after capture.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import re
 
@@ -137,8 +138,8 @@ class CapturedStep(_StaticStep):
 
 # Calls that only query or create (no GPU work, no state a replay needs) are made but not recorded; a Destroy
 # during the recording is postponed until the recording is dropped (a replay may still use the object).
-_QUERY = re.compile(r"^(cudnn|cublas)(Get|Create)")
-_DESTROY = re.compile(r"^(cudnn|cublas)Destroy")
+_QUERY = re.compile(r"^(cudnn|cublas)(Get|Create)|^cudnnBackend(Create|Set|Get|Finalize|Initialize)")
+_DESTROY = re.compile(r"^(cudnn|cublas)Destroy|^cudnnBackendDestroy")
 
 
 class RecordedStep(_StaticStep):
@@ -195,7 +196,7 @@ class RecordedStep(_StaticStep):
             for lib, name, fn in reversed(patched):
                 setattr(lib, name, fn)
         pointers = set()
-        for args in [args for _, args in self._calls] + self._keep:  # call arguments, kernel parameters
+        for args in [args for _, args, _ in self._calls] + self._keep:  # call arguments, kernel parameters
             for a in args:
                 v = getattr(a, "value", a)
                 if type(v) is int and v > 0xFFFF:
@@ -215,7 +216,7 @@ class RecordedStep(_StaticStep):
 
         def recorded(*args):
             result = fn(*args)
-            self._calls.append((fn, args))
+            self._calls.append(_lean(fn, args))
             self.calls.append(name)
             return result
         return recorded
@@ -223,22 +224,24 @@ class RecordedStep(_StaticStep):
     # Hooks the lower layers call through _lib.cfunc.RECORDING (kernels.launch, runtime.memory).
     def launch(self, name, fn, args, holders) -> None:
         self._keep.append(holders)
-        self._calls.append((_checked(fn, name), args))
+        self._calls.append((_checked(fn, name), args, None))
         self.calls.append(name)
 
     def runtime(self, name, args) -> None:
         if name == "cudaMemcpyAsync" and args[3] != D2D:
             raise CaptureError("the step copies between host and device (.numpy(), .item(), an array from "
                                "numpy): a recorded step can replay device work only")
-        self._calls.append((_checked(getattr(cudart.rt(), name), name), args))
+        self._calls.append((_checked(getattr(cudart.rt(), name), name), args, None))
         self.calls.append(name)
 
     def __call__(self) -> NDArray:
         self._check_inputs()
         if self._hold is None:
             raise CaptureError("this recorded step was closed; record it again with recapture()")
-        for fn, args in self._calls:
-            fn(*args)
+        for fn, args, bound in self._calls:
+            status = fn(*args)
+            if status and bound is not None:  # raise as the bound function would: function, status, cuDNN's text
+                bound.errcheck(status, bound, args)
         return self.output
 
     replay = __call__
@@ -322,6 +325,26 @@ def _first_param_device(net):
     for p in net.collect_params().values():
         return p.data().device
     raise CaptureError("training_step: the network has no initialized parameters (run one forward first)")
+
+
+_SIMPLE = (ctypes.c_int, ctypes.c_uint, ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_float,
+           ctypes.c_double)
+
+
+def _lean(fn, args) -> tuple:
+    """(callable, arguments, bound function or None) for the replay of one library call.
+
+    NOTE: replay is where host time per call matters most, so a status-returning function is re-bound at the
+    same address without its Python errcheck (the replay loop tests the int status and calls the errcheck only
+    on failure), and int/float arguments are converted once to their declared ctypes types here rather than
+    by ctypes at every call.
+    """
+    if getattr(fn, "errcheck", None) is None or not fn.argtypes:
+        return fn, args, None
+    raw = type(fn)(ctypes.cast(fn, ctypes.c_void_p).value)
+    raw.argtypes, raw.restype = fn.argtypes, ctypes.c_int
+    converted = tuple(t(a) if t in _SIMPLE and type(a) in (int, float) else a for a, t in zip(args, fn.argtypes))
+    return raw, converted, fn
 
 
 def _checked(fn, name):

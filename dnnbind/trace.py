@@ -38,7 +38,7 @@ from .runtime.stream import Event, current_stream
 ACTIVE = TRACING
 CUPTI_NOTE = "GPU kernel names need the optional extra: pip install cupti-python"
 _RESOLVE_EVERY = 4096
-_SETUP = re.compile(r"^(cudnn|cublas)?(Get|Set|Create|Destroy)")  # calls that queue no GPU work: no events
+_SETUP = re.compile(r"^(cudnn|cublas)?(Backend)?(Get|Set|Create|Destroy|Finalize|Initialize)")  # no GPU work: no events
 _CONV = {"cudnnConvolutionForward": "fwd", "cudnnConvolutionBiasActivationForward": "fwd",
          "cudnnConvolutionBackwardData": "bwd_data", "cudnnConvolutionBackwardFilter": "bwd_filter"}
 _TRANS = ("N", "T", "C")

@@ -243,8 +243,17 @@ def test_add2_script_runs():
 
 # --- on a GPU ------------------------------------------------------------------------------------------------
 
+@pytest.fixture
+def legacy_conv_only():
+    """The legacy call names its algorithm in the trace; keep backend plans out (tests/test_conv_backend.py)."""
+    before = dnnbind.ops.algos._policy["backend"]
+    dnnbind.set_conv_algo_policy("time", backend=False)
+    yield
+    dnnbind.set_conv_algo_policy("time", backend=before)
+
+
 @pytest.mark.gpu
-def test_gpu_conv_and_activation_are_traced_with_gpu_times(gpu, tmp_path):
+def test_gpu_conv_and_activation_are_traced_with_gpu_times(gpu, tmp_path, legacy_conv_only):
     rng = np.random.default_rng(0)
     x = dnnbind.array(rng.standard_normal((4, 3, 16, 16)).astype(np.float32), device=gpu)
     w = dnnbind.array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), device=gpu)

@@ -11,12 +11,20 @@ eagerly, each legacy conv call also costs 30-120 us of cuDNN's own CPU work, whi
 often exceeds the kernel (FACTS.md), so eager calls pick the algorithm with the least wall time per call,
 host work included. ``optimize_for("graph")`` (used by dnnbind.graph.CapturedStep while it warms up) selects
 the GPU-time objective; the default is ``"eager"``. Each objective has its own cache.
+
+Eager calls also consider the execution plans of cuDNN's backend (graph) API (ops.conv_backend): built once
+per shape, a plan runs with one ``cudnnBackendExecute`` whose host cost is 7-15 us where the legacy call pays
+23-45 us (H100, docs/benchmarks.md). They are numbered ``BACKEND + i`` (i: the plan's place in the heuristics'
+list, stable for one GPU and cuDNN version, so the on-disk cache can name it). Captured graphs keep to the
+legacy algorithms, whose capture is proven by the tests; ``set_conv_algo_policy(backend=False)`` (or
+``DNNBIND_CONV_BACKEND=0``) turns the plans off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 import time
 
@@ -27,7 +35,10 @@ from ..runtime.stream import Event, current_stream
 from . import algo_cache
 
 L = cudnn.lib
-_policy = {"mode": "time", "deterministic": False}
+_policy = {"mode": "time", "deterministic": False,
+           "backend": os.environ.get("DNNBIND_CONV_BACKEND", "1").strip().lower() not in ("0", "false", "no", "off")}
+BACKEND = 1000  # algorithm ids >= BACKEND name backend execution plans (see module docstring)
+_plan_names: dict = {}  # (key, algo >= BACKEND) -> the plan's name, for chosen()
 _chosen = {"eager": {}, "graph": {}}  # objective -> {key -> (algo, workspace bytes)}
 _tls = threading.local()
 _identity: dict = {}  # device index -> "GPU name sm_XY cudnn N", the on-disk cache's scope
@@ -43,14 +54,25 @@ DIRECTIONS = {
 }
 
 
-def set_conv_algo_policy(mode: str = "time", deterministic: bool = False) -> None:
-    """"time" (default): time the candidates once per shape; "heuristic": cuDNN's first usable choice."""
+def set_conv_algo_policy(mode: str = "time", deterministic: bool = False, backend: bool | None = None) -> None:
+    """"time" (default): time the candidates once per shape; "heuristic": cuDNN's first usable choice.
+    ``backend``: whether eager calls may use backend-API execution plans (None: leave as is)."""
     if mode not in ("time", "heuristic"):
         raise ValueError(f"set_conv_algo_policy: mode must be 'time' or 'heuristic', got {mode!r}")
-    if (mode, deterministic) != (_policy["mode"], _policy["deterministic"]):
+    backend = _policy["backend"] if backend is None else bool(backend)
+    if (mode, deterministic, backend) != (_policy["mode"], _policy["deterministic"], _policy["backend"]):
         for table in _chosen.values():
             table.clear()
-    _policy.update(mode=mode, deterministic=bool(deterministic))
+    _policy.update(mode=mode, deterministic=bool(deterministic), backend=backend)
+
+
+def use_backend() -> bool:
+    """Whether a conv call now may run a backend-API plan: timed eager calls, with the policy allowing it."""
+    return _policy["backend"] and _policy["mode"] == "time" and objective() == "eager"
+
+
+def deterministic() -> bool:
+    return _policy["deterministic"]
 
 
 @contextlib.contextmanager
@@ -71,7 +93,9 @@ def objective() -> str:
     return getattr(_tls, "objective", "eager")
 
 
-def algo_name(direction: str, algo: int) -> str:
+def algo_name(direction: str, algo: int, key: tuple | None = None) -> str:
+    if algo >= BACKEND:
+        return "backend " + _plan_names.get((key, algo), f"plan #{algo - BACKEND}")
     names = DIRECTIONS["fwd" if direction == "fwd_bias_relu" else direction][3]  # the fused op uses fwd algos
     return names[algo] if 0 <= algo < len(names) else str(algo)
 
@@ -80,7 +104,7 @@ def chosen(target: str | None = None) -> dict:
     """Every (direction, shapes...) -> (algorithm name, workspace bytes) in use for ``target`` (default: the
     current objective), picked in this process or loaded from the on-disk cache."""
     table = _chosen[target or objective()]
-    return {k: (algo_name(k[0], a), ws) for k, (a, ws) in table.items()}
+    return {k: (algo_name(k[0], a, k), ws) for k, (a, ws) in table.items()}
 
 
 def candidates(direction: str, handle: int, d1, d2, cdesc, d3) -> list:
@@ -107,24 +131,37 @@ def candidates(direction: str, handle: int, d1, d2, cdesc, d3) -> list:
     return out
 
 
-def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device, only=None) -> tuple[int, int]:
+def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device, only=None,
+           plans=None) -> tuple[int, int]:
     """(algo, workspace bytes) for ``key``; ``run(algo, ws_ptr, ws_size)`` launches one candidate.
-    ``only``: the algorithms allowed (e.g. the fused conv+bias+ReLU supports IMPLICIT_PRECOMP_GEMM)."""
+    ``only``: the legacy algorithms allowed (e.g. the fused conv+bias+ReLU supports IMPLICIT_PRECOMP_GEMM).
+    ``plans``: a callable returning this shape's backend plans (ops.conv_backend), offered to eager calls."""
     target = objective()
     table = _chosen[target]
     hit = table.get(key)
     if hit is not None:
         return hit
     timed = _policy["mode"] == "time"
-    disk_key = key + (target, _policy["deterministic"])
+    backend = plans is not None and use_backend()
+    disk_key = key + (target, _policy["deterministic"]) + (("backend",) if backend else ())
     if timed:
         hit = algo_cache.lookup(_device_identity(device), disk_key)
-        if hit is not None and (only is None or hit[0] in only):
+        if hit is not None and hit[0] >= BACKEND:
+            found = plans() if backend else []
+            if hit[0] - BACKEND < len(found):  # the same heuristics list as when it was stored
+                _plan_names[(key, hit[0])] = found[hit[0] - BACKEND].name
+            else:
+                hit = None
+        if hit is not None and (only is None or hit[0] in only or hit[0] >= BACKEND):
             table[key] = hit
             return hit
     cands = candidates(direction, handle, *descs)
     if only is not None:
         cands = [c for c in cands if c[0] in only]
+    if backend:
+        for i, plan in enumerate(plans()):
+            cands.append((BACKEND + i, plan.workspace_size, True))
+            _plan_names[(key, BACKEND + i)] = plan.name
     if not cands:
         raise CudnnError(cudnn.CUDNN_STATUS_NOT_SUPPORTED, DIRECTIONS[direction][0],
                          "no usable algorithm for this configuration", repr(key))

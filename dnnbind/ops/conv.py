@@ -13,21 +13,46 @@ from .._lib import cudnn
 from .._lib.cfunc import TRACING
 from .._lib.errors import CudnnError
 from ..runtime import config
-from . import _check, algos, reference
+from . import _check, algos, conv_backend, reference
 from . import descriptors as D
 from ._common import dnn, float_dtype, out_like, with_context, workspace
 from ._dispatch import op
 
 L = cudnn.lib
+BACKEND = algos.BACKEND
 
 
 class _Plan:
     """What a conv call needs besides pointers, built once per argument set: checked shapes, descriptors and
     the algorithm-cache key. The hot path is one dict lookup on the raw arguments."""
-    __slots__ = ("y_shape", "cdesc", "key", "xd", "wd", "yd", "bd")
+    __slots__ = ("bd", "cdesc", "key", "params", "wd", "xd", "y_shape", "yd")
+
+    def backend_plans(self, direction: str, handle) -> list:
+        """This shape's backend-API execution plans (ops.conv_backend), built on first use; [] if none.
+        Kept per (direction, shape key, determinism, handle): a plan is built for its handle, and the index the
+        algorithm cache stores means "the i-th plan of this list"."""
+        k = (direction, self.key, algos.deterministic(), handle)
+        found = _engines.get(k)
+        if found is None:
+            x_shape, w_shape, stride, padding, dilation, groups, dtype, math = self.params
+            try:
+                found = conv_backend.candidates(handle, direction, x_shape, w_shape, self.y_shape, stride, padding,
+                                                dilation, dtype, math, algos.deterministic(), groups=groups)
+            except CudnnError:
+                found = []  # the legacy algorithms remain
+            _engines[k] = found
+        return found
 
 
 _plans: dict = {}
+_engines: dict = {}  # see _Plan.backend_plans
+
+
+def _plan_info(direction, algo, key, ws_bytes) -> dict:
+    """What a trace shows for a backend plan's cudnnBackendExecute (the legacy calls carry their algorithm)."""
+    if algo < BACKEND:
+        return {}
+    return {"algo": algos.algo_name(direction, algo, (direction,) + key), "workspace_bytes": ws_bytes}
 
 
 def _exact(v) -> bool:
@@ -52,6 +77,7 @@ def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b
         stride, padding, dilation, groups, y_shape = _check.conv_grad_params(
             opname, x_shape, w_shape, dy_shape, stride, padding, dilation, groups)
     plan = _Plan()
+    plan.params = (tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, dtype, math)
     plan.y_shape = y_shape
     plan.cdesc = D.conv(padding, stride, dilation, groups, dtype, math)
     plan.key = (tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, dtype.str, math)
@@ -75,13 +101,18 @@ def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
 
     def run(algo, ws, ws_size):
-        L.cudnnConvolutionForward(h, one, xd, x._ptr, wd, w._ptr, cdesc, algo, ws, ws_size, zero, yd, y._ptr)
+        if algo >= BACKEND:
+            plan.backend_plans("fwd", h)[algo - BACKEND].execute(h, (x._ptr, w._ptr, y._ptr), ws)
+        else:
+            L.cudnnConvolutionForward(h, one, xd, x._ptr, wd, w._ptr, cdesc, algo, ws, ws_size, zero, yd, y._ptr)
 
     try:
-        algo, ws_bytes = algos.choose(("fwd",) + key, "fwd", h, (xd, wd, cdesc, yd), run, x._device)
+        algo, ws_bytes = algos.choose(("fwd",) + key, "fwd", h, (xd, wd, cdesc, yd), run, x._device,
+                                      plans=lambda: plan.backend_plans("fwd", h))
         if TRACING:  # name shapes, dtype and math mode on the call the trace records next
             from .. import trace
-            trace.annotate(x=x._shape, w=w._shape, dtype=dtype.name, math=config.math_mode())
+            trace.annotate(x=x._shape, w=w._shape, dtype=dtype.name, math=config.math_mode(),
+                           **_plan_info("fwd", algo, key, ws_bytes))
         run(algo, *workspace(x._device, ws_bytes))
         if b is not None:
             L.cudnnAddTensor(h, one, plan.bd, b._ptr, one, yd, y._ptr)
@@ -97,10 +128,11 @@ def _reference_conv_bias_relu(x, w, b=None, stride=1, padding=0, dilation=1, gro
 
 @op(_reference_conv_bias_relu, "x", "w", "b")
 def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
-    """y = relu(conv(x, w) + b) in one call: ``cudnnConvolutionBiasActivationForward``.
+    """y = relu(conv(x, w) + b) in one call: ``cudnnConvolutionBiasActivationForward``, or (eager calls, when
+    faster) one backend-API plan of the graph conv -> add bias -> relu (ops.conv_backend "fwd_bias_relu").
 
-    NOTE: cuDNN documents only IMPLICIT_PRECOMP_GEMM for this call with a ReLU, and it needs a bias; z (the
-    residual input) is y itself with alpha2 = 0.
+    NOTE: cuDNN documents only IMPLICIT_PRECOMP_GEMM for the legacy call with a ReLU, and it needs a bias; z
+    (the residual input) is y itself with alpha2 = 0.
     """
     dtype = float_dtype("conv_bias_relu_forward", (np.dtype(np.float32),), x=x, w=w, b=b)
     if b is None:
@@ -114,15 +146,20 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
 
     def run(algo, ws, ws_size):
-        L.cudnnConvolutionBiasActivationForward(h, one, xd, x._ptr, wd, w._ptr, cdesc, algo, ws, ws_size, zero,
-                                                yd, y._ptr, bd, b._ptr, act, yd, y._ptr)
+        if algo >= BACKEND:  # one backend graph: conv -> + bias -> relu, fused by cuDNN's runtime fusion engines
+            plan.backend_plans("fwd_bias_relu", h)[algo - BACKEND].execute(h, (x._ptr, w._ptr, b._ptr, y._ptr), ws)
+        else:
+            L.cudnnConvolutionBiasActivationForward(h, one, xd, x._ptr, wd, w._ptr, cdesc, algo, ws, ws_size, zero,
+                                                    yd, y._ptr, bd, b._ptr, act, yd, y._ptr)
 
     try:
         algo, ws_bytes = algos.choose(("fwd_bias_relu",) + key, "fwd", h, (xd, wd, cdesc, yd), run, x._device,
-                                      only=(1,))  # CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+                                      only=(1,),  # CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+                                      plans=lambda: plan.backend_plans("fwd_bias_relu", h))
         if TRACING:
             from .. import trace
-            trace.annotate(x=x._shape, w=w._shape, dtype=dtype.name, math=config.math_mode())
+            trace.annotate(x=x._shape, w=w._shape, dtype=dtype.name, math=config.math_mode(),
+                           **_plan_info("fwd_bias_relu", algo, key, ws_bytes))
         run(algo, *workspace(x._device, ws_bytes))
     except CudnnError as exc:
         raise with_context(exc, op="conv_bias_relu_forward", x=x._shape, w=w._shape) from None
@@ -142,14 +179,19 @@ def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
 
     def run(algo, ws, ws_size):
-        L.cudnnConvolutionBackwardData(h, one, wd, w._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero, dxd,
-                                       dx._ptr)
+        if algo >= BACKEND:
+            plan.backend_plans("bwd_data", h)[algo - BACKEND].execute(h, (w._ptr, dy._ptr, dx._ptr), ws)
+        else:
+            L.cudnnConvolutionBackwardData(h, one, wd, w._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero, dxd,
+                                           dx._ptr)
 
     try:
-        algo, ws_bytes = algos.choose(("bwd_data",) + key, "bwd_data", h, (wd, dyd, cdesc, dxd), run, w._device)
+        algo, ws_bytes = algos.choose(("bwd_data",) + key, "bwd_data", h, (wd, dyd, cdesc, dxd), run, w._device,
+                                      plans=lambda: plan.backend_plans("bwd_data", h))
         if TRACING:  # name shapes, dtype and math mode on the call the trace records next
             from .. import trace
-            trace.annotate(w=w._shape, dy=dy._shape, dtype=dtype.name, math=config.math_mode())
+            trace.annotate(w=w._shape, dy=dy._shape, dtype=dtype.name, math=config.math_mode(),
+                           **_plan_info("bwd_data", algo, key, ws_bytes))
         run(algo, *workspace(w._device, ws_bytes))
     except CudnnError as exc:
         raise with_context(exc, op="conv_backward_data", w=w._shape, dy=dy._shape, x_shape=x_shape) from None
@@ -169,15 +211,19 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
 
     def run(algo, ws, ws_size):
-        L.cudnnConvolutionBackwardFilter(h, one, xd, x._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero, dwd,
-                                         dw._ptr)
+        if algo >= BACKEND:
+            plan.backend_plans("bwd_filter", h)[algo - BACKEND].execute(h, (x._ptr, dy._ptr, dw._ptr), ws)
+        else:
+            L.cudnnConvolutionBackwardFilter(h, one, xd, x._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero,
+                                             dwd, dw._ptr)
 
     try:
         algo, ws_bytes = algos.choose(("bwd_filter",) + key, "bwd_filter", h, (xd, dyd, cdesc, dwd), run,
-                                      x._device)
+                                      x._device, plans=lambda: plan.backend_plans("bwd_filter", h))
         if TRACING:  # name shapes, dtype and math mode on the call the trace records next
             from .. import trace
-            trace.annotate(x=x._shape, dy=dy._shape, dtype=dtype.name, math=config.math_mode())
+            trace.annotate(x=x._shape, dy=dy._shape, dtype=dtype.name, math=config.math_mode(),
+                           **_plan_info("bwd_filter", algo, key, ws_bytes))
         run(algo, *workspace(x._device, ws_bytes))
     except CudnnError as exc:
         raise with_context(exc, op="conv_backward_filter", x=x._shape, dy=dy._shape, w_shape=w_shape) from None

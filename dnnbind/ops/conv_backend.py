@@ -1,13 +1,17 @@
 """Layer 2 (ops): 2-D convolutions through cuDNN 9's backend (graph) API. Imports _lib, runtime and ops.
 
 Why: each legacy call (cudnnConvolutionForward / BackwardData / BackwardFilter) re-validates its descriptors
-and re-plans the kernel on the host, 40-120 us per call at MNIST sizes (FACTS.md), more than the kernel. The
+and re-plans the kernel on the host, 23-45 us per call at MNIST sizes (the fused bias+ReLU call 50-100 us),
+often more than the kernel. The
 backend API does that work once: an operation graph of one conv op is finalized into execution plans (one
 per engine config the heuristics return), and a call is then one ``cudnnBackendExecute(handle, plan,
 variant_pack)``. The variant pack binds the device pointers; packs are finalized once per pointer set and
 cached, so a repeated call with the same buffers costs one C call (PyTorch reaches ~20 us/conv this way).
 
 ``candidates(...)`` lists usable plans in heuristic order; timing them and picking one is the caller's job.
+Directions: "fwd", "bwd_data", "bwd_filter" (one conv op each) and "fwd_bias_relu": y = relu(conv(x, w) + b)
+as ONE graph (conv -> virtual tensor -> pointwise ADD of b -> virtual tensor -> pointwise RELU_FWD -> y), run by
+one engine (typically one kernel; runtime-compiled engines included), so the virtual tensors need no memory.
 Enum values come from cudnn_graph_v9.h (see _lib.cudnn; tests/test_conv_backend.py checks them).
 """
 
@@ -20,14 +24,16 @@ import sys
 import numpy as np
 
 from .._lib import cudnn as C
-from .._lib.errors import CudnnError, CudnnInternalError, CudnnNotSupported
+from .._lib import loader
+from .._lib.errors import CudnnError, CudnnInternalError, CudnnNotSupported, LibraryNotFoundError
 from . import _check
 
 L = C.lib
 _i64, _vp, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 
-# Tensor UIDs by role: the x-like tensor (x or dx), the w-like (w or dw), the y-like (y or dy).
-UID_X, UID_W, UID_Y = 1, 2, 3
+# Tensor UIDs by role: the x-like tensor (x or dx), the w-like (w or dw), the y-like (y or dy); fwd_bias_relu
+# adds the bias and its two virtual intermediates (conv(x, w), then + b), which need UIDs but no pointers.
+UID_X, UID_W, UID_Y, UID_B, UID_CONV_OUT, UID_BIAS_OUT = 1, 2, 3, 4, 5, 6
 # direction -> (operation descriptor type, ALPHA, BETA, CONV_DESC, (x-like, w-like, y-like) attributes,
 #               UIDs in the order execute() takes its pointers)
 _OPS = {
@@ -48,6 +54,7 @@ _OPS = {
                    (C.CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, C.CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
                     C.CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY), (UID_X, UID_Y, UID_W)),  # (x, dy, dw)
 }
+_OPS["fwd_bias_relu"] = _OPS["fwd"][:5] + ((UID_X, UID_W, UID_B, UID_Y),)  # its conv op is "fwd"'s; (x, w, b, y)
 _DTYPES = {np.dtype(np.float32): C.CUDNN_DATA_FLOAT, np.dtype(np.float64): C.CUDNN_DATA_DOUBLE}
 _NOTE_TAGS = {C.CUDNN_NUMERICAL_NOTE_TENSOR_CORE: "tc", C.CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS: "down",
               C.CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION: "rpr", C.CUDNN_NUMERICAL_NOTE_FFT: "fft",
@@ -126,14 +133,16 @@ def _packed_strides(shape) -> list:
     return strides[::-1]
 
 
-def _tensor(uid: int, shape, dtype_code: int, alignment: int) -> Descriptor:
-    """A non-virtual, fully packed NCHW tensor (unfinalized)."""
-    return (Descriptor(C.CUDNN_BACKEND_TENSOR_DESCRIPTOR)
-            .set(C.CUDNN_ATTR_TENSOR_UNIQUE_ID, C.CUDNN_TYPE_INT64, _i64, uid)
-            .set(C.CUDNN_ATTR_TENSOR_DATA_TYPE, C.CUDNN_TYPE_DATA_TYPE, _int, dtype_code)
-            .set(C.CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, C.CUDNN_TYPE_INT64, _i64, alignment)
-            .set(C.CUDNN_ATTR_TENSOR_DIMENSIONS, C.CUDNN_TYPE_INT64, _i64, *shape)
-            .set(C.CUDNN_ATTR_TENSOR_STRIDES, C.CUDNN_TYPE_INT64, _i64, *_packed_strides(shape)))
+def _tensor(uid: int, shape, dtype_code: int, alignment: int, virtual: bool = False) -> Descriptor:
+    """A fully packed NCHW tensor (unfinalized). Virtual: an intermediate of the graph, never in memory (not in
+    the variant pack). A (1, K, 1, 1) bias gets strides (K, 1, 1, 1): broadcast over N, H, W."""
+    t = (Descriptor(C.CUDNN_BACKEND_TENSOR_DESCRIPTOR)
+         .set(C.CUDNN_ATTR_TENSOR_UNIQUE_ID, C.CUDNN_TYPE_INT64, _i64, uid)
+         .set(C.CUDNN_ATTR_TENSOR_DATA_TYPE, C.CUDNN_TYPE_DATA_TYPE, _int, dtype_code)
+         .set(C.CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, C.CUDNN_TYPE_INT64, _i64, alignment)
+         .set(C.CUDNN_ATTR_TENSOR_DIMENSIONS, C.CUDNN_TYPE_INT64, _i64, *shape)
+         .set(C.CUDNN_ATTR_TENSOR_STRIDES, C.CUDNN_TYPE_INT64, _i64, *_packed_strides(shape)))
+    return t.set(C.CUDNN_ATTR_TENSOR_IS_VIRTUAL, C.CUDNN_TYPE_BOOLEAN, ctypes.c_bool, True) if virtual else t
 
 
 def _conv(stride, padding, dilation, compute_code: int) -> Descriptor:
@@ -159,6 +168,51 @@ def _operation(direction: str, conv: Descriptor, tx: Descriptor, tw: Descriptor,
     return op
 
 
+def _pointwise(mode: int, math_code: int) -> Descriptor:
+    """A pointwise descriptor (unfinalized). For RELU_FWD the clips are set as cudnn-frontend sets them (lower 0,
+    slope 0, upper the math type's max: the header's default is "numeric limit max", which frontend clamps to
+    FLT_MAX for float math). CUDNN_ATTR_POINTWISE_NAN_PROPAGATION is deprecated in cuDNN 9 and left at its
+    default (NOT_PROPAGATE_NAN, the value frontend sets explicitly)."""
+    pw = (Descriptor(C.CUDNN_BACKEND_POINTWISE_DESCRIPTOR)
+          .set(C.CUDNN_ATTR_POINTWISE_MODE, C.CUDNN_TYPE_POINTWISE_MODE, _int, mode)
+          .set(C.CUDNN_ATTR_POINTWISE_MATH_PREC, C.CUDNN_TYPE_DATA_TYPE, _int, math_code))
+    if mode == C.CUDNN_POINTWISE_RELU_FWD:
+        upper = float(np.finfo(np.float32 if math_code == C.CUDNN_DATA_FLOAT else np.float64).max)
+        pw.set(C.CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, C.CUDNN_TYPE_DOUBLE, ctypes.c_double, 0.0)
+        pw.set(C.CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, C.CUDNN_TYPE_DOUBLE, ctypes.c_double, upper)
+        pw.set(C.CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE, C.CUDNN_TYPE_DOUBLE, ctypes.c_double, 0.0)
+    return pw
+
+
+def _pointwise_op(pw: Descriptor, x: Descriptor, y: Descriptor, b: Descriptor | None = None) -> Descriptor:
+    """y = op(x) or op(x, b) (unfinalized); ALPHA1/ALPHA2 left at their default 1.0."""
+    op = Descriptor(C.CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)
+    op.set_descs(C.CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw)
+    op.set_descs(C.CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x)
+    if b is not None:
+        op.set_descs(C.CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b)
+    return op.set_descs(C.CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y)
+
+
+def _graph_ops(direction: str, x_shape, w_shape, y_shape, conv: Descriptor, dtype, alignment: int) -> list:
+    """The finalized operation nodes of one direction's graph."""
+    code = _DTYPES[dtype]
+    tx, tw = (_tensor(uid, tuple(s), code, alignment).finalize() for uid, s in ((UID_X, x_shape), (UID_W, w_shape)))
+    ty = _tensor(UID_Y, tuple(y_shape), code, alignment).finalize()
+    if direction != "fwd_bias_relu":
+        return [_operation(direction, conv, tx, tw, ty, dtype).finalize()]
+    # NOTE: the intermediates and the pointwise math are in the data's precision: float for float32 (as
+    # PyTorch's fused conv graph and cudnn-frontend's ConvBiasAct sample use), double for float64 (where
+    # cuDNN may well have no engine: candidates() then returns []).
+    tb = _tensor(UID_B, (1, w_shape[0], 1, 1), code, alignment).finalize()
+    conv_out, bias_out = (_tensor(uid, tuple(y_shape), code, alignment, virtual=True).finalize()
+                          for uid in (UID_CONV_OUT, UID_BIAS_OUT))
+    add, relu = (_pointwise(m, code).finalize() for m in (C.CUDNN_POINTWISE_ADD, C.CUDNN_POINTWISE_RELU_FWD))
+    return [_operation("fwd", conv, tx, tw, conv_out, dtype).finalize(),
+            _pointwise_op(add, conv_out, bias_out, tb).finalize(),
+            _pointwise_op(relu, bias_out, ty).finalize()]
+
+
 def _variant_pack(uids, ptrs, workspace_ptr: int) -> Descriptor:
     """Binds device pointers to tensor UIDs (unfinalized); keeps its arrays alive with it."""
     uid_arr, ptr_arr, ws_arr = (_i64 * len(uids))(*uids), (_vp * len(ptrs))(*ptrs), (_vp * 1)(workspace_ptr or None)
@@ -172,10 +226,11 @@ def _variant_pack(uids, ptrs, workspace_ptr: int) -> Descriptor:
 
 class BackendConvPlan:
     """One finalized execution plan. ``execute(handle, ptrs, workspace_ptr)`` runs it; ptrs (a tuple of
-    device pointers) in role order: fwd (x, w, y), bwd_data (w, dy, dx), bwd_filter (x, dy, dw)."""
+    device pointers) in role order: fwd (x, w, y), bwd_data (w, dy, dx), bwd_filter (x, dy, dw),
+    fwd_bias_relu (x, w, b, y) with b (1, K, 1, 1)."""
 
-    __slots__ = ("_exec", "_owners", "_packs", "_ph", "_plan", "_uids", "alignment", "behavior_notes", "direction",
-                 "engine_index", "knobs", "name", "numerical_notes", "workspace_size")
+    __slots__ = ("_packs", "_ph", "_plan", "_uids", "alignment", "behavior_notes", "direction", "engine_index",
+                 "knobs", "name", "numerical_notes", "workspace_size")
 
     def __init__(self, direction, plan: Descriptor, engine_index, knobs, notes, behavior, alignment):
         self.direction, self._plan, self._uids, self.alignment = direction, plan, _OPS[direction][5], alignment
@@ -188,29 +243,30 @@ class BackendConvPlan:
             tags.append("rtc")
         self.name = (f"eng{engine_index}" + ("[" + ",".join(f"k{t}={v}" for t, v in knobs) + "]" if knobs else "")
                      + ("(" + ",".join(tags) + ")" if tags else ""))
-        self._packs: dict = {}   # (ptrs, workspace_ptr) -> variant pack handle (int): the hot-path lookup
-        self._owners: dict = {}  # same keys -> the Descriptor owning it
-        self._exec = L.cudnnBackendExecute
+        self._packs: dict = {}  # (ptrs, workspace_ptr) -> finalized variant pack, oldest first
 
     def __repr__(self) -> str:
         return f"<BackendConvPlan {self.direction} {self.name} ws={self.workspace_size}>"
 
     def execute(self, handle: int, ptrs: tuple, workspace_ptr: int = 0) -> None:
+        # NOTE: the pack goes in as its Descriptor (+0.1 us over an int): whoever keeps the call's arguments
+        # (a RecordedStep, prepared()) keeps the pack, and through it the plan, alive. cudnnBackendExecute is
+        # looked up on the Library each call so dnnbind.trace() / RecordedStep see it.
         try:
             pack = self._packs.get((ptrs, workspace_ptr))
         except TypeError:  # ptrs given as a list
             ptrs = tuple(ptrs)
             pack = self._packs.get((ptrs, workspace_ptr))
         if pack is None:
-            pack = self._pack(ptrs, workspace_ptr)._as_parameter_
-        self._exec(handle, self._ph, pack)
+            pack = self._pack(ptrs, workspace_ptr)
+        L.cudnnBackendExecute(handle, self._ph, pack)
 
     def prepared(self, handle: int, ptrs: tuple, workspace_ptr: int = 0) -> functools.partial:
         """A zero-argument callable doing only the cudnnBackendExecute (``.func``/``.args`` for replay). It
-        holds the plan and the variant pack, so it stays valid after the pack leaves the cache."""
+        holds the variant pack (which holds the plan), so it stays valid after the pack leaves the cache."""
         ptrs = tuple(ptrs)
-        pack = self._owners.get((ptrs, workspace_ptr)) or self._pack(ptrs, workspace_ptr)
-        return functools.partial(self._exec, handle, self._plan, pack)
+        pack = self._packs.get((ptrs, workspace_ptr)) or self._pack(ptrs, workspace_ptr)
+        return functools.partial(L.cudnnBackendExecute, handle, self._ph, pack)
 
     def json(self) -> str | None:
         """The plan's JSON (CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION), or None if not retrievable."""
@@ -225,8 +281,9 @@ class BackendConvPlan:
         return buf.value.decode(errors="replace")
 
     def _pack(self, ptrs: tuple, workspace_ptr: int) -> Descriptor:
-        if len(ptrs) != 3:
-            raise ValueError(f"BackendConvPlan.execute: {self.direction} takes 3 pointers, got {len(ptrs)}")
+        if len(ptrs) != len(self._uids):
+            raise ValueError(f"BackendConvPlan.execute: {self.direction} takes {len(self._uids)} pointers, "
+                             f"got {len(ptrs)}")
         for p in ptrs:
             if not p or p % self.alignment:
                 raise ValueError(f"BackendConvPlan.execute: pointer {p!r} is not {self.alignment}-byte aligned "
@@ -234,11 +291,10 @@ class BackendConvPlan:
         if self.workspace_size and not workspace_ptr:
             raise ValueError(f"BackendConvPlan.execute: {self.name} needs {self.workspace_size} bytes of workspace")
         pack = _variant_pack(self._uids, ptrs, workspace_ptr).finalize()
-        if len(self._owners) >= PACK_CACHE:  # evict the oldest; its descriptor is destroyed with the object
-            oldest = next(iter(self._owners))
-            del self._owners[oldest], self._packs[oldest]
-        key = (ptrs, workspace_ptr)
-        self._owners[key], self._packs[key] = pack, pack._as_parameter_
+        pack._refs.append(self._plan)
+        if len(self._packs) >= PACK_CACHE:  # evict the oldest; destroyed once nothing else holds it
+            del self._packs[next(iter(self._packs))]
+        self._packs[(ptrs, workspace_ptr)] = pack
         return pack
 
 
@@ -282,13 +338,29 @@ def _heuristic_configs(graph: Descriptor, mode: int) -> list:
     return cfgs
 
 
+def _all_configs(graph: Descriptor, skipped: list) -> list:
+    """Mode A's configs (INSTANT's if A fails), then FALLBACK's. Nothing filters out runtime-compiled engines
+    (CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION): a fused graph often has no other; they compile (NVRTC) when
+    their plan is finalized. A mode failing with NOT_SUPPORTED / an internal error is noted in skipped."""
+    cfgs = []
+    for modes in ((C.CUDNN_HEUR_MODE_A, C.CUDNN_HEUR_MODE_INSTANT), (C.CUDNN_HEUR_MODE_FALLBACK,)):
+        for mode in modes:
+            try:
+                cfgs.extend(_heuristic_configs(graph, mode))
+                break
+            except (CudnnNotSupported, CudnnInternalError) as exc:
+                skipped.append((f"heuristics mode {mode}", exc))
+    return cfgs
+
+
 def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1, padding=0, dilation=1,
                dtype=np.float32, math: str = "fp32", deterministic: bool = False, *, groups: int = 1,
                alignment: int | None = None, limit: int | None = None, skipped: list | None = None) -> list:
     """Usable execution plans for one conv, in heuristic order (mode A, or INSTANT if A fails, then the
-    FALLBACK engines not already listed). Shapes NCHW / KCRS, fully packed; float32 or float64; groups=1
-    only (else []). ``alignment``: the byte alignment promised for every pointer (default: the element size,
-    see below). ``limit``: stop after that many plans. ``skipped``: a list that receives (name, reason) for
+    FALLBACK engines not already listed); [] when no engine supports the graph (never raises NOT_SUPPORTED).
+    ``direction``: see _OPS (for "fwd_bias_relu" y_shape is y's and the bias is (1, K, 1, 1), K = w_shape[0]).
+    Shapes NCHW / KCRS, fully packed; float32 or float64; groups=1 only (else []). ``alignment``: the byte
+    alignment promised for every pointer (default: the element size, see below). ``limit``: stop after that many plans. ``skipped``: a list that receives (name, reason) for
     each engine config refused or failing to finalize (NOT_SUPPORTED or an internal/compile error)."""
     if direction not in _OPS:
         raise ValueError(f"conv_backend.candidates: direction must be one of {sorted(_OPS)}, got {direction!r}")
@@ -309,51 +381,49 @@ def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1,
     # view at an element offset is only itemsize-aligned, so that is the safe default. Pass 16 when every
     # pointer is known 16-aligned; execute() checks each new pointer set against it.
     alignment = int(alignment or dtype.itemsize)
-    code = _DTYPES[dtype]
     skipped = [] if skipped is None else skipped
+    if direction == "fwd_bias_relu":
+        # NOTE: runtime-fusion engines dlopen NVRTC by soname when their plan is finalized; a pip-wheel NVRTC
+        # outside the loader's search path is found only if already loaded (cuda.pathfinder loads it globally).
+        # Without it those engines report NOT_SUPPORTED (prerequisite missing) and are skipped.
+        try:
+            loader.load("nvrtc")
+        except (LibraryNotFoundError, OSError) as exc:
+            skipped.append(("nvrtc", exc))
     try:
-        tensors = [_tensor(uid, tuple(shape), code, alignment).finalize()
-                   for uid, shape in ((UID_X, x_shape), (UID_W, w_shape), (UID_Y, y_shape))]
-        conv = _conv(stride, padding, dilation, code).finalize()
-        op = _operation(direction, conv, *tensors, dtype).finalize()
+        conv = _conv(stride, padding, dilation, _DTYPES[dtype]).finalize()
         # NOTE: CUDNN_ATTR_OPERATIONGRAPH_HANDLE / EXECUTION_PLAN_HANDLE are marked deprecated in 9.28's enum,
         # but the header's descriptor docs still list them as required; cudnn-frontend sets both.
-        graph = Descriptor(C.CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR).set_descs(C.CUDNN_ATTR_OPERATIONGRAPH_OPS, op)
+        graph = Descriptor(C.CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)
         try:
+            ops = _graph_ops(direction, x_shape, w_shape, y_shape, conv, dtype, alignment)
+            graph.set_descs(C.CUDNN_ATTR_OPERATIONGRAPH_OPS, *ops)
             graph.set(C.CUDNN_ATTR_OPERATIONGRAPH_HANDLE, C.CUDNN_TYPE_HANDLE, _vp, handle).finalize()
         except CudnnNotSupported as exc:
             skipped.append(("graph", exc))
             return []
         plans, seen = [], set()
-        for mode in (C.CUDNN_HEUR_MODE_A, C.CUDNN_HEUR_MODE_FALLBACK):
+        for cfg in _all_configs(graph, skipped):
+            index, knobs, notes, behavior = _engine_info(cfg)
+            if (index, knobs) in seen:
+                continue
+            seen.add((index, knobs))
+            why = _excluded(notes, dtype, math, deterministic)
+            if why:
+                skipped.append((f"eng{index}", why))
+                continue
+            plan = Descriptor(C.CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
+            plan.set(C.CUDNN_ATTR_EXECUTION_PLAN_HANDLE, C.CUDNN_TYPE_HANDLE, _vp, handle)
+            plan.set_descs(C.CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg)
             try:
-                cfgs = _heuristic_configs(graph, mode)
+                plan.finalize()  # a runtime-fusion engine compiles here (NVRTC; a missing one: NOT_SUPPORTED)
             except (CudnnNotSupported, CudnnInternalError) as exc:
-                if mode != C.CUDNN_HEUR_MODE_A:
-                    skipped.append((f"heuristics mode {mode}", exc))
-                    continue
-                cfgs = _heuristic_configs(graph, C.CUDNN_HEUR_MODE_INSTANT)
-            for cfg in cfgs:
-                index, knobs, notes, behavior = _engine_info(cfg)
-                if (index, knobs) in seen:
-                    continue
-                seen.add((index, knobs))
-                why = _excluded(notes, dtype, math, deterministic)
-                if why:
-                    skipped.append((f"eng{index}", why))
-                    continue
-                plan = Descriptor(C.CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
-                plan.set(C.CUDNN_ATTR_EXECUTION_PLAN_HANDLE, C.CUDNN_TYPE_HANDLE, _vp, handle)
-                plan.set_descs(C.CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg)
-                try:
-                    plan.finalize()
-                except (CudnnNotSupported, CudnnInternalError) as exc:
-                    skipped.append((f"eng{index}", exc))
-                    continue
-                plan._refs.append(graph)  # cfg -> heuristics -> graph -> op -> conv, tensors
-                plans.append(BackendConvPlan(direction, plan, index, knobs, notes, behavior, alignment))
-                if limit is not None and len(plans) >= limit:
-                    return plans
+                skipped.append((f"eng{index}", exc))
+                continue
+            plan._refs.append(graph)  # cfg -> heuristics -> graph -> ops -> conv, tensors
+            plans.append(BackendConvPlan(direction, plan, index, knobs, notes, behavior, alignment))
+            if limit is not None and len(plans) >= limit:
+                return plans
         return plans
     except CudnnError as exc:
         raise exc.add_info(f"conv_backend {direction} x={tuple(x_shape)} w={tuple(w_shape)} "
