@@ -2,8 +2,7 @@
 
 Why: each legacy call (cudnnConvolutionForward / BackwardData / BackwardFilter) re-validates its descriptors
 and re-plans the kernel on the host, 23-45 us per call at MNIST sizes (the fused bias+ReLU call 50-100 us),
-often more than the kernel. The
-backend API does that work once: an operation graph of one conv op is finalized into execution plans (one
+often more than the kernel. The backend API does that work once: an operation graph of one conv op is finalized into execution plans (one
 per engine config the heuristics return), and a call is then one ``cudnnBackendExecute(handle, plan,
 variant_pack)``. The variant pack binds the device pointers; packs are finalized once per pointer set and
 cached, so a repeated call with the same buffers costs one C call (PyTorch reaches ~20 us/conv this way).
