@@ -59,3 +59,14 @@ def test_nested_holds_defer_to_the_innermost(frees):
     assert frees == []
     inner.release()
     assert frees == [0x70000]
+
+
+def test_a_pointer_two_steps_pin_is_freed_after_both_let_go(frees):
+    first, second = memory.Hold(), memory.Hold()
+    first.pin([0x80000])
+    second.pin([0x80000])  # e.g. two recorded steps over the same parameter buffer
+    memory._free(0x80000, STREAM)
+    first.release()
+    assert frees == []  # the second step still replays with it
+    second.release()
+    assert frees == [0x80000]

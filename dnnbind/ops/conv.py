@@ -35,6 +35,9 @@ class _Plan:
         found = _engines.get(k)
         if found is None:
             x_shape, w_shape, stride, padding, dilation, groups, dtype, math = self.params
+            if dtype not in conv_backend.DTYPES:
+                found = _engines[k] = []
+                return found
             try:
                 found = conv_backend.candidates(handle, direction, x_shape, w_shape, self.y_shape, stride, padding,
                                                 dilation, dtype, math, algos.deterministic(), groups=groups)

@@ -2,10 +2,11 @@
 
 Why: each legacy call (cudnnConvolutionForward / BackwardData / BackwardFilter) re-validates its descriptors
 and re-plans the kernel on the host, 23-45 us per call at MNIST sizes (the fused bias+ReLU call 50-100 us),
-often more than the kernel. The backend API does that work once: an operation graph of one conv op is finalized into execution plans (one
-per engine config the heuristics return), and a call is then one ``cudnnBackendExecute(handle, plan,
-variant_pack)``. The variant pack binds the device pointers; packs are finalized once per pointer set and
-cached, so a repeated call with the same buffers costs one C call (PyTorch reaches ~20 us/conv this way).
+often more than the kernel. The backend API does that work once: an operation graph of one conv op is
+finalized into execution plans (one per engine config the heuristics return), and a call is then one
+``cudnnBackendExecute(handle, plan, variant_pack)``, 7-15 us. The variant pack binds the device pointers;
+packs are finalized once per pointer set and cached, so a repeated call with the same buffers costs one C call
+(PyTorch reaches ~20 us/conv this way).
 
 ``candidates(...)`` lists usable plans in heuristic order; timing them and picking one is the caller's job.
 Directions: "fwd", "bwd_data", "bwd_filter" (one conv op each) and "fwd_bias_relu": y = relu(conv(x, w) + b)
@@ -55,6 +56,7 @@ _OPS = {
 }
 _OPS["fwd_bias_relu"] = _OPS["fwd"][:5] + ((UID_X, UID_W, UID_B, UID_Y),)  # its conv op is "fwd"'s; (x, w, b, y)
 _DTYPES = {np.dtype(np.float32): C.CUDNN_DATA_FLOAT, np.dtype(np.float64): C.CUDNN_DATA_DOUBLE}
+DTYPES = tuple(_DTYPES)  # what candidates() builds plans for (float16 convs stay on the legacy API)
 _NOTE_TAGS = {C.CUDNN_NUMERICAL_NOTE_TENSOR_CORE: "tc", C.CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS: "down",
               C.CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION: "rpr", C.CUDNN_NUMERICAL_NOTE_FFT: "fft",
               C.CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC: "nondet", C.CUDNN_NUMERICAL_NOTE_WINOGRAD: "wino"}
@@ -359,8 +361,9 @@ def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1,
     FALLBACK engines not already listed); [] when no engine supports the graph (never raises NOT_SUPPORTED).
     ``direction``: see _OPS (for "fwd_bias_relu" y_shape is y's and the bias is (1, K, 1, 1), K = w_shape[0]).
     Shapes NCHW / KCRS, fully packed; float32 or float64; groups=1 only (else []). ``alignment``: the byte
-    alignment promised for every pointer (default: the element size, see below). ``limit``: stop after that many plans. ``skipped``: a list that receives (name, reason) for
-    each engine config refused or failing to finalize (NOT_SUPPORTED or an internal/compile error)."""
+    alignment promised for every pointer (default: the element size, see below). ``limit``: stop after that
+    many plans. ``skipped``: a list that receives (name, reason) for each engine config refused or failing to
+    finalize (NOT_SUPPORTED or an internal/compile error)."""
     if direction not in _OPS:
         raise ValueError(f"conv_backend.candidates: direction must be one of {sorted(_OPS)}, got {direction!r}")
     dtype = np.dtype(dtype)

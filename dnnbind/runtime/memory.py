@@ -71,7 +71,8 @@ def _free(ptr: int, stream: Stream) -> None:
     if _shutting_down:
         return  # at exit the driver frees everything; CUDA may already be torn down
     if _holds or _pinned:  # a recorded step may still use this memory: its Hold frees it (see Hold)
-        owner = _pinned.get(ptr) or (_holds[-1] if _holds else None)
+        owners = _pinned.get(ptr)
+        owner = owners[-1] if owners else (_holds[-1] if _holds else None)
         if owner is not None:
             owner.deferred[ptr] = stream
             return
@@ -84,7 +85,7 @@ def _free(ptr: int, stream: Stream) -> None:
 
 _shutting_down = False
 _holds: list = []  # Holds now recording: every free meanwhile is deferred to the innermost
-_pinned: dict = {}  # device pointer -> the Hold whose recorded calls use it
+_pinned: dict = {}  # device pointer -> the Holds whose recorded calls use it
 
 
 class Hold:
@@ -108,14 +109,18 @@ class Hold:
 
     def pin(self, pointers) -> None:
         for p in pointers:
-            _pinned.setdefault(p, self)
+            owners = _pinned.setdefault(p, [])
+            if self not in owners:
+                owners.append(self)
 
     def release(self) -> None:
-        for p in [p for p, h in _pinned.items() if h is self]:
-            del _pinned[p]
+        for p in [p for p, owners in _pinned.items() if self in owners]:
+            _pinned[p].remove(self)
+            if not _pinned[p]:
+                del _pinned[p]
         deferred, self.deferred = self.deferred, {}
         for p, stream in deferred.items():
-            _free(p, stream)
+            _free(p, stream)  # passed on to another Hold if one still pins it
 
 
 def _at_exit() -> None:
