@@ -313,6 +313,7 @@ def test_conv_ops_through_backend_plans_match_reference(case, monkeypatch):
                 return algo, ws
         return cands[0][:2]
 
+    monkeypatch.setitem(algos._policy, "backend", True)  # also under DNNBIND_CONV_BACKEND=0
     monkeypatch.setattr(algos, "_time_candidates", first_backend)
     monkeypatch.setattr(algo_cache, "lookup", lambda *a: None)
     monkeypatch.setattr(algo_cache, "store", lambda *a: None)
