@@ -149,7 +149,8 @@ class RecordedStep(_StaticStep):
     its arguments, every kernel launch with its packed parameters and every device-to-device copy or memset.
     Memory those calls point at stays allocated while the step exists (runtime.memory.Hold). Conv algorithms
     are chosen for eager calls (wall time, cuDNN's host work included): a replay pays that host work.
-    ``step.calls`` lists the recorded functions in order, for the curious.
+    ``step.calls`` lists the recorded functions in order; a replay inside ``dnnbind.trace()`` goes through the
+    traced cuDNN/cuBLAS functions, so the trace lists and times them (kernel launches and copies excepted).
     """
 
     _objective = "eager"
@@ -159,19 +160,19 @@ class RecordedStep(_StaticStep):
         if TRACING or Library._on_bind is not None:
             raise CaptureError("cannot record a step inside dnnbind.trace(); trace the replay instead")
         old = getattr(self, "_hold", None)
-        self._calls, self.calls, self._keep, self._destroys = [], [], [], []
+        self._calls, self.calls, self._libs, self._keep, self._destroys = [], [], [], [], []
         self._hold = Hold()
         patched = []
         for lib in (cudnn.lib, cublas.lib):
             for name, fn in list(vars(lib).items()):
                 if name in lib._table:
                     patched.append((lib, name, fn))
-                    setattr(lib, name, self._wrap(name, fn))
+                    setattr(lib, name, self._wrap(lib, name, fn))
 
         def on_bind(lib, name, fn):
             if lib is cudnn.lib or lib is cublas.lib:
                 patched.append((lib, name, fn))
-                setattr(lib, name, self._wrap(name, fn))
+                setattr(lib, name, self._wrap(lib, name, fn))
                 return getattr(lib, name)
             return fn
 
@@ -205,7 +206,7 @@ class RecordedStep(_StaticStep):
         if old is not None:
             old.release()
 
-    def _wrap(self, name, fn):
+    def _wrap(self, lib, name, fn):
         if _QUERY.match(name):
             return fn
         if _DESTROY.match(name):
@@ -218,6 +219,7 @@ class RecordedStep(_StaticStep):
             result = fn(*args)
             self._calls.append(_lean(fn, args))
             self.calls.append(name)
+            self._libs.append((lib, args))  # as called: a traced replay goes through lib with these
             return result
         return recorded
 
@@ -226,6 +228,7 @@ class RecordedStep(_StaticStep):
         self._keep.append(holders)
         self._calls.append((_checked(fn, name), args, None))
         self.calls.append(name)
+        self._libs.append(None)
 
     def runtime(self, name, args) -> None:
         if name == "cudaMemcpyAsync" and args[3] != D2D:
@@ -233,11 +236,19 @@ class RecordedStep(_StaticStep):
                                "numpy): a recorded step can replay device work only")
         self._calls.append((_checked(getattr(cudart.rt(), name), name), args, None))
         self.calls.append(name)
+        self._libs.append(None)
 
     def __call__(self) -> NDArray:
         self._check_inputs()
         if self._hold is None:
             raise CaptureError("this recorded step was closed; record it again with recapture()")
+        if TRACING:  # replay through the libraries' (traced) functions, so dnnbind.trace() lists every call
+            for (fn, args, _), bound, name in zip(self._calls, self._libs, self.calls):
+                if bound is not None:
+                    getattr(bound[0], name)(*bound[1])
+                else:
+                    fn(*args)
+            return self.output
         for fn, args, bound in self._calls:
             status = fn(*args)
             if status and bound is not None:  # raise as the bound function would: function, status, cuDNN's text
@@ -253,7 +264,7 @@ class RecordedStep(_StaticStep):
                 fn(*args)
             except Exception:
                 pass
-        self._destroys, self._calls, self._keep = [], [], []
+        self._destroys, self._calls, self._libs, self._keep = [], [], [], []
         if getattr(self, "_hold", None) is not None:
             self._hold.release()
             self._hold = None

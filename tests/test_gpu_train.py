@@ -316,6 +316,11 @@ def test_recorded_step_lists_its_calls_and_refuses_host_copies():
     losses = [step().numpy().copy() for _ in range(3)]
     assert all(np.isfinite(v).all() for v in losses) and not np.array_equal(losses[0], losses[2])
     assert any(not np.array_equal(w0[k], p.data().numpy()) for k, p in net.collect_params().items())
+    with mx.trace() as t:  # a replay inside a trace lists the recorded library calls, with GPU times
+        step()
+    traced = [r.function for r in t.records if r.library in ("cudnn", "cublas")]
+    assert traced == [c for c in calls if c.startswith(("cudnn", "cublas"))], traced
+    assert all(r.gpu_us is not None for r in t.records if r.function.startswith("cublasSgemm"))
     step.close()
 
     def bad():
