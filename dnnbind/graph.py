@@ -28,6 +28,7 @@ snapshotted before warm-up and restored after capture.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import re
 
@@ -35,7 +36,8 @@ import numpy as np
 
 from . import autograd
 from ._lib import cublas, cudart, cudnn
-from ._lib.cfunc import RECORDING, TRACING, Library
+from ._lib.cfunc import RECORDING, TRACING, Library, intercept
+from .kernels.launch import _drv_call
 from .ops import _common
 from .ops.algos import optimize_for
 from .runtime.array import NDArray, empty
@@ -162,21 +164,7 @@ class RecordedStep(_StaticStep):
         old = getattr(self, "_hold", None)
         self._calls, self.calls, self._libs, self._keep, self._destroys = [], [], [], [], []
         self._hold = Hold()
-        patched = []
-        for lib in (cudnn.lib, cublas.lib):
-            for name, fn in list(vars(lib).items()):
-                if name in lib._table:
-                    patched.append((lib, name, fn))
-                    setattr(lib, name, self._wrap(lib, name, fn))
-
-        def on_bind(lib, name, fn):
-            if lib is cudnn.lib or lib is cublas.lib:
-                patched.append((lib, name, fn))
-                setattr(lib, name, self._wrap(lib, name, fn))
-                return getattr(lib, name)
-            return fn
-
-        Library._on_bind = on_bind
+        undo = intercept((cudnn.lib, cublas.lib), self._wrap)
         RECORDING.append(self)
         try:
             with self._hold:
@@ -193,9 +181,7 @@ class RecordedStep(_StaticStep):
             raise CaptureError(f"recording the step failed: {exc}") from exc
         finally:
             RECORDING.remove(self)
-            Library._on_bind = None
-            for lib, name, fn in reversed(patched):
-                setattr(lib, name, fn)
+            undo()
         pointers = set()
         for args in [args for _, args, _ in self._calls] + self._keep:  # call arguments, kernel parameters
             for a in args:
@@ -226,7 +212,7 @@ class RecordedStep(_StaticStep):
     # Hooks the lower layers call through _lib.cfunc.RECORDING (kernels.launch, runtime.memory).
     def launch(self, name, fn, args, holders) -> None:
         self._keep.append(holders)
-        self._calls.append((_checked(fn, name), args, None))
+        self._calls.append((functools.partial(_drv_call, "cuLaunchKernel"), args, None))
         self.calls.append(name)
         self._libs.append(None)
 
@@ -234,7 +220,7 @@ class RecordedStep(_StaticStep):
         if name == "cudaMemcpyAsync" and args[3] != D2D:
             raise CaptureError("the step copies between host and device (.numpy(), .item(), an array from "
                                "numpy): a recorded step can replay device work only")
-        self._calls.append((_checked(getattr(cudart.rt(), name), name), args, None))
+        self._calls.append((functools.partial(cudart.call, name), args, None))  # raises CudaError on failure
         self.calls.append(name)
         self._libs.append(None)
 
@@ -356,14 +342,3 @@ def _lean(fn, args) -> tuple:
     raw.argtypes, raw.restype = fn.argtypes, ctypes.c_int
     converted = tuple(t(a) if t in _SIMPLE and type(a) in (int, float) else a for a, t in zip(args, fn.argtypes))
     return raw, converted, fn
-
-
-def _checked(fn, name):
-    """A cuda-python function (it returns ``(err, ...)``) that raises like cudart.call on an error."""
-    def call(*args):
-        result = fn(*args)
-        err = result[0] if type(result) is tuple else result
-        if err != 0:
-            raise CaptureError(f"{name} failed in a recorded step: {getattr(err, 'name', err)} - "
-                               f"{cudart.error_string(err)}")
-    return call

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 from ._lib import cublas, cudart, cudnn
-from ._lib.cfunc import TRACING, Library
+from ._lib.cfunc import TRACING, Library, intercept
 from .kernels import launch as _kl
 from .runtime.device import default_device, gpu
 from .runtime.stream import Event, current_stream
@@ -103,8 +103,9 @@ class Trace:
     def __enter__(self):
         global _S
         if _S is None:
-            _S = _Session(self._libraries, self._use_cupti)
-            _install(_S)
+            session = _Session(self._libraries, self._use_cupti)
+            _install(session)  # refuses while a RecordedStep records: then no session is left behind
+            _S = session
         self._s, self._first = _S, (len(_S.records), len(_S.spans), len(_S.kernel_spans))
         TRACING.append(self)
         return self
@@ -253,19 +254,15 @@ def timed_numpy(op_name: str, fn, *args, **kwargs):
 # --- recording -------------------------------------------------------------------------------------------
 
 def _install(s: _Session) -> None:
-    for lib in s.libs:
-        for name, fn in list(vars(lib).items()):
-            if name in lib._table:
-                _wrap(s, lib, name, fn)
+    s.undo_libraries = intercept(s.libs, _wrap)
     _launch_original[:] = [_kl.Kernel.__dict__["_launch"]]
     s.patched.append((_kl.Kernel, "_launch", _launch_original[0]))
     _kl.Kernel._launch = _traced_launch
-    Library._on_bind = _on_bind
     _handle_streams.clear()
 
 
 def _uninstall(s: _Session) -> None:
-    Library._on_bind = None
+    s.undo_libraries()
     for owner, name, original in reversed(s.patched):
         setattr(owner, name, original)
     for dev, (ev, _) in s.base.items():
@@ -282,12 +279,7 @@ def _quiet(fn, *args) -> bool:
         return False
 
 
-def _on_bind(lib: Library, c_name: str, fn):
-    s = _S
-    return _wrap(s, lib, c_name, fn) if s is not None and any(lib is x for x in s.libs) else fn
-
-
-def _wrap(s: _Session, lib: Library, c_name: str, fn):
+def _wrap(lib: Library, c_name: str, fn):
     libname, work = lib.name, _SETUP.match(c_name) is None
 
     def traced(*args):
@@ -297,8 +289,6 @@ def _wrap(s: _Session, lib: Library, c_name: str, fn):
                      _summarize(c_name, args) if work else {}, work)
 
     traced.__wrapped__, traced.__name__ = fn, c_name
-    s.patched.append((lib, c_name, fn))
-    setattr(lib, c_name, traced)
     return traced
 
 

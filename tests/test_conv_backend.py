@@ -86,22 +86,24 @@ def test_cudnn_accepts_every_attribute_type_we_set(dtype):
     tensors = [cb._tensor(uid, s, code, dtype.itemsize)
                for uid, s in ((1, (64, 32, 14, 14)), (2, (64, 32, 3, 3)), (3, (64, 64, 14, 14)))]
     conv = cb._conv((1, 1), (1, 1), (1, 1), code)
-    for direction in ("fwd", "bwd_data", "bwd_filter", "fwd_bias_relu"):
-        cb._operation(direction, conv, *tensors, dtype)
+    made = tensors + [conv] + [cb._operation(direction, conv, *tensors, dtype)
+                               for direction in ("fwd", "bwd_data", "bwd_filter", "fwd_bias_relu")]
     # fwd_bias_relu's extra pieces: the bias, the virtual intermediates, both pointwise descriptors and ops
     bias = cb._tensor(cb.UID_B, (1, 64, 1, 1), code, dtype.itemsize)
     virtual = [cb._tensor(uid, (64, 64, 14, 14), code, dtype.itemsize, virtual=True)
                for uid in (cb.UID_CONV_OUT, cb.UID_BIAS_OUT)]
     add, relu = cb._pointwise(C.CUDNN_POINTWISE_ADD, code), cb._pointwise(C.CUDNN_POINTWISE_RELU_FWD, code)
-    cb._pointwise_op(add, virtual[0], virtual[1], bias)
-    cb._pointwise_op(relu, virtual[1], tensors[2])
-    cb._variant_pack((1, 2, 3), (256, 512, 768), 0)
-    cb._variant_pack((2, 3, 1), (256, 512, 768), 4096)
-    cb._variant_pack((1, 2, 4, 3), (256, 512, 768, 1024), 0)
-    cb.Descriptor(C.CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR).set(C.CUDNN_ATTR_ENGINEHEUR_MODE, C.CUDNN_TYPE_HEUR_MODE,
-                                                            ctypes.c_int, C.CUDNN_HEUR_MODE_A)
+    made += [bias, *virtual, add, relu, cb._pointwise_op(add, virtual[0], virtual[1], bias),
+             cb._pointwise_op(relu, virtual[1], tensors[2])]
+    made += [cb._variant_pack((1, 2, 3), (256, 512, 768), 0), cb._variant_pack((2, 3, 1), (256, 512, 768), 4096),
+             cb._variant_pack((1, 2, 4, 3), (256, 512, 768, 1024), 0)]
+    made.append(cb.Descriptor(C.CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR).set(
+        C.CUDNN_ATTR_ENGINEHEUR_MODE, C.CUDNN_TYPE_HEUR_MODE, ctypes.c_int, C.CUDNN_HEUR_MODE_A))
     cfg = cb.Descriptor(C.CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)
-    cb.Descriptor(C.CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR).set_descs(C.CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg)
+    made.append(cb.Descriptor(C.CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR).set_descs(
+        C.CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg))
+    # every set above returned without CUDNN_STATUS_BAD_PARAM, and each object holds a live cuDNN descriptor
+    assert len(made) == 20 and all(isinstance(m, cb.Descriptor) and m._as_parameter_ for m in made)
 
 
 def test_a_wrong_attribute_type_raises_bad_param():
@@ -368,10 +370,12 @@ def test_fused_bias_relu_plans_match_reference(case, math):
 @pytest.mark.gpu
 def test_fused_bias_relu_16_byte_alignment():
     # runtime-fusion engines may want 16-byte pointers (dnnbind's buffers are 256-aligned, so 16 is honest here)
-    _run_case(FUSED_CASES[1], "fwd_bias_relu", math="tf32", alignment=16)
+    plans = _run_case(FUSED_CASES[1], "fwd_bias_relu", math="tf32", alignment=16)  # checks results; skips if none
+    assert plans and all(p.alignment == 16 for p in plans)
 
 
 @pytest.mark.gpu
 def test_fused_bias_relu_float64():
     # double intermediates: cuDNN may have no engine (a skip naming why); candidates() must not raise
-    _run_case(FUSED_CASES[1], "fwd_bias_relu", dtype=F64, per_case=1)
+    plans = _run_case(FUSED_CASES[1], "fwd_bias_relu", dtype=F64, per_case=1)  # checks results; skips if none
+    assert plans and all(p.direction == "fwd_bias_relu" for p in plans)

@@ -116,6 +116,16 @@ def test_full_epoch_reaches_accuracy():
     assert acc >= 0.975
 
 
+def _sgd_setup(dev, seed, batch, data_seed):
+    """SimpleCNN, an SGD Trainer, the loss and one random batch resident on ``dev``."""
+    net = _net(dev, seed=seed)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
+    rng = np.random.default_rng(data_seed)
+    x = mx.array(rng.random((batch, 1, 28, 28), dtype=np.float32), device=dev)
+    y = mx.array(rng.integers(0, 10, batch).astype(np.int32), device=dev)
+    return net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), x, y
+
+
 def _step_fn(net, trainer, loss_fn, x, y):
     def step():
         with autograd.record():
@@ -179,12 +189,7 @@ def test_replayed_step_matches_eager_and_refuses_shape_change(tmp_path, replay):
 
 def test_traced_training_step_lists_the_library_calls_in_order():
     dev = mx.gpu(0)
-    net = _net(dev, seed=2)
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    rng = np.random.default_rng(0)
-    x = mx.array(rng.random((64, 1, 28, 28), dtype=np.float32), device=dev)
-    y = mx.array(rng.integers(0, 10, 64).astype(np.int32), device=dev)
+    net, trainer, loss_fn, x, y = _sgd_setup(dev, seed=2, batch=64, data_seed=0)
     step = _step_fn(net, trainer, loss_fn, x, y)
     for _ in range(3):
         step()
@@ -300,12 +305,7 @@ def test_fused_conv_bias_relu_matches_separate_ops():
 
 def test_recorded_step_lists_its_calls_and_refuses_host_copies():
     dev = mx.gpu(0)
-    net = _net(dev, seed=2)
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    rng = np.random.default_rng(9)
-    x = mx.array(rng.random((16, 1, 28, 28), dtype=np.float32), device=dev)
-    y = mx.array(rng.integers(0, 10, 16).astype(np.int32), device=dev)
+    net, trainer, loss_fn, x, y = _sgd_setup(dev, seed=2, batch=16, data_seed=9)
     step = RecordedStep(_step_fn(net, trainer, loss_fn, x, y), inputs=[x, y], preserve=trainer.state_arrays())
     calls = step.calls
     convs = [c for c in calls if c.startswith("cudnnConvolution") or c == "cudnnBackendExecute"]

@@ -71,6 +71,34 @@ class Library:
         return self._name
 
 
+def intercept(libraries, wrap: Callable) -> Callable[[], None]:
+    """Route every call to the functions of ``libraries`` through ``wrap(lib, c_name, fn)``'s result: those
+    bound already (instance attributes) and those first bound while this is active (``Library._on_bind``).
+    Returns the function that puts the originals back. Used by dnnbind.trace and graph.RecordedStep."""
+    if Library._on_bind is not None:
+        raise RuntimeError("the library functions are already intercepted (a trace or a recording is active)")
+    patched = []
+
+    def install(lib, c_name, fn):
+        wrapped = wrap(lib, c_name, fn)
+        patched.append((lib, c_name, fn))
+        setattr(lib, c_name, wrapped)
+        return wrapped
+
+    for lib in libraries:
+        for c_name, fn in list(vars(lib).items()):
+            if c_name in lib._table:
+                install(lib, c_name, fn)
+    Library._on_bind = lambda lib, c_name, fn: (install(lib, c_name, fn) if any(lib is x for x in libraries)
+                                                else fn)
+
+    def undo() -> None:
+        Library._on_bind = None
+        for lib, c_name, fn in reversed(patched):
+            setattr(lib, c_name, fn)
+    return undo
+
+
 class STATUS(ctypes.c_int):
     """Marks a function returning a status enum; its errcheck turns non-zero into an exception.
 
