@@ -1,29 +1,27 @@
-"""Layer 3 (nd): MXNet's ``nd`` namespace on dnnbind ops, recording for autograd. Imports ops, autograd, runtime.
+"""Layer nd: the hand-written ops (convolution, dense, activation, pooling, softmax, losses, dropout) as
+forward/backward pairs. Imports ops, autograd, runtime.
 
 Each function runs the functional op (cuDNN/cuBLAS on a GPU, numpy on the cpu) and, inside
 ``autograd.record()``, tapes a closure that calls the op's library backward (cudnnConvolutionBackwardData/
 Filter/Bias, cudnnActivationBackward, cudnnPoolingBackward, cudnnSoftmaxBackward, cublasSgemm_v2): the
-backward sits right beside its forward. NDArray operators (+, -, *, /, sum, mean) are installed on the
-NDArray class here, so the runtime layer never imports this one.
+backward sits right beside its forward. The element-wise, reduction and shape ops are table entries
+(_table.py and siblings), not functions here.
 """
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
-from . import ops
-from .autograd import grad_out, is_recording, is_training, needs_grad, record_op
-from .ops import arith
-from .ops.blas import gemm_into, ones_vector, sum_rows_into
-from .ops.conv import conv_backward_bias_gemv
-from .ops._common import blas
-from .runtime.array import NDArray, array, empty, full, ones, zeros  # noqa: F401  (nd.array, nd.zeros, ...)
+from .. import ops
+from ..autograd import grad_out, is_recording, is_training, needs_grad, record_op
+from ..ops import arith
+from ..ops.blas import gemm_into, ones_vector, sum_rows_into
+from ..ops.conv import conv_backward_bias_gemv
+from ..ops._common import blas
+from ..runtime.array import empty
 
-__all__ = ["Activation", "Convolution", "Dropout", "Flatten", "FullyConnected", "Pooling", "array", "empty",
-           "full", "log_softmax", "ones", "pick_nll", "relu", "sigmoid", "softmax", "softmax_cross_entropy",
-           "tanh", "zeros", "reshape", "waitall"]
+__all__ = ["Activation", "Convolution", "Dropout", "Flatten", "FullyConnected", "Pooling", "log_softmax",
+           "pick_nll", "softmax", "softmax_cross_entropy", "waitall"]
 
 
 def _pair(v):
@@ -131,18 +129,6 @@ def Activation(data, act_type="relu", coef=0.0):
     return y
 
 
-def relu(data):
-    return Activation(data, "relu")
-
-
-def sigmoid(data):
-    return Activation(data, "sigmoid")
-
-
-def tanh(data):
-    return Activation(data, "tanh")
-
-
 def Pooling(data, kernel=(1, 1), pool_type="max", stride=None, pad=(0, 0), global_pool=False,
             pooling_convention="valid", count_include_pad=True, **_ignored):
     """cudnnPoolingForward; backward cudnnPoolingBackward. MXNet arguments."""
@@ -161,12 +147,20 @@ def Pooling(data, kernel=(1, 1), pool_type="max", stride=None, pad=(0, 0), globa
     return y
 
 
-def _softmax(data, axis, algorithm):
-    axis = axis % data.ndim
-    if axis != 1 or data.ndim not in (2, 4):
-        if not (axis == data.ndim - 1 and data.ndim >= 2):
-            raise ValueError(f"softmax: axis {axis} of a {data.ndim}-D array is not supported; use the last axis "
-                             "or axis 1 of an NCHW array")
+def _softmax(data, axis, algorithm, temperature=None):
+    from ._registry import as_array, norm_axes
+    data = as_array("softmax", "data", data)
+    axis = norm_axes("softmax", data.ndim, axis)[0]
+    if temperature is not None and temperature != 1.0:
+        data = data / float(temperature)
+    cudnn_ok = data.dtype.kind == "f" and ((axis == 1 and data.ndim == 4) or (axis == data.ndim - 1
+                                                                              and data.ndim >= 2))
+    if not cudnn_ok:  # any other axis or rank: composed of table ops (max, exp, sum), gradient included
+        shifted = data - _call("max", data, axis=axis, keepdims=True)
+        if algorithm == "log":
+            return shifted - _call("log", _call("sum", _call("exp", shifted), axis=axis, keepdims=True))
+        e = _call("exp", shifted)
+        return e / _call("sum", e, axis=axis, keepdims=True)
     if axis == 1 and data.ndim == 4:
         x, mode, shape = data, "channel", None
     else:  # softmax over the last axis: view as (rows, C) and use cuDNN's instance mode
@@ -178,14 +172,19 @@ def _softmax(data, axis, algorithm):
     return y.reshape(shape) if shape is not None and len(shape) != 2 else y
 
 
-def softmax(data, axis=-1):
-    """cudnnSoftmaxForward(ACCURATE)."""
-    return _softmax(data, axis, "accurate")
+def _call(name, *args, **params):
+    from ._registry import call
+    return call(name, *args, **params)
 
 
-def log_softmax(data, axis=-1):
+def softmax(data, axis=-1, temperature=None, **_ignored):
+    """cudnnSoftmaxForward(ACCURATE) over the last axis or axis 1 of NCHW; other axes compose table ops."""
+    return _softmax(data, axis, "accurate", temperature)
+
+
+def log_softmax(data, axis=-1, temperature=None, **_ignored):
     """cudnnSoftmaxForward(LOG)."""
-    return _softmax(data, axis, "log")
+    return _softmax(data, axis, "log", temperature)
 
 
 def softmax_cross_entropy(logits, labels):
@@ -209,138 +208,23 @@ def Flatten(data):
     return data.reshape((data.shape[0], -1))
 
 
-def reshape(data, shape):
-    return data.reshape(shape)
+def Dropout(data, p=0.5, mode="training", axes=(), **_ignored):
+    """Inverted dropout in training mode (a hash-RNG kernel on the GPU); identity in predict mode.
 
-
-_dropout_seed = itertools.count(np.random.SeedSequence().entropy % (1 << 31))
-
-
-def Dropout(data, p=0.5, **_ignored):
-    """Inverted dropout in training mode (a hash-RNG kernel on the GPU); identity in predict mode."""
-    if not is_training() or p == 0:
+    The seed comes from dnnbind's one random state, so ``mx.random.seed(n)`` makes runs repeatable."""
+    if not (is_training() or mode == "always") or p == 0:
         return data
     if not 0 <= p < 1:
         raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
-    y, mask = arith.dropout(data, float(p), next(_dropout_seed))
+    from .random import next_seed
+    y, mask = arith.dropout(data, float(p), next_seed())
     if is_recording():
-        record_op("Dropout", y, (data,), lambda dy: (arith.binary("mul", dy, mask),))
+        record_op("Dropout", y, (data,), lambda dy: (dy * mask,))
     return y
 
 
 def waitall():
-    from .runtime.stream import synchronize
-    from .runtime.device import num_gpus, gpu
+    from ..runtime.stream import synchronize
+    from ..runtime.device import num_gpus, gpu
     for i in range(num_gpus()):
         synchronize(gpu(i))
-
-
-# -- NDArray operators --------------------------------------------------------------------------------------
-
-def _binary(op):
-    def method(self, other):
-        if isinstance(other, NDArray):
-            if other.device is not self.device:
-                raise ValueError(f"{op}: arrays on different devices ({self.device} and {other.device})")
-        elif not np.isscalar(other):
-            other = array(other, device=self.device, dtype=self.dtype)
-        out = arith.binary(op, self, other)
-        if is_recording() and op in ("add", "sub", "mul", "div"):
-            record_op(op, out, (self, other if isinstance(other, NDArray) else None),
-                      lambda g: _binary_grad(op, self, other, g))
-        return out
-    return method
-
-
-def _binary_grad(op, a, b, g):
-    b_nd = isinstance(b, NDArray)
-    if op == "add":
-        return g, (_reduce_like(g, b) if b_nd else None)
-    if op == "sub":
-        return g, (_reduce_like(arith.affine(g, -1.0), b) if b_nd else None)
-    if op == "mul":
-        ga = arith.binary("mul", g, b)
-        return ga, (_reduce_like(arith.binary("mul", g, a), b) if b_nd else None)
-    # div: d(a/b)/da = 1/b, d/db = -a/b^2
-    ga = arith.binary("div", g, b)
-    gb = None
-    if b_nd:
-        gb = _reduce_like(arith.affine(arith.binary("div", arith.binary("mul", ga, a), b), -1.0), b)
-    return ga, gb
-
-
-def _reduce_like(g, b):
-    if b.size == 1 and g.size != 1:
-        return arith.sum_all(g).reshape(b.shape)
-    return g
-
-
-def _rbinary(op):
-    def method(self, other):
-        if op == "sub":  # other - self
-            return _unary_affine(self, -1.0, float(other))
-        if op == "add":
-            return _unary_affine(self, 1.0, float(other))
-        if op == "mul":
-            return _unary_affine(self, float(other), 0.0)
-        return _binary("div")(full(self.shape, float(other), self.dtype, self.device), self)
-    return method
-
-
-def _unary_affine(x, alpha, beta):
-    out = arith.affine(x, alpha, beta)
-    if is_recording():
-        record_op("affine", out, (x,), lambda g: (arith.affine(g, alpha),))
-    return out
-
-
-def _sum(self, axis=None, keepdims=False):
-    if axis is not None:
-        return _sum_axis(self, axis, keepdims)
-    out = arith.sum_all(self)
-    if is_recording():
-        shape = self.shape
-        record_op("sum", out, (self,), lambda g: (arith.broadcast_scalar(g, shape),))
-    return out
-
-
-def _mean(self, axis=None, keepdims=False):
-    if axis is not None:
-        s = _sum_axis(self, axis, keepdims)
-        return _unary_affine(s, 1.0 / self.shape[axis], 0.0)
-    n = max(self.size, 1)
-    out = arith.sum_all(self, 1.0 / n)
-    if is_recording():
-        shape = self.shape
-        record_op("mean", out, (self,), lambda g: (arith.broadcast_scalar(g, shape, 1.0 / n),))
-    return out
-
-
-def _sum_axis(x, axis, keepdims):
-    host = x.numpy().sum(axis=axis, keepdims=keepdims)  # rarely used; not on any training hot path
-    return array(host.astype(x.dtype), device=x.device)
-
-
-def _argmax(self, axis=None):
-    host = self.numpy().argmax(axis=axis)
-    return array(host.astype(np.float32), device=self.device)
-
-
-def _install():
-    for name, op in (("__add__", "add"), ("__sub__", "sub"), ("__mul__", "mul"), ("__truediv__", "div")):
-        setattr(NDArray, name, _binary(op))
-    for name, op in (("__radd__", "add"), ("__rsub__", "sub"), ("__rmul__", "mul"), ("__rtruediv__", "div")):
-        setattr(NDArray, name, _rbinary(op))
-    NDArray.__neg__ = lambda self: _unary_affine(self, -1.0, 0.0)
-    NDArray.__eq__ = lambda self, other: arith.binary("eq", self, other) if isinstance(other, (NDArray, int, float)) \
-        else NotImplemented
-    NDArray.__hash__ = object.__hash__
-    NDArray.sum = _sum
-    NDArray.mean = _mean
-    NDArray.argmax = _argmax
-    NDArray.relu = relu
-    NDArray.softmax = softmax
-    NDArray.log_softmax = log_softmax
-
-
-_install()

@@ -1,0 +1,98 @@
+"""Layer nd: MXNet 1.x's ``nd`` namespace. Imports ops, autograd, runtime, kernels (through its modules).
+
+Every table op (``_table.py`` element-wise and reductions, ``_shape.py``, ``_index.py``, ``_linalg.py``,
+``_sort.py``) becomes an ``nd.<name>`` function and, where MXNet has one, an NDArray method, generated here from
+the registry; the hand-written layer ops (``Convolution``, ``FullyConnected``, ``Pooling``, ...) come from
+``_layers.py``. Creation functions take MXNet's ``ctx=`` and ``dtype=``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..runtime.array import NDArray
+from . import _indexing, _linalg, _shape, _sort, _table  # noqa: F401  (each registers its ops)
+from ._creation import (arange, array, empty, eye, full, linspace, ones, ones_like, zeros,  # noqa: F401
+                        zeros_like)
+from ._layers import (Activation, Convolution, Dropout, Flatten, FullyConnected, Pooling,  # noqa: F401
+                      log_softmax, pick_nll, softmax, softmax_cross_entropy, waitall)
+from ._registry import REGISTRY, Op, call, invoke  # noqa: F401
+from . import random  # noqa: E402,F401
+
+_MISSING = object()
+
+
+def _make_function(op: Op, nd_name: str):
+    names = op.params
+
+    def fn(*args, out=None, name=None, **params):
+        n = len(args) if op.arity is None else op.arity
+        if len(args) > n + len(names):
+            raise TypeError(f"{nd_name}() takes at most {n + len(names)} positional arguments "
+                            f"({', '.join(('data',) * n + names)}), got {len(args)}")
+        operands, extra = args[:n], args[n:]
+        if len(operands) < n:
+            raise TypeError(f"{nd_name}() needs {n} operand(s), got {len(operands)}")
+        for k, v in zip(names, extra):
+            if k in params:
+                raise TypeError(f"{nd_name}() got multiple values for argument {k!r}")
+            params[k] = v
+        result = invoke(op, operands, params)
+        if out is not None:
+            out[:] = result
+            return out
+        return result
+
+    fn.__name__ = fn.__qualname__ = nd_name
+    fn.__doc__ = op.doc or f"MXNet ``nd.{nd_name}`` (dnnbind table op {op.name!r}, kind {op.kind})."
+    return fn
+
+
+def _build_namespace(ns: dict) -> list:
+    made = []
+    for op in REGISTRY.values():
+        for nd_name in op.nd_names:
+            if nd_name in ns and not getattr(ns[nd_name], "_generated", False) and nd_name not in ("sum", "max",
+                                                                                                    "min", "abs"):
+                raise RuntimeError(f"nd.{nd_name} is defined twice (table op {op.name!r} and a function)")
+            fn = _make_function(op, nd_name)
+            fn._generated = True
+            ns[nd_name] = fn
+            made.append(nd_name)
+    return made
+
+
+_generated = _build_namespace(globals())
+_table._bind_names(globals())
+
+
+def save(fname, data) -> None:
+    """``nd.save``: MXNet 1.x's binary NDArray file (a list or a dict of arrays)."""
+    from .. import serialization
+    serialization.save(fname, data)
+
+
+def load(fname):
+    """``nd.load``: a list, or a dict when the file has names; arrays on the cpu."""
+    from .. import serialization
+    return serialization.load(fname)
+
+
+def load_frombuffer(buf):
+    from .. import serialization
+    return serialization.load_bytes(buf)
+
+
+def concatenate(arrays, axis=0, always_copy=True):
+    return concat(*arrays, dim=axis)  # noqa: F821  (generated)
+
+
+from . import _methods  # noqa: E402  (installs the NDArray methods and operators)
+
+_methods.install(globals())
+
+__all__ = sorted({*_generated, "arange", "array", "empty", "eye", "full", "linspace", "ones", "ones_like",
+                  "zeros", "zeros_like", "Activation", "Convolution", "Dropout", "Flatten", "FullyConnected",
+                  "Pooling", "log_softmax", "pick_nll", "softmax", "softmax_cross_entropy", "waitall", "save",
+                  "load", "load_frombuffer", "concatenate", "NDArray", "random"})
+np  # noqa: B018

@@ -1,0 +1,146 @@
+"""Layer nd: GPU lowerings shared by the table's entries. Imports runtime, ops.tensor_ops and kernels.strided.
+
+Map ops become one generated NVRTC kernel (kernels.strided.strided_map) over strided views: a broadcast input
+is read with stride 0, so no operand is ever materialized at the output's shape. Reductions go to
+cudnnReduceTensor when cuDNN takes the dtype/rank/axes, else to a generated reduction kernel. Copies through
+strides (slices on any axis, transposes, broadcast_to, writes into a slice) are the same map kernel with the
+identity expression.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..runtime.array import NDArray, empty
+from ..runtime.stream import current_stream
+
+_strided = None
+
+
+def strided():
+    global _strided
+    if _strided is None:
+        from ..kernels import strided as mod
+        _strided = mod
+    return _strided
+
+
+def contiguous_strides(shape: tuple) -> tuple:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def broadcast_strides(shape: tuple, out_shape: tuple) -> tuple:
+    """Element strides reading an array of ``shape`` (contiguous) at ``out_shape``: 0 on broadcast axes."""
+    own = contiguous_strides(shape)
+    lead = len(out_shape) - len(shape)
+    return tuple(0 if i < lead or shape[i - lead] == 1 and out_shape[i] != 1 else own[i - lead]
+                 for i in range(len(out_shape)))
+
+
+def ref(x: NDArray, strides=None, offset: int = 0):
+    return strided().Ref(x._ptr, x._dtype, contiguous_strides(x._shape) if strides is None else tuple(strides),
+                         offset)
+
+
+def map_kernel(op, args, params, shape, out_dtype, dev) -> NDArray:
+    from ._registry import scalar_expr
+    out = empty(shape, out_dtype, dev)
+    if out.size == 0:
+        return out
+    expr, mask = scalar_expr(op, args)
+    refs, scalars = [], []
+    for a, n, is_scalar in zip(args, "abcde", mask):
+        if is_scalar:
+            scalars.append(("s_" + n, _scalar_value(a, out_dtype if out_dtype.kind == "f" else None)))
+        else:
+            refs.append(ref(a, broadcast_strides(a._shape, shape)))
+    for k, v in params.items():
+        scalars.append((k, v))
+    strided().strided_map(expr, ref(out), refs, shape, scalars, stream=current_stream(dev), device=dev.index)
+    return out
+
+
+def _scalar_value(v, float_dtype):
+    if isinstance(v, (bool, np.bool_)):
+        return int(v)
+    if float_dtype is not None:
+        return float(v)
+    return int(v) if float(v) == int(v) else float(v)
+
+
+def copy_strided(src: NDArray, strides, offset, shape, out: NDArray | None = None, out_strides=None,
+                 out_offset: int = 0, dtype=None) -> NDArray:
+    """out[I] = src[offset + I . strides] for every index I of ``shape`` (a gather through strides)."""
+    if out is None:
+        out = empty(shape, dtype or src._dtype, src._device)
+    if math.prod(shape) == 0:
+        return out
+    st = strided()
+    st.strided_map("a", st.Ref(out._ptr, out._dtype, out_strides or contiguous_strides(shape), out_offset),
+                   [st.Ref(src._ptr, src._dtype, tuple(strides), offset)], tuple(shape),
+                   stream=current_stream(src._device), device=src._device.index)
+    return out
+
+
+def fill_strided(out: NDArray, value, strides, offset, shape) -> None:
+    """out[offset + I . strides] = value (a Python scalar) for every index I of ``shape``."""
+    if math.prod(shape) == 0:
+        return
+    st = strided()
+    v = float(value) if out._dtype.kind == "f" else int(value)
+    st.strided_map("s_v", st.Ref(out._ptr, out._dtype, tuple(strides), offset), [], tuple(shape), [("s_v", v)],
+                   stream=current_stream(out._device), device=out._device.index)
+
+
+# -- reductions -------------------------------------------------------------------------------------------------
+
+_CUDNN_REDUCE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "mean": "mean"}
+_FLOAT_LIB = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def reduce_kernel(op, x: NDArray, axes, out_shape, out_dtype, params) -> NDArray:
+    kind = op.reduce
+    n_out = math.prod(out_shape)
+    if x.size == 0 or not axes:
+        return _reduce_trivial(op, x, axes, out_shape, out_dtype)
+    lib_op = _CUDNN_REDUCE.get(kind) if op.map_expr == "a" and op.post_expr == "acc" else None
+    if kind == "mean":
+        lib_op = "mean"
+    if lib_op is not None and x._dtype in _FLOAT_LIB and out_dtype == x._dtype and x.ndim <= 8:
+        from ..ops import tensor_ops
+        if tensor_ops.can_reduce(lib_op, x._shape, axes, x._dtype):
+            y = tensor_ops.reduce_tensor(lib_op, x, axes)
+            return NDArray._from_ptr(y._ptr, out_shape, y._dtype, y._device, y._owner)
+    st = strided()
+    out = empty(out_shape, out_dtype, x._device)
+    scalars = []
+    post = op.post_expr
+    red = kind
+    if kind == "mean":
+        red, post = "sum", "acc * inv_n"
+        scalars.append(("inv_n", 1.0 / math.prod(x._shape[a] for a in axes)))
+    st.strided_reduce(red, ref(x), x._shape, tuple(axes), st.Ref(out._ptr, out_dtype, contiguous_strides(out_shape)),
+                      map_expr=op.map_expr, post_expr=post, scalars=scalars, stream=current_stream(x._device),
+                      device=x._device.index)
+    del n_out
+    return out
+
+
+def _reduce_trivial(op, x, axes, out_shape, out_dtype):
+    """Reductions over nothing (no axes: the identity, or a size-0 input: the op's identity value)."""
+    if not axes and x.size:
+        y = copy_strided(x, contiguous_strides(x._shape), 0, x._shape, dtype=out_dtype) if op.map_expr == "a" \
+            and op.post_expr == "acc" and op.reduce in ("sum", "prod", "max", "min", "mean") else None
+        if y is not None:
+            return NDArray._from_ptr(y._ptr, out_shape, y._dtype, y._device, y._owner)
+    # Fall back to the numpy twin on the host for these degenerate shapes (no work on the GPU to speak of).
+    host = x.numpy()
+    r = np.asarray(op.numpy(host, tuple(axes))).reshape(out_shape).astype(out_dtype)
+    from ..runtime.array import array
+    return array(r, device=x._device)

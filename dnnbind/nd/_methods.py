@@ -1,0 +1,152 @@
+"""Layer nd: NDArray's operators and methods, installed on the runtime's class (which never imports nd).
+
+Imports runtime and nd. Operators go straight to ``invoke`` with the op's record (one dict lookup less than the
+``nd.*`` functions): ``a + b`` is one table dispatch and, on the GPU, one generated kernel launch.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..runtime.array import NDArray
+from ..runtime.device import Device
+from . import _indexing, _shape, _sort
+from ._registry import REGISTRY, invoke
+
+_NO_PARAMS: dict = {}
+
+
+def _operand(other) -> bool:
+    return isinstance(other, (NDArray, numbers.Number, np.number, np.bool_, np.ndarray, list))
+
+
+def _binary(name: str, reverse: bool = False):
+    op = REGISTRY[name]
+    if reverse:
+        def method(self, other):
+            return invoke(op, (other, self), _NO_PARAMS) if _operand(other) else NotImplemented
+    else:
+        def method(self, other):
+            return invoke(op, (self, other), _NO_PARAMS) if _operand(other) else NotImplemented
+    method.__name__ = name
+    return method
+
+
+def _inplace(name: str):
+    op = REGISTRY[name]
+
+    def method(self, other):
+        result = invoke(op, (self, other), _NO_PARAMS)
+        if result.shape != self.shape:
+            raise ValueError(f"{name} in place: the result's shape {result.shape} differs from the array's "
+                             f"{self.shape} (broadcasting cannot grow an array in place)")
+        self.copy_(result)
+        return self
+    return method
+
+
+def _method(fn, nd_name):
+    def method(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    method.__name__ = nd_name
+    return method
+
+
+def _astype(self, dtype, copy: bool = True):
+    dtype = np.dtype(dtype)
+    if dtype == self.dtype and not copy:
+        return self
+    return invoke(REGISTRY["cast"], (self,), {"dtype": dtype})
+
+
+def _wait_to_read(self):
+    if self._data is None:
+        from ..runtime.stream import current_stream
+        current_stream(self._device).synchronize()
+
+
+def _iter(self):
+    if self.ndim == 0:
+        raise TypeError("iteration over a 0-d NDArray")
+    for i in range(self.shape[0]):
+        yield self[i]
+
+
+def _reduce(self):
+    return (_rebuild, (self.numpy(), self.device.kind, self.device.index))
+
+
+def _rebuild(host, kind, index):
+    from ..runtime.array import array
+    from ..runtime.device import num_gpus
+    dev = Device(kind, index) if kind == "cpu" or index < num_gpus() else Device("cpu", 0)
+    return array(host, device=dev)
+
+
+def install(ns: dict) -> None:
+    # Composite nd functions (no table entries of their own: they call table ops).
+    extra = {"reshape": _shape.reshape, "expand_dims": _shape.expand_dims, "squeeze": _shape.squeeze,
+             "flatten": _shape.flatten, "swapaxes": _shape.swapaxes, "SwapAxis": _shape.swapaxes,
+             "broadcast_like": _shape.broadcast_like, "broadcast_axis": _shape.broadcast_axis,
+             "broadcast_axes": _shape.broadcast_axis, "stack": _shape.stack, "split": _shape.split,
+             "SliceChannel": _shape.split, "tile": _shape.tile, "repeat": _shape.repeat,
+             "slice": _indexing.slice_op, "slice_axis": _indexing.slice_axis, "flip": _indexing.flip,
+             "reverse": _indexing.flip, "one_hot": _indexing.one_hot, "pick": _indexing.pick,
+             "sort": _sort.sort, "argsort": _sort.argsort, "topk": _sort.topk, "norm": norm,
+             "cast": lambda data, dtype: _astype(data, dtype), "Cast": lambda data, dtype: _astype(data, dtype),
+             "identity": lambda data: data.copy(), "stop_gradient": lambda data: data.detach(),
+             "BlockGrad": lambda data: data.detach()}
+    for k, v in extra.items():
+        ns[k] = v
+    # Operators.
+    for dunder, name in (("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "divide"),
+                         ("div", "divide"), ("mod", "modulo"), ("pow", "power")):
+        setattr(NDArray, f"__{dunder}__", _binary(name))
+        setattr(NDArray, f"__r{dunder}__", _binary(name, reverse=True))
+        setattr(NDArray, f"__i{dunder}__", _inplace(name))
+    for dunder, name in (("eq", "equal"), ("ne", "not_equal"), ("gt", "greater"), ("ge", "greater_equal"),
+                         ("lt", "lesser"), ("le", "lesser_equal")):
+        setattr(NDArray, f"__{dunder}__", _binary(name))
+    NDArray.__hash__ = object.__hash__
+    NDArray.__neg__ = lambda self: invoke(REGISTRY["negative"], (self,), _NO_PARAMS)
+    NDArray.__abs__ = lambda self: invoke(REGISTRY["abs"], (self,), _NO_PARAMS)
+    NDArray.__getitem__ = _indexing.getitem
+    NDArray.__setitem__ = _indexing.setitem
+    NDArray.__iter__ = _iter
+    NDArray.__reduce__ = _reduce
+    # Methods: every table op that declares method names, then the composites MXNet has as methods.
+    for op in REGISTRY.values():
+        for m in op.methods:
+            setattr(NDArray, m, _method(ns[op.nd_names[0]] if op.nd_names else None, m))
+    for m in ("reshape", "expand_dims", "squeeze", "swapaxes", "broadcast_like", "broadcast_axes", "split",
+              "tile", "repeat", "slice", "slice_axis", "flip", "one_hot", "pick", "sort", "argsort", "topk", "norm",
+              "relu", "sigmoid", "tanh", "exp", "log", "softmax", "log_softmax"):
+        setattr(NDArray, m, _method(ns[m], m))
+    NDArray.flatten = lambda self: _shape.flatten(self)
+    NDArray.T = property(lambda self: invoke(REGISTRY["transpose"], (self,), _NO_PARAMS))
+    NDArray.astype = _astype
+    NDArray.as_in_ctx = NDArray.as_in_context
+    NDArray.wait_to_read = _wait_to_read
+    NDArray.wait_to_write = _wait_to_read
+    NDArray.stype = property(lambda self: "default")
+    NDArray.zeros_like = lambda self: ns["zeros_like"](self)
+    NDArray.ones_like = lambda self: ns["ones_like"](self)
+    NDArray.asscalar = _asscalar
+
+
+def _asscalar(self):
+    if self.size != 1:
+        raise ValueError(f"asscalar: the array must have exactly one element, it has shape {self.shape}")
+    return self.numpy().reshape(()).item() if self.dtype.kind != "f" else self.dtype.type(self.numpy().reshape(()))
+
+
+def norm(data, ord=2, axis=None, keepdims=False):
+    """``nd.norm``: ord 2 is sqrt(sum(x*x)), ord 1 sum(|x|) (compositions: their gradients come for free)."""
+    from ._registry import call
+    if ord == 2:
+        return call("_norm2", data, axis=axis, keepdims=keepdims)
+    if ord == 1:
+        return call("sum", call("abs", data), axis=axis, keepdims=keepdims)
+    raise ValueError(f"norm: ord must be 1 or 2, got {ord!r}")

@@ -1,0 +1,387 @@
+"""Layer nd: the op registry and the one dispatch path every table op goes through.
+
+An ``Op`` is declared once (``dnnbind/nd/_table.py``): name, array inputs, shape/dtype rule, numpy twin (the cpu
+backend and the tests' oracle), GPU lowering, gradient rule written with registered ops, and its ``nd.*`` /
+NDArray method names. Three kinds share one dispatch (``invoke``):
+
+- ``map``: element-wise with numpy broadcasting. GPU: one NVRTC kernel generated from a C expression over the
+  inputs ``a, b, c`` (``kernels.strided``), or a cuDNN call where one applies (``lib``). Python scalars are
+  operands too: they become kernel arguments, never device uploads.
+- ``reduce``: over ``axis`` (int/tuple/None), ``keepdims``, ``exclude``. GPU: cudnnReduceTensor where cuDNN
+  can, else a generated reduction kernel.
+- ``func``: anything else (shape ops, linear algebra, indexing): ``check`` infers the output, ``cpu``/``gpu``
+  compute it.
+
+``invoke`` normalizes and checks the arguments (ValueError/TypeError naming the op, the argument and the
+shapes, before any library call), runs the cpu twin or the GPU lowering inside a trace scope named after the
+op, and tapes the gradient rule. Broadcast gradients are summed back to each input's shape in one place
+(``unbroadcast``), so no rule handles broadcasting itself.
+
+Imports numpy, runtime, ops, kernels, autograd and the hooks of _lib.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from typing import Callable
+
+import numpy as np
+
+from .. import autograd
+from .._lib.cfunc import TRACING
+from ..runtime.array import NDArray, empty
+from ..runtime.device import Device, as_device, default_device
+
+REGISTRY: dict[str, "Op"] = {}
+FLOAT_KINDS = "f"
+
+
+class Op:
+    """One op's declaration. See the module docstring for the kinds and _table.py for examples."""
+
+    __slots__ = ("name", "kind", "numpy", "expr", "lib", "grad", "check", "cpu", "gpu", "reduce", "map_expr",
+                 "post_expr", "ints", "out_dtype", "nd_names", "methods", "differentiable", "doc", "_exprs", "arity",
+                 "params", "same")
+
+    def __init__(self, name: str, kind: str, numpy=None, *, expr: str | None = None, lib=None, grad=None,
+                 check=None, cpu=None, gpu=None, reduce: str | None = None, map_expr: str = "a",
+                 post_expr: str = "acc", ints: bool = True, out_dtype=None, nd=None, methods=(),
+                 differentiable: bool = True, doc: str = "", arity: int = 1, params: tuple = (),
+                 same: tuple | None = None):
+        self.name, self.kind, self.numpy, self.expr, self.lib, self.grad = name, kind, numpy, expr, lib, grad
+        self.check, self.cpu, self.gpu, self.reduce = check, cpu, gpu, reduce
+        self.map_expr, self.post_expr, self.ints, self.out_dtype = map_expr, post_expr, ints, out_dtype
+        self.nd_names = (name,) if nd is None else tuple(nd)
+        self.methods, self.differentiable, self.doc = tuple(methods), differentiable, doc
+        self._exprs: dict = {}
+        # arity: leading operands (arrays, or scalars for map ops); params: positional parameters after them
+        # (nd.clip(x, 0, 1)); same: operand indices whose dtypes must agree (default: all array operands).
+        self.arity, self.params, self.same = arity, tuple(params), same
+
+    def __repr__(self) -> str:
+        return f"<nd op {self.name} ({self.kind})>"
+
+
+def register(op: Op) -> Op:
+    if op.name in REGISTRY:
+        raise ValueError(f"op {op.name!r} is registered twice")
+    REGISTRY[op.name] = op
+    return op
+
+
+# -- argument normalization -----------------------------------------------------------------------------------
+
+def _is_scalar(v) -> bool:
+    return isinstance(v, (numbers.Number, np.number, np.bool_)) and not isinstance(v, NDArray)
+
+
+def as_array(op: str, name: str, v, like: NDArray | None = None) -> NDArray:
+    """An NDArray from ``v``; numpy arrays and lists go to ``like``'s device (or the default device)."""
+    if type(v) is NDArray:
+        return v
+    if isinstance(v, NDArray):
+        return v
+    if isinstance(v, (np.ndarray, list, tuple)) or _is_scalar(v):
+        from ..runtime.array import array
+        dev = like._device if like is not None else default_device()
+        dtype = like._dtype if like is not None and not isinstance(v, np.ndarray) else None
+        try:
+            return array(v, device=dev, dtype=dtype)
+        except (ValueError, TypeError) as exc:
+            raise TypeError(f"{op}: {name} could not be made an array: {exc}") from None
+    raise TypeError(f"{op}: {name} must be an NDArray (or numpy array / number), got {type(v).__name__}")
+
+
+def same_device(op: str, arrays, names) -> Device:
+    dev = None
+    for a, n in zip(arrays, names):
+        if isinstance(a, NDArray):
+            if dev is None:
+                dev = a._device
+            elif a._device is not dev:
+                where = ", ".join(f"{m} on {x._device!r}" for x, m in zip(arrays, names) if isinstance(x, NDArray))
+                raise ValueError(f"{op}: all arrays must be on one device, got {where}; move them with "
+                                 ".as_in_context(ctx)")
+    return dev
+
+
+def broadcast_shape(op: str, shapes, names) -> tuple:
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for s in shapes:
+        for i, d in enumerate(s):
+            j = ndim - len(s) + i
+            if d != out[j]:
+                if out[j] == 1:
+                    out[j] = d
+                elif d != 1:
+                    detail = ", ".join(f"{n} {tuple(x)}" for x, n in zip(shapes, names))
+                    raise ValueError(f"{op}: shapes cannot be broadcast together: {detail}")
+    return tuple(out)
+
+
+def norm_axes(op: str, ndim: int, axis, exclude: bool = False) -> tuple:
+    """Sorted, non-negative axes; ``axis=None`` is all axes; ``exclude`` takes the complement (MXNet)."""
+    if axis is None or (isinstance(axis, (tuple, list)) and len(axis) == 0 and not exclude):
+        axes = tuple(range(ndim)) if axis is None else ()
+    else:
+        items = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+        axes = []
+        for a in items:
+            if isinstance(a, (bool, np.bool_)) or not isinstance(a, (numbers.Integral, np.integer)):
+                raise TypeError(f"{op}: axis must be an int or a tuple of ints, got {axis!r}")
+            a = int(a)
+            if not -ndim <= a < max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
+                raise ValueError(f"{op}: axis {a} is out of range for an array of {ndim} dimensions")
+            a = a % ndim if ndim else 0
+            if a in axes:
+                raise ValueError(f"{op}: axis {a} repeated in {axis!r}")
+            axes.append(a)
+        axes = tuple(sorted(axes))
+    if exclude:
+        axes = tuple(i for i in range(ndim) if i not in axes)
+    return axes
+
+
+def check_dtype(op: str, x: NDArray, name: str, floats_only: bool) -> None:
+    if floats_only and x._dtype.kind != "f":
+        raise TypeError(f"{op}: {name} must be a floating-point array, got {x._dtype}; use .astype('float32')")
+
+
+# -- dispatch -------------------------------------------------------------------------------------------------
+
+def _scope(name: str):
+    from .._lib import hooks
+    return hooks.scope(name, op=True)
+
+
+def invoke(op: Op, args: tuple, params: dict):
+    """Run ``op`` on ``args`` (arrays or, for map ops, scalars) with ``params``; tape its gradient."""
+    kind = op.kind
+    if kind == "map":
+        out, arrays = _map(op, args, params)
+    elif kind == "reduce":
+        out, arrays = _reduce(op, args[0], params)
+    else:
+        out, arrays = _func(op, args, params)
+    if op.grad is not None and autograd._tls.__dict__.get("recording"):
+        _tape(op, out, arrays, params)
+    return out
+
+
+def _tape(op: Op, out, arrays, params) -> None:
+    inputs = tuple(a if isinstance(a, NDArray) else None for a in arrays)
+    if not any(autograd.needs_grad(a) for a in inputs if a is not None):
+        return
+    shapes = tuple(a.shape if a is not None else None for a in inputs)
+
+    def backward(g):
+        grads = op.grad(g, out, *arrays, **params)
+        if not isinstance(grads, tuple):
+            grads = (grads,)
+        return tuple(None if gi is None or shape is None else unbroadcast(gi, shape)
+                     for gi, shape in zip(grads, shapes))
+
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    autograd.record_op(op.name, outs[0], inputs, backward)
+
+
+def unbroadcast(g, shape: tuple):
+    """Sum ``g`` back to ``shape`` (the gradient of a broadcast): the one place broadcasting is undone."""
+    if not isinstance(g, NDArray):
+        return g
+    if g._shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and g._shape[lead + i] != 1)
+    if axes:
+        g = invoke(REGISTRY["sum"], (g,), {"axis": axes, "keepdims": False, "exclude": False})
+    return g.reshape(shape) if g._shape != shape else g
+
+
+def _func(op: Op, args, params):
+    names = [f"data[{i}]" if op.arity is None else (_NAMES[i] if op.arity > 1 else "data") for i in range(len(args))]
+    if any(type(a) is not NDArray for a in args):
+        first = next((a for a in args if isinstance(a, NDArray)), None)
+        args = tuple(as_array(op.name, n, a, first) for a, n in zip(args, names))
+    dev = same_device(op.name, args, names) if args else as_device(params.get("ctx"))
+    meta = op.check(*args, **params) if op.check is not None else None
+    if dev.kind == "cpu":
+        if TRACING:
+            from .._lib import hooks
+            out = hooks.timed_numpy(op.name, op.cpu, meta, *args, **params)
+        else:
+            out = op.cpu(meta, *args, **params)
+    elif TRACING:
+        with _scope(op.name):
+            out = op.gpu(meta, *args, **params)
+    else:
+        out = op.gpu(meta, *args, **params)
+    return out, args
+
+
+# map ----------------------------------------------------------------------------------------------------------
+
+_NAMES = ("a", "b", "c", "d", "e")
+
+
+def _map(op: Op, args, params):
+    # Hot path first: NDArrays only, one device, one dtype, one shape (a + b inside a training step).
+    arrays = [a for a in args if type(a) is NDArray]
+    if len(arrays) == len(args) and arrays:
+        a0 = arrays[0]
+        dev, dtype, shape = a0._device, a0._dtype, a0._shape
+        simple = True
+        for a in arrays:
+            if a._device is not dev or a._dtype != dtype or a._shape != shape:
+                simple = False
+                break
+        if simple:
+            if not op.ints and dtype.kind != "f":
+                check_dtype(op.name, a0, "the input", True)
+            out_dtype = dtype if op.out_dtype is None else np.dtype(op.out_dtype(dtype))
+            return _map_run(op, args, params, shape, out_dtype, dev), args
+    return _map_general(op, args, params)
+
+
+def _map_general(op: Op, args, params):
+    names = _NAMES[:len(args)]
+    first = next((a for a in args if isinstance(a, NDArray)), None)
+    if first is None:
+        raise TypeError(f"{op.name}: at least one argument must be an NDArray, got "
+                        f"{', '.join(type(a).__name__ for a in args)}")
+    norm = []
+    for a, n in zip(args, names):
+        if isinstance(a, NDArray) or _is_scalar(a):
+            norm.append(a)
+        elif isinstance(a, (np.ndarray, list, tuple)):
+            norm.append(as_array(op.name, n, a, first))
+        else:
+            raise TypeError(f"{op.name}: {n} must be an NDArray or a number, got {type(a).__name__}")
+    arrays = [a for a in norm if isinstance(a, NDArray)]
+    dev = same_device(op.name, norm, names)
+    same = [i for i in (range(len(norm)) if op.same is None else op.same) if isinstance(norm[i], NDArray)]
+    dtype = norm[same[0]]._dtype if same else first._dtype
+    if any(norm[i]._dtype != dtype for i in same):
+        found = ", ".join(f"{names[i]} {norm[i]._dtype}" for i in same)
+        raise TypeError(f"{op.name}: operands must share a dtype, got {found}; convert one with .astype()")
+    if not op.ints:
+        check_dtype(op.name, norm[same[0]] if same else first, "the input", True)
+    shape = broadcast_shape(op.name, [a._shape for a in arrays], [n for a, n in zip(norm, names)
+                                                                   if isinstance(a, NDArray)])
+    out_dtype = dtype if op.out_dtype is None else np.dtype(op.out_dtype(dtype))
+    return _map_run(op, tuple(norm), params, shape, out_dtype, dev), tuple(norm)
+
+
+def _map_run(op: Op, args, params, shape, out_dtype, dev):
+    if dev.kind == "cpu":
+        def run():
+            vals = [a._data if isinstance(a, NDArray) else a for a in args]
+            r = np.asarray(op.numpy(*vals, **params))
+            if r.dtype != out_dtype or r.shape != shape:
+                r = np.broadcast_to(r, shape).astype(out_dtype)
+            return NDArray._from_numpy(np.ascontiguousarray(r))
+        if TRACING:
+            from .._lib import hooks
+            return hooks.timed_numpy(op.name, lambda: run())
+        return run()
+    if TRACING:
+        with _scope(op.name):
+            return _map_gpu(op, args, params, shape, out_dtype, dev)
+    return _map_gpu(op, args, params, shape, out_dtype, dev)
+
+
+def _map_gpu(op: Op, args, params, shape, out_dtype, dev):
+    from . import _lower
+    if op.lib is not None:
+        out = op.lib(args, params, shape, out_dtype, dev)
+        if out is not None:
+            return out
+    return _lower.map_kernel(op, args, params, shape, out_dtype, dev)
+
+
+def scalar_expr(op: Op, args) -> tuple[str, tuple]:
+    """The op's C expression with scalar operands renamed to kernel arguments; cached per scalar pattern."""
+    mask = tuple(not isinstance(a, NDArray) for a in args)
+    expr = op._exprs.get(mask)
+    if expr is None:
+        expr = op.expr
+        arrays_seen = 0
+        renames = {}
+        for n, is_s in zip(_NAMES, mask):
+            if is_s:
+                renames[n] = "s_" + n
+            else:
+                renames[n] = _NAMES[arrays_seen]
+                arrays_seen += 1
+        expr = re.sub(r"\b([a-e])\b", lambda m: renames.get(m.group(1), m.group(1)), expr)
+        op._exprs[mask] = expr
+    return expr, mask
+
+
+# reduce -------------------------------------------------------------------------------------------------------
+
+def _reduce(op: Op, x, params):
+    if not isinstance(x, NDArray):
+        x = as_array(op.name, "data", x)
+    axis = params.get("axis")
+    keepdims = bool(params.get("keepdims", False))
+    exclude = bool(params.get("exclude", False))
+    axes = norm_axes(op.name, x.ndim, axis, exclude)
+    if not op.ints:
+        check_dtype(op.name, x, "data", True)
+    if op.reduce in ("max", "min", "argmax", "argmin") and any(x._shape[a] == 0 for a in axes):
+        raise ValueError(f"{op.name}: cannot reduce over a size-0 axis (shape {x._shape}, axes {axes})")
+    out_shape = tuple(1 if i in axes else d for i, d in enumerate(x._shape)) if keepdims else \
+        tuple(d for i, d in enumerate(x._shape) if i not in axes)
+    if not out_shape and x.ndim:
+        out_shape = (1,)  # MXNet 1.x: a full reduction is a shape-(1,) array, never 0-d
+    out_dtype = x._dtype if op.out_dtype is None else np.dtype(op.out_dtype(x._dtype))
+    if x._device.kind == "cpu":
+        def run():
+            r = np.asarray(op.numpy(x._data, axes, **{k: v for k, v in params.items()
+                                                      if k not in ("axis", "keepdims", "exclude")}))
+            return NDArray._from_numpy(np.ascontiguousarray(r.reshape(out_shape).astype(out_dtype, copy=False)))
+        if TRACING:
+            from .._lib import hooks
+            out = hooks.timed_numpy(op.name, run)
+        else:
+            out = run()
+    else:
+        from . import _lower
+        if TRACING:
+            with _scope(op.name):
+                out = _lower.reduce_kernel(op, x, axes, out_shape, out_dtype, params)
+        else:
+            out = _lower.reduce_kernel(op, x, axes, out_shape, out_dtype, params)
+    return out, (x,)
+
+
+def reduced_size(shape: tuple, axes: tuple) -> int:
+    return math.prod(shape[a] for a in axes)
+
+
+def keepdims_shape(shape: tuple, axes: tuple) -> tuple:
+    return tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+
+def new_empty(shape, dtype, dev) -> NDArray:
+    return empty(shape, dtype, dev)
+
+
+def func(name: str, check, cpu, gpu, grad=None, *, nd=None, methods=(), arity: int | None = 1, params=(),
+         differentiable: bool = True, doc: str = "") -> Op:
+    """Register a ``func`` op: ``check(*arrays, **params) -> meta`` validates and infers (before any library
+    call); ``cpu(meta, *arrays, **params)`` / ``gpu(...)`` compute; ``grad(g, out, *arrays, **params)``."""
+    return register(Op(name, "func", check=check, cpu=cpu, gpu=gpu, grad=grad, nd=nd, methods=methods,
+                       arity=arity, params=params, differentiable=differentiable, doc=doc))
+
+
+def call(name: str, *args, **params):
+    """Invoke a registered op by name (what gradient rules and composite ops use)."""
+    return invoke(REGISTRY[name], args, params)
+
+
+Callable  # noqa: B018  (re-exported type for the table's annotations)

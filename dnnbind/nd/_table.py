@@ -1,0 +1,212 @@
+"""Layer nd: the element-wise and reduction ops, one entry each. Imports numpy and nd._registry.
+
+Adding an element-wise op is one line here: name, numpy twin, C expression over ``a, b, c`` (the GPU lowering,
+compiled by NVRTC for every dtype and broadcast pattern), gradient rule written with nd ops, and options. The
+gradient rule is ``grad(g, out, *inputs, **params)`` and returns one gradient per input (None where there is
+none); inputs may be Python scalars. Broadcasting is undone by the dispatcher, never here.
+
+MXNet 1.x semantics: results keep the input dtype (comparisons give 0/1 in that dtype); two array operands
+must share a dtype; full reductions return shape (1,); ``round`` rounds half away from zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._registry import Op, REGISTRY, keepdims_shape, norm_axes, reduced_size, register
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+_SQRT_PI_2 = 2.0 / math.sqrt(math.pi)
+
+
+def _np_round(x):
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def _np_rint(x):
+    f = np.floor(x)
+    return np.where(x - f <= 0.5, f, np.ceil(x))
+
+
+def unary(name, numpy, expr, grad, ints=False, methods=None, nd=None, differentiable=True, lib=None):
+    return register(Op(name, "map", numpy, expr=expr, grad=grad, ints=ints, lib=lib,
+                       methods=(name,) if methods is None else methods, nd=nd, differentiable=differentiable))
+
+
+def binary(name, numpy, expr, grad, nd=(), methods=(), ints=True, out_dtype=None, differentiable=True, lib=None):
+    return register(Op(name, "map", numpy, expr=expr, grad=grad, ints=ints, nd=(name, *nd), methods=methods,
+                       out_dtype=out_dtype, differentiable=differentiable, lib=lib, arity=2))
+
+
+def _zero(g, out, *inputs, **_):
+    return tuple(g * 0 if hasattr(x, "shape") else None for x in inputs)
+
+
+def _nd(x):
+    """x if it is an array operand, else None (scalar operands get no gradient)."""
+    return x if hasattr(x, "_shape") else None
+
+
+def _b(v, g_like):  # gradient term only for array operands
+    return v if hasattr(g_like, "_shape") else None
+
+
+# -- unary math ------------------------------------------------------------------------------------------------
+
+unary("exp", np.exp, "exp(a)", lambda g, y, a: g * y)
+unary("log", np.log, "log(a)", lambda g, y, a: g / a)
+unary("log2", np.log2, "log2(a)", lambda g, y, a: g / (a * math.log(2.0)))
+unary("log10", np.log10, "log10(a)", lambda g, y, a: g / (a * math.log(10.0)))
+unary("log1p", np.log1p, "log1p(a)", lambda g, y, a: g / (a + 1.0))
+unary("expm1", np.expm1, "expm1(a)", lambda g, y, a: g * (y + 1.0))
+unary("sqrt", np.sqrt, "sqrt(a)", lambda g, y, a: g * 0.5 / y)
+unary("rsqrt", lambda x: 1.0 / np.sqrt(x), "rsqrt(a)", lambda g, y, a: g * (y * y * y) * -0.5)
+unary("cbrt", np.cbrt, "cbrt(a)", lambda g, y, a: g / (y * y * 3.0))
+unary("square", np.square, "a * a", lambda g, y, a: g * a * 2, ints=True)
+unary("reciprocal", np.reciprocal, "1 / a", lambda g, y, a: -(g * y * y))
+unary("abs", np.abs, "a < 0 ? -a : a", lambda g, y, a: g * sign(a), ints=True)
+unary("sign", np.sign, "(a > 0) - (a < 0)", _zero, ints=True)
+unary("negative", np.negative, "-a", lambda g, y, a: -g, ints=True)
+unary("floor", np.floor, "floor(a)", _zero)
+unary("ceil", np.ceil, "ceil(a)", _zero)
+unary("trunc", np.trunc, "trunc(a)", _zero, nd=("trunc", "fix"))
+unary("round", _np_round, "round(a)", _zero)
+unary("rint", _np_rint, "(a - floor(a) <= 0.5 ? floor(a) : ceil(a))", _zero)
+unary("sin", np.sin, "sin(a)", lambda g, y, a: g * cos(a))
+unary("cos", np.cos, "cos(a)", lambda g, y, a: -(g * sin(a)))
+unary("tan", np.tan, "tan(a)", lambda g, y, a: g * (y * y + 1.0))
+unary("arcsin", np.arcsin, "asin(a)", lambda g, y, a: g * rsqrt(1.0 - a * a))
+unary("arccos", np.arccos, "acos(a)", lambda g, y, a: -(g * rsqrt(1.0 - a * a)))
+unary("arctan", np.arctan, "atan(a)", lambda g, y, a: g / (a * a + 1.0))
+unary("sinh", np.sinh, "sinh(a)", lambda g, y, a: g * cosh(a))
+unary("cosh", np.cosh, "cosh(a)", lambda g, y, a: g * sinh(a))
+unary("tanh", np.tanh, "tanh(a)", lambda g, y, a: g * (1.0 - y * y))
+unary("erf", lambda x: _erf(x).astype(x.dtype), "erf(a)", lambda g, y, a: g * exp(-(a * a)) * _SQRT_PI_2)
+unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), "1 / (1 + exp(-a))", lambda g, y, a: g * y * (1.0 - y))
+unary("relu", lambda x: np.maximum(x, 0), "a > 0 ? a : 0", lambda g, y, a: g * (a > 0), ints=True)
+unary("softrelu", lambda x: np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))),
+      "a > 20 ? a : log1p(exp(a))", lambda g, y, a: g * sigmoid(a))
+unary("softsign", lambda x: x / (1 + np.abs(x)), "a / (1 + (a < 0 ? -a : a))",
+      lambda g, y, a: g / square(abs(a) + 1.0))
+unary("logical_not", lambda x: (x == 0), "a == 0", _zero, ints=True)
+
+# -- binary, broadcasting (MXNet's broadcast_* and elemwise_* names, and the NDArray operators) ------------------
+
+binary("add", np.add, "a + b", lambda g, y, a, b: (g, _b(g, b)),
+       nd=("broadcast_add", "broadcast_plus", "elemwise_add", "_plus"))
+binary("subtract", np.subtract, "a - b", lambda g, y, a, b: (_b(g, a), _b(-g, b)),
+       nd=("broadcast_sub", "broadcast_minus", "elemwise_sub", "_minus"))
+binary("multiply", np.multiply, "a * b", lambda g, y, a, b: (_b(g * b, a), _b(g * a, b)),
+       nd=("broadcast_mul", "elemwise_mul", "_mul"))
+binary("divide", lambda a, b: np.divide(a, b) if np.result_type(a).kind == "f" else np.trunc(np.divide(a, b)),
+       "a / b", lambda g, y, a, b: (_b(g / b, a), _b(-(g * y) / b, b)),
+       nd=("broadcast_div", "elemwise_div", "true_divide", "_div"))
+binary("modulo", lambda a, b: np.where(np.asarray(b) == 0, 0, np.mod(a, np.where(np.asarray(b) == 0, 1, b))),
+       "(b == 0 ? 0 : a - b * floor((double)a / (double)b))",
+       lambda g, y, a, b: (_b(g, a), _b(-(g * floor(a / b)), b)), nd=("broadcast_mod", "mod", "_mod"))
+binary("power", np.power, "pow((double)a, (double)b)",
+       lambda g, y, a, b: (_b(g * b * power(a, b - 1.0), a), _b(g * y * log(a), b)),
+       nd=("broadcast_power", "pow", "_power"))
+binary("maximum", np.maximum, "a > b ? a : (b > a ? b : (a != a ? a : b))",
+       lambda g, y, a, b: (_b(g * (a >= b), a), _b(g * (a < b), b)), nd=("broadcast_maximum",))
+binary("minimum", np.minimum, "a < b ? a : (b < a ? b : (a != a ? a : b))",
+       lambda g, y, a, b: (_b(g * (a <= b), a), _b(g * (a > b), b)), nd=("broadcast_minimum",))
+binary("hypot", np.hypot, "sqrt((double)a * a + (double)b * b)",
+       lambda g, y, a, b: (_b(g * a / y, a), _b(g * b / y, b)), nd=("broadcast_hypot",))
+binary("arctan2", np.arctan2, "atan2(a, b)",
+       lambda g, y, a, b: (_b(g * b / (a * a + b * b), a), _b(-(g * a) / (a * a + b * b), b)))
+for _name, _fn, _c, _aliases in (
+        ("equal", np.equal, "a == b", ("broadcast_equal", "_equal")),
+        ("not_equal", np.not_equal, "a != b", ("broadcast_not_equal", "_not_equal")),
+        ("greater", np.greater, "a > b", ("broadcast_greater", "_greater")),
+        ("greater_equal", np.greater_equal, "a >= b", ("broadcast_greater_equal", "_greater_equal")),
+        ("lesser", np.less, "a < b", ("broadcast_lesser", "less", "_lesser")),
+        ("lesser_equal", np.less_equal, "a <= b", ("broadcast_lesser_equal", "less_equal", "_lesser_equal")),
+        ("logical_and", np.logical_and, "(a != 0) && (b != 0)", ("broadcast_logical_and",)),
+        ("logical_or", np.logical_or, "(a != 0) || (b != 0)", ("broadcast_logical_or",)),
+        ("logical_xor", np.logical_xor, "(a != 0) != (b != 0)", ("broadcast_logical_xor",))):
+    binary(_name, _fn, _c, _zero, nd=_aliases)
+
+register(Op("where", "map", lambda c, x, y: np.where(c != 0, x, y), expr="a != 0 ? b : c",
+            grad=lambda g, out, c, x, y: (None, _b(g * (c != 0), x), _b(g * (c == 0), y)),
+            arity=3, same=(1, 2), methods=()))
+register(Op("clip", "map", lambda x, a_min, a_max: np.clip(x, a_min, a_max),
+            expr="a < a_min ? a_min : (a > a_max ? a_max : a)", ints=True, methods=("clip",), params=("a_min", "a_max"),
+            grad=lambda g, y, a, a_min, a_max: g * ((a >= a_min) * (a <= a_max))))
+register(Op("smooth_l1", "map", lambda x, scalar=1.0: np.where(np.abs(x) < 1 / scalar ** 2, 0.5 * (scalar * x) ** 2,
+                                                                  np.abs(x) - 0.5 / scalar ** 2),
+            expr="(a < 0 ? -a : a) < 1 / (scalar * scalar) ? 0.5 * scalar * scalar * a * a "
+                 ": (a < 0 ? -a : a) - 0.5 / (scalar * scalar)",
+            grad=lambda g, y, a, scalar=1.0: g * clip(a * (scalar * scalar), -1.0, 1.0), params=("scalar",)))
+
+# -- reductions: axis (int/tuple/None), keepdims, exclude ----------------------------------------------------------
+
+
+def _spread(g, x, axis, keepdims, exclude):
+    """g (the reduced shape) broadcast back over x's shape: the gradient of a sum."""
+    axes = norm_axes("sum", x.ndim, axis, exclude)
+    return broadcast_to(g.reshape(keepdims_shape(x.shape, axes)), x.shape), axes
+
+
+def _sum_grad(g, y, x, axis=None, keepdims=False, exclude=False):
+    return _spread(g, x, axis, keepdims, exclude)[0]
+
+
+def _mean_grad(g, y, x, axis=None, keepdims=False, exclude=False):
+    s, axes = _spread(g, x, axis, keepdims, exclude)
+    return s * (1.0 / max(reduced_size(x.shape, axes), 1))
+
+
+def _extreme_grad(g, y, x, axis=None, keepdims=False, exclude=False):
+    axes = norm_axes("max", x.ndim, axis, exclude)
+    yb = broadcast_to(y.reshape(keepdims_shape(x.shape, axes)), x.shape)
+    return _spread(g, x, axis, keepdims, exclude)[0] * (x == yb)
+
+
+def _prod_grad(g, y, x, axis=None, keepdims=False, exclude=False):
+    axes = norm_axes("prod", x.ndim, axis, exclude)
+    yb = broadcast_to(y.reshape(keepdims_shape(x.shape, axes)), x.shape)
+    return _spread(g, x, axis, keepdims, exclude)[0] * yb / x
+
+
+def reduction(name, numpy, kind, grad, map_expr="a", post_expr="acc", out_dtype=None, ints=True, nd=None):
+    return register(Op(name, "reduce", numpy, reduce=kind, grad=grad, map_expr=map_expr, post_expr=post_expr,
+                       out_dtype=out_dtype, ints=ints, methods=(name,) if nd != () else (), nd=nd, params=("axis", "keepdims", "exclude")))
+
+
+reduction("sum", lambda x, axes: np.sum(x, axis=axes), "sum", _sum_grad, nd=("sum", "sum_axis"))
+reduction("mean", lambda x, axes: np.mean(x, axis=axes) if x.size else np.zeros(()), "mean", _mean_grad)
+reduction("prod", lambda x, axes: np.prod(x, axis=axes), "prod", _prod_grad)
+reduction("max", lambda x, axes: np.max(x, axis=axes), "max", _extreme_grad, nd=("max", "max_axis"))
+reduction("min", lambda x, axes: np.min(x, axis=axes), "min", _extreme_grad, nd=("min", "min_axis"))
+reduction("nansum", lambda x, axes: np.nansum(x, axis=axes), "sum",
+          lambda g, y, x, **k: _sum_grad(g, y, x, **k) * (x == x), map_expr="(a != a ? 0 : a)")
+reduction("_norm2", lambda x, axes: np.sqrt(np.sum(np.square(x, dtype=np.float64), axis=axes)), "sum",
+          lambda g, y, x, axis=None, keepdims=False, exclude=False:
+          _spread(g / y, x, axis, keepdims, exclude)[0] * x, map_expr="(double)a * a", post_expr="sqrt(acc)",
+          nd=())
+reduction("argmax", lambda x, axes: _arg(np.argmax, x, axes), "argmax", None, out_dtype=lambda d: np.float32)
+reduction("argmin", lambda x, axes: _arg(np.argmin, x, axes), "argmin", None, out_dtype=lambda d: np.float32)
+
+
+def _arg(fn, x, axes):
+    """numpy arg-reduction over several axes: move them last, flatten them, reduce the flat axis."""
+    if len(axes) == 1:
+        return fn(x, axis=axes[0])
+    keep = [i for i in range(x.ndim) if i not in axes]
+    moved = np.transpose(x, keep + list(axes)).reshape([x.shape[i] for i in keep] + [-1])
+    return fn(moved, axis=-1)
+
+
+# Names the rules above use; bound after the nd namespace is built (they are table ops themselves).
+def _bind_names(ns: dict) -> None:
+    for n in ("sign", "cos", "sin", "cosh", "sinh", "rsqrt", "exp", "sigmoid", "square", "abs", "power", "log",
+              "floor", "clip", "broadcast_to"):
+        globals()[n] = ns[n]
+
+
+sign = cos = sin = cosh = sinh = rsqrt = exp = sigmoid = square = abs = power = log = floor = clip = None  # noqa
+broadcast_to = None
+REGISTRY  # noqa: B018

@@ -1,0 +1,132 @@
+"""Layer nd: ``nd.random`` / ``mx.random``: one seedable random state for every dnnbind random source.
+
+Imports runtime and kernels.strided (lazily). ``seed(n)`` resets the state; every draw takes the next
+``(seed, offset)`` slice of it. On the GPU the numbers come from a counter-based generator in a generated
+kernel (they depend only on the seed and the draw's offset, so a seeded run repeats exactly and the kernels
+are graph-capturable); on the cpu from numpy's PCG64 seeded the same way. Dropout draws its seed from here too.
+Like MXNet, the cpu and GPU streams differ.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..runtime.array import NDArray, empty
+from ..runtime.device import as_device
+from ._creation import _dtype, _shape
+
+__all__ = ["seed", "uniform", "normal", "randn", "randint", "shuffle", "exponential", "poisson", "multinomial",
+           "next_seed"]
+
+_lock = threading.Lock()
+_state = {"seed": int(np.random.SeedSequence().entropy % (1 << 62)), "offset": 0, "rng": None}
+
+
+def seed(seed_state: int, ctx="all") -> None:
+    """``mx.random.seed(n)``: reset dnnbind's random state (both devices: ``ctx`` is accepted and ignored)."""
+    if not isinstance(seed_state, (int, np.integer)):
+        raise TypeError(f"random.seed: seed must be an int, got {type(seed_state).__name__}")
+    with _lock:
+        _state["seed"], _state["offset"], _state["rng"] = int(seed_state) % (1 << 62), 0, None
+
+
+def _take(n: int) -> tuple[int, int]:
+    """(seed, offset) for a draw of ``n`` numbers; the state advances past them."""
+    with _lock:
+        off = _state["offset"]
+        _state["offset"] = off + ((int(n) + 3) // 4) * 4 + 4
+        return _state["seed"], off
+
+
+def next_seed() -> int:
+    """A fresh 63-bit seed for a kernel with its own counter (dropout), from the shared state."""
+    s, off = _take(1)
+    x = (s * 0x9E3779B97F4A7C15 + off * 0xBF58476D1CE4E5B9 + 1) & ((1 << 64) - 1)
+    x ^= x >> 31
+    return x & ((1 << 62) - 1)
+
+
+def _host_rng() -> np.random.Generator:
+    with _lock:
+        if _state["rng"] is None:
+            _state["rng"] = np.random.Generator(np.random.PCG64(_state["seed"]))
+        return _state["rng"]
+
+
+def _draw(dist: str, p0, p1, shape, dtype, ctx, out) -> NDArray:
+    shape = _shape(f"random.{dist}", (1,) if shape is None or shape == () else shape)
+    dtype = _dtype(dtype)
+    dev = out.device if out is not None else as_device(ctx)
+    if dev.kind == "cpu":
+        rng = _host_rng()
+        if dist == "uniform":
+            host = rng.uniform(p0, p1, shape)
+        elif dist == "normal":
+            host = rng.normal(p0, p1, shape)
+        else:
+            host = rng.integers(int(p0), int(p1), shape)
+        r = NDArray._from_numpy(np.ascontiguousarray(host.astype(dtype)))
+    else:
+        from ..kernels import strided
+        from ..runtime.stream import current_stream
+        from ._lower import contiguous_strides
+        r = empty(shape, dtype, dev)
+        s, off = _take(r.size)
+        if r.size:
+            strided.random_fill(strided.Ref(r._ptr, dtype, contiguous_strides(shape)), r.size, dist, s, off,
+                                float(p0), float(p1), stream=current_stream(dev), device=dev.index)
+    if out is not None:
+        out[:] = r
+        return out
+    return r
+
+
+def _check_range(op, low, high):
+    if not low < high:
+        raise ValueError(f"random.{op}: low ({low}) must be less than high ({high})")
+
+
+def uniform(low=0.0, high=1.0, shape=None, dtype=None, ctx=None, out=None, **_ignored) -> NDArray:
+    _check_range("uniform", low, high)
+    return _draw("uniform", low, high, shape, dtype, ctx, out)
+
+
+def normal(loc=0.0, scale=1.0, shape=None, dtype=None, ctx=None, out=None, **_ignored) -> NDArray:
+    if scale < 0:
+        raise ValueError(f"random.normal: scale must be >= 0, got {scale}")
+    return _draw("normal", loc, scale, shape, dtype, ctx, out)
+
+
+def randn(*shape, loc=0.0, scale=1.0, dtype=None, ctx=None, **_ignored) -> NDArray:
+    return normal(loc, scale, shape or None, dtype, ctx)
+
+
+def randint(low, high, shape=None, dtype=None, ctx=None, out=None, **_ignored) -> NDArray:
+    _check_range("randint", low, high)
+    return _draw("randint", low, high, shape, dtype or "int32", ctx, out)
+
+
+def shuffle(data, **_ignored) -> NDArray:
+    """A copy of ``data`` with its first axis permuted (the permutation drawn from the shared state)."""
+    from ._registry import as_array
+    data = as_array("random.shuffle", "data", data)
+    if data.ndim == 0:
+        return data.copy()
+    perm = _host_rng().permutation(data.shape[0]).astype(np.int64)
+    from ._registry import call
+    from ..runtime.array import array
+    return call("take", data, array(perm, device=data.device), axis=0)
+
+
+def _unsupported(name):
+    def fn(*args, **kwargs):
+        raise NotImplementedError(f"nd.random.{name} is not supported by dnnbind yet")
+    fn.__name__ = name
+    return fn
+
+
+exponential = _unsupported("exponential")
+poisson = _unsupported("poisson")
+multinomial = _unsupported("multinomial")
