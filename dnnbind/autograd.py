@@ -10,8 +10,10 @@ grad_req "write", accumulated for "add".
 from __future__ import annotations
 
 import threading
+import weakref
 
-from ._lib.cfunc import TRACING
+from ._lib import hooks
+from ._lib.hooks import TRACING
 from .ops.blas import axpy, copy as copy_into
 from .runtime.array import NDArray, register_autograd, zeros
 
@@ -89,8 +91,7 @@ def record_op(name: str, output: NDArray, inputs: tuple, backward) -> NDArray:
             if x is not None and (x._node is not None or x._grad_req != "null"):
                 node = output._node = Node(backward, inputs, name)
                 if TRACING:  # keep the Block path (net.conv1) so the backward's calls are traced under it
-                    from . import trace
-                    node.scope = trace.current_path()
+                    node.scope = hooks.current_path()
                 break
     return output
 
@@ -114,29 +115,59 @@ def mark_variables(variables, gradients, grad_reqs="write") -> None:
         var._grad_req, var._grad, var._node = req, (grad if req != "null" else None), None
 
 
-_fresh: dict = {}  # id(leaf) -> leaf, leaves written by the last backward and not yet consumed
+# Leaves written by the last backward and not yet consumed by a Trainer (its stale-gradient check). Weak values:
+# a plain autograd loop without a Trainer must not keep every leaf it ever differentiated alive.
+_fresh: "weakref.WeakValueDictionary[int, NDArray]" = weakref.WeakValueDictionary()
 
 
 def is_fresh(x: NDArray) -> bool:
-    return id(x) in _fresh
+    return _fresh.get(id(x)) is x
 
 
 def clear_fresh(x: NDArray) -> None:
     _fresh.pop(id(x), None)
 
 
-def backward(heads, head_grads=None, retain_graph: bool = False) -> None:
+def backward(heads, head_grads=None, retain_graph: bool = False, train_mode: bool = True) -> None:
     """Accumulate d(sum of heads)/d(leaf) into every leaf's grad. A non-scalar head gets implicit ones."""
+    _run(heads, head_grads, retain_graph, None, False, train_mode)
+
+
+def grad(heads, variables, head_grads=None, retain_graph=None, create_graph: bool = False,
+         train_mode: bool = True):
+    """MXNet's ``autograd.grad``: the gradients of ``heads`` w.r.t. ``variables``, returned as a list (a single
+    array for a single variable) without touching any ``.grad``. ``create_graph=True`` tapes the gradient
+    computation itself, so the result can be differentiated again."""
+    single = isinstance(variables, NDArray)
+    variables = [variables] if single else list(variables)
+    for i, v in enumerate(variables):
+        if not isinstance(v, NDArray):
+            raise TypeError(f"grad: variables[{i}] must be an NDArray, got {type(v).__name__}")
+        if v._node is None and v._grad_req == "null":
+            raise ValueError(f"grad: variables[{i}] (shape {v.shape}) is not part of the recorded graph; call "
+                             "attach_grad() on it before autograd.record()")
+    if retain_graph is None:
+        retain_graph = create_graph
+    got = _run(heads, head_grads, retain_graph, variables, create_graph, train_mode)
+    out = [got.get(id(v)) if got.get(id(v)) is not None else zeros(v.shape, v.dtype, v.device) for v in variables]
+    return out[0] if single else out
+
+
+def _run(heads, head_grads, retain_graph, variables, create_graph, train_mode):
     if isinstance(heads, NDArray):
         heads, head_grads = [heads], [head_grads]
     elif head_grads is None:
         head_grads = [None] * len(heads)
+    elif isinstance(head_grads, NDArray):
+        head_grads = [head_grads]
     order, seen = [], set()
     for h in heads:
         if h._node is None and h._grad_req == "null":
             raise RuntimeError("backward: this array was not computed inside `with autograd.record():` from "
                                "arrays with attach_grad() (or Parameters); nothing to differentiate")
         _topo(h, seen, order)
+    wanted = None if variables is None else {id(v) for v in variables}
+    found: dict[int, NDArray] = {}
     # Leaves with grad_req "write" that receive exactly one gradient can have it written straight into their
     # grad buffer by the op's backward (see grad_out): no temporary, no copy (8 fewer copies per CNN step).
     uses: dict[int, int] = {}
@@ -145,37 +176,46 @@ def backward(heads, head_grads=None, retain_graph: bool = False) -> None:
             for inp in x._node.inputs:
                 if inp is not None and inp._node is None:
                     uses[id(inp)] = uses.get(id(inp), 0) + 1
-    _tls.direct = {i: x._grad for x in order if x._node is None and x._grad_req == "write"
-                   and x._grad is not None and uses.get(id(x)) == 1 for i in (id(x),)}
+    _tls.direct = {} if wanted is not None else {
+        i: x._grad for x in order if x._node is None and x._grad_req == "write" and x._grad is not None
+        and uses.get(id(x)) == 1 for i in (id(x),)}
     grads: dict[int, NDArray] = {}
-    for h, g in zip(heads, head_grads):
-        g = _ones_like(h) if g is None else (g if isinstance(g, NDArray) else _as_array(g, h))
-        _accumulate(grads, h, g)
-    for x in reversed(order):
-        g = grads.pop(id(x), None)
-        node = x._node
-        if node is None:  # a leaf
-            if g is not None and x._grad_req != "null":
-                if x._grad_req == "add":
-                    axpy(1.0, g, x._grad)
-                elif g is not x._grad:
-                    copy_into(g, x._grad)
-                _fresh[id(x)] = x
-            continue
-        if g is None:
-            continue
-        if node.scope is not None and TRACING:
-            from . import trace
-            with trace.scopes(node.scope):
+    # The gradient ops are table ops: taped only when a graph of the gradient is asked for.
+    prev = (is_recording(), is_training())
+    _tls.recording, _tls.training = bool(create_graph), bool(train_mode)
+    try:
+        for h, g in zip(heads, head_grads):
+            g = _ones_like(h) if g is None else (g if isinstance(g, NDArray) else _as_array(g, h))
+            _accumulate(grads, h, g)
+        for x in reversed(order):
+            g = grads.pop(id(x), None)
+            node = x._node
+            if wanted is not None and id(x) in wanted and g is not None:
+                found[id(x)] = g
+            if node is None:  # a leaf
+                if wanted is None and g is not None and x._grad_req != "null":
+                    if x._grad_req == "add":
+                        axpy(1.0, g, x._grad)
+                    elif g is not x._grad:
+                        copy_into(g, x._grad)
+                    _fresh[id(x)] = x
+                continue
+            if g is None:
+                continue
+            if node.scope is not None and TRACING:
+                with hooks.scopes(node.scope):
+                    in_grads = node.backward(g)
+            else:
                 in_grads = node.backward(g)
-        else:
-            in_grads = node.backward(g)
-        for inp, ig in zip(node.inputs, in_grads):
-            if ig is not None and inp is not None and (inp._node is not None or inp._grad_req != "null"):
-                _accumulate(grads, inp, ig)
-        if not retain_graph:
-            x._node = None
-    _tls.direct = None
+            for inp, ig in zip(node.inputs, in_grads):
+                if ig is not None and inp is not None and (inp._node is not None or inp._grad_req != "null"):
+                    _accumulate(grads, inp, ig)
+            if not retain_graph:
+                x._node = None
+    finally:
+        _tls.recording, _tls.training = prev
+        _tls.direct = None
+    return found
 
 
 def grad_out(x):
@@ -206,6 +246,8 @@ def _accumulate(grads, x, g):
     prev = grads.get(id(x))
     if prev is None:
         grads[id(x)] = g
+    elif is_recording():  # create_graph: the sum must be taped too
+        grads[id(x)] = prev + g
     else:
         total = prev.copy()  # never add in place: prev may alias a buffer another node still reads
         axpy(1.0, g, total)

@@ -93,7 +93,7 @@ def _slice_check(x, key=None):
 
 
 func("_basic_index", _slice_check,
-     lambda meta, x, key=None: NDArray._from_numpy(np.ascontiguousarray(x._data[key])),
+     lambda meta, x, key=None: NDArray._from_numpy(np.array(x._data[key], order="C")),
      lambda meta, x, key=None: _lower.copy_strided(x, meta[1], meta[0], meta[2]),
      lambda g, y, x, key=None: call("_basic_index_backward", g, shape=x.shape, key=key), nd=(), params=("key",))
 
@@ -268,7 +268,7 @@ def _take_cpu(meta, a, indices, axis=0, mode="clip"):
     if mode == "raise" and ((idx < -n) | (idx >= n)).any():
         raise NDIndexError(f"take: an index is out of range for axis {ax} with size {n}")
     idx = np.mod(idx, n) if mode in ("wrap", "raise") else np.clip(idx, 0, n - 1)
-    return NDArray._from_numpy(np.ascontiguousarray(np.take(a._data, idx, axis=ax)))
+    return NDArray._from_numpy(np.asarray(np.take(a._data, idx, axis=ax), order="C"))
 
 
 def _take_gpu(meta, a, indices, axis=0, mode="clip"):

@@ -54,7 +54,7 @@ def _dot_cpu(meta, a, b, transpose_a=False, transpose_b=False, **_):
     x = a._data.reshape(am)
     y = b._data.reshape(bm)
     r = (x.T if transpose_a else x) @ (y.T if transpose_b else y)
-    return NDArray._from_numpy(np.ascontiguousarray(r.reshape(shape).astype(a.dtype, copy=False)))
+    return NDArray._from_numpy(np.asarray(r.reshape(shape).astype(a.dtype, copy=False), order="C"))
 
 
 def _dot_gpu(meta, a, b, transpose_a=False, transpose_b=False, **_):
@@ -102,7 +102,7 @@ def _bdot_check(a, b, transpose_a=False, transpose_b=False, **_):
 def _bdot_cpu(meta, a, b, transpose_a=False, transpose_b=False, **_):
     x = np.swapaxes(a._data, 1, 2) if transpose_a else a._data
     y = np.swapaxes(b._data, 1, 2) if transpose_b else b._data
-    return NDArray._from_numpy(np.ascontiguousarray(np.matmul(x, y).astype(a.dtype, copy=False)))
+    return NDArray._from_numpy(np.asarray(np.matmul(x, y).astype(a.dtype, copy=False), order="C"))
 
 
 def _bdot_gpu(meta, a, b, transpose_a=False, transpose_b=False, **_):

@@ -282,7 +282,7 @@ def _map_run(op: Op, args, params, shape, out_dtype, dev):
             r = np.asarray(op.numpy(*vals, **params))
             if r.dtype != out_dtype or r.shape != shape:
                 r = np.broadcast_to(r, shape).astype(out_dtype)
-            return NDArray._from_numpy(np.ascontiguousarray(r))
+            return NDArray._from_numpy(np.asarray(r, order="C"))
         if TRACING:
             from .._lib import hooks
             return hooks.timed_numpy(op.name, lambda: run())
@@ -343,7 +343,7 @@ def _reduce(op: Op, x, params):
         def run():
             r = np.asarray(op.numpy(x._data, axes, **{k: v for k, v in params.items()
                                                       if k not in ("axis", "keepdims", "exclude")}))
-            return NDArray._from_numpy(np.ascontiguousarray(r.reshape(out_shape).astype(out_dtype, copy=False)))
+            return NDArray._from_numpy(np.asarray(r.reshape(out_shape).astype(out_dtype, copy=False), order="C"))
         if TRACING:
             from .._lib import hooks
             out = hooks.timed_numpy(op.name, run)

@@ -161,7 +161,7 @@ def _transpose_gpu(perm, x, axes=None):
     return _lower.copy_strided(x, tuple(own[p] for p in perm), 0, shape)
 
 
-func("transpose", _perm, lambda perm, x, axes=None: NDArray._from_numpy(np.ascontiguousarray(x._data.transpose(perm))),
+func("transpose", _perm, lambda perm, x, axes=None: NDArray._from_numpy(np.array(x._data.transpose(perm), order="C")),
      _transpose_gpu, lambda g, y, x, axes=None: call("transpose", g, axes=tuple(np.argsort(_perm(x, axes)))),
      methods=("transpose",), params=("axes",))
 
@@ -189,7 +189,7 @@ def _bcast_check(x, shape=None):
 
 
 func("broadcast_to", _bcast_check,
-     lambda tgt, x, **_: NDArray._from_numpy(np.ascontiguousarray(np.broadcast_to(x._data, tgt))),
+     lambda tgt, x, **_: NDArray._from_numpy(np.array(np.broadcast_to(x._data, tgt), order="C")),
      lambda tgt, x, **_: _lower.copy_strided(x, _lower.broadcast_strides(x.shape, tgt), 0, tgt),
      lambda g, y, x, **_: g, methods=("broadcast_to",), params=("shape",))
 

@@ -36,8 +36,8 @@ def _cpu(meta, x, axis=-1, k=0, is_ascend=True, ret="value", dtype="float32"):
     a, k, shape = meta
     idx = np.take(_order(x._data, a, is_ascend), np.arange(k), axis=a)
     if ret == "indices":
-        return NDArray._from_numpy(np.ascontiguousarray(idx.astype(dtype)))
-    return NDArray._from_numpy(np.ascontiguousarray(np.take_along_axis(x._data, idx, axis=a)))
+        return NDArray._from_numpy(np.asarray(idx.astype(dtype), order="C"))
+    return NDArray._from_numpy(np.asarray(np.take_along_axis(x._data, idx, axis=a), order="C"))
 
 
 def _gpu(meta, x, axis=-1, k=0, is_ascend=True, ret="value", dtype="float32"):

@@ -83,7 +83,7 @@ unary("arctan", np.arctan, "atan(a)", lambda g, y, a: g / (a * a + 1.0))
 unary("sinh", np.sinh, "sinh(a)", lambda g, y, a: g * cosh(a))
 unary("cosh", np.cosh, "cosh(a)", lambda g, y, a: g * sinh(a))
 unary("tanh", np.tanh, "tanh(a)", lambda g, y, a: g * (1.0 - y * y))
-unary("erf", lambda x: _erf(x).astype(x.dtype), "erf(a)", lambda g, y, a: g * exp(-(a * a)) * _SQRT_PI_2)
+unary("erf", lambda x: np.asarray(_erf(x), dtype=np.result_type(x)), "erf(a)", lambda g, y, a: g * exp(-(a * a)) * _SQRT_PI_2)
 unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), "1 / (1 + exp(-a))", lambda g, y, a: g * y * (1.0 - y))
 unary("relu", lambda x: np.maximum(x, 0), "a > 0 ? a : 0", lambda g, y, a: g * (a > 0), ints=True)
 unary("softrelu", lambda x: np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))),

@@ -67,7 +67,7 @@ def _draw(dist: str, p0, p1, shape, dtype, ctx, out) -> NDArray:
             host = rng.normal(p0, p1, shape)
         else:
             host = rng.integers(int(p0), int(p1), shape)
-        r = NDArray._from_numpy(np.ascontiguousarray(host.astype(dtype)))
+        r = NDArray._from_numpy(np.asarray(host.astype(dtype), order="C"))
     else:
         from ..kernels import strided
         from ..runtime.stream import current_stream

@@ -47,36 +47,6 @@ extern "C" __global__ void fill_f64(double* x, double v, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         x[i] = v;
 }
-/* Elementwise arithmetic for NDArray operators: out = a (op) b, b broadcast when b_scalar. */
-#define BINARY(T, SUF)                                                                                 \
-extern "C" __global__ void binary_##SUF(const T* a, const T* b, T* out, long long n, int op, int b_scalar) { \
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) { \
-        T x = a[i], y = b_scalar ? b[0] : b[i];                                                        \
-        T r;                                                                                           \
-        switch (op) {                                                                                  \
-            case 0: r = x + y; break;                                                                  \
-            case 1: r = x - y; break;                                                                  \
-            case 2: r = x * y; break;                                                                  \
-            case 3: r = x / y; break;                                                                  \
-            case 4: r = (T)(x == y); break;                                                            \
-            case 5: r = x > y ? x : y; break;                                                          \
-            default: r = (T)(x > y); break;                                                            \
-        }                                                                                              \
-        out[i] = r;                                                                                    \
-    }                                                                                                  \
-}                                                                                                      \
-extern "C" __global__ void affine_##SUF(const T* a, T* out, T alpha, T beta, long long n) {           \
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) \
-        out[i] = alpha * a[i] + beta;                                                                  \
-}                                                                                                      \
-extern "C" __global__ void bcast_##SUF(const T* s, T* out, T alpha, long long n) {                    \
-    T v = alpha * s[0];                                                                                \
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) \
-        out[i] = v;                                                                                    \
-}
-BINARY(float, f32)
-BINARY(double, f64)
-
 /* Inverted dropout: keep with probability 1-p, scale kept values by 1/(1-p); mask is saved for backward. */
 __device__ __forceinline__ unsigned int hash32(unsigned long long x) {
     x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;

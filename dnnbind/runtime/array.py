@@ -21,8 +21,6 @@ from .stream import current_stream
 
 _autograd = {}  # filled by dnnbind.autograd: {"backward": fn}
 
-DTYPES = (np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.bool_)
-
 
 def register_autograd(**hooks) -> None:
     _autograd.update(hooks)
@@ -347,7 +345,7 @@ def array(obj, device=None, dtype=None) -> NDArray:
         host = np.asarray(obj)
         if dtype is None and host.dtype == np.float64:
             host = host.astype(np.float32)
-    host = np.ascontiguousarray(host, dtype=dtype)
+    host = np.asarray(host, dtype=dtype, order="C")
     device = as_device(device)
     if device.kind == "cpu":
         return NDArray._from_numpy(host.copy() if host is obj else host)
