@@ -144,3 +144,33 @@ def _reduce_trivial(op, x, axes, out_shape, out_dtype):
     r = np.asarray(op.numpy(host, tuple(axes))).reshape(out_shape).astype(out_dtype)
     from ..runtime.array import array
     return array(r, device=x._device)
+
+
+# -- cudnnOpTensor for the binary ops cuDNN has (add, mul, min, max) ---------------------------------------------
+
+# NOTE: cudnnOpTensor needs A at the output's shape and only B broadcast (dims equal or 1, same rank). The ops
+# below are commutative, so a broadcast A is swapped into B's place. float16 stays on the generated kernel
+# (OpTensor's half path computes in float but rounds B's scaling differently from numpy).
+USE_CUDNN_OPTENSOR = True
+_OPTENSOR_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def optensor(cudnn_op: str):
+    def lower(args, params, shape, out_dtype, dev):
+        if not USE_CUDNN_OPTENSOR or len(args) != 2:
+            return None
+        a, b = args
+        if not (isinstance(a, NDArray) and isinstance(b, NDArray)) or a._dtype not in _OPTENSOR_DTYPES:
+            return None
+        if a._shape != shape:
+            a, b = b, a
+        if a._shape != shape or a.size == 0:
+            return None
+        bshape = (1,) * (len(shape) - b.ndim) + b._shape
+        from ..ops import tensor_ops
+        if not tensor_ops.can_op_tensor(cudnn_op, shape, bshape, a._dtype):
+            return None
+        bv = b if bshape == b._shape else NDArray._from_ptr(b._ptr, bshape, b._dtype, b._device, b._owner)
+        return tensor_ops.op_tensor(cudnn_op, a, bv)
+    lower.__name__ = f"cudnnOpTensor_{cudnn_op}"
+    return lower

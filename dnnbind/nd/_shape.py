@@ -153,12 +153,13 @@ def _perm(x, axes=None):
 
 def _transpose_gpu(perm, x, axes=None):
     shape = tuple(x.shape[p] for p in perm)
-    if x.dtype in (np.float32, np.float64) and 2 <= x.ndim <= 8 and perm != tuple(range(x.ndim)):
-        from ..ops import tensor_ops
-        if tensor_ops.can_transform(x.shape, x.dtype):
-            return tensor_ops.transpose(x, perm)
     own = _lower.contiguous_strides(x.shape)
-    return _lower.copy_strided(x, tuple(own[p] for p in perm), 0, shape)
+    strides = tuple(own[p] for p in perm)
+    if x.dtype in (np.float32, np.float64) and 2 <= x.ndim <= 8 and perm != tuple(range(x.ndim)) and x.size:
+        from ..ops import tensor_ops  # cudnnTransformTensor where cuDNN takes the layout
+        if tensor_ops.can_transform(shape, strides, x.dtype):
+            return tensor_ops.transpose(x, perm)
+    return _lower.copy_strided(x, strides, 0, shape)
 
 
 func("transpose", _perm, lambda perm, x, axes=None: NDArray._from_numpy(np.array(x._data.transpose(perm), order="C")),

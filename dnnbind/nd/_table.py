@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from ._lower import optensor
 from ._registry import Op, REGISTRY, keepdims_shape, norm_axes, reduced_size, register
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -36,7 +37,8 @@ def unary(name, numpy, expr, grad, ints=False, methods=None, nd=None, differenti
 
 
 def binary(name, numpy, expr, grad, nd=(), methods=(), ints=True, out_dtype=None, differentiable=True, lib=None):
-    return register(Op(name, "map", numpy, expr=expr, grad=grad, ints=ints, nd=(name, *nd), methods=methods,
+    return register(Op(name, "map", numpy, expr=expr, grad=grad, ints=ints,
+                       nd=() if nd == () and name.startswith("_") else (name, *nd), methods=methods,
                        out_dtype=out_dtype, differentiable=differentiable, lib=lib, arity=2))
 
 
@@ -82,24 +84,39 @@ unary("arccos", np.arccos, "acos(a)", lambda g, y, a: -(g * rsqrt(1.0 - a * a)))
 unary("arctan", np.arctan, "atan(a)", lambda g, y, a: g / (a * a + 1.0))
 unary("sinh", np.sinh, "sinh(a)", lambda g, y, a: g * cosh(a))
 unary("cosh", np.cosh, "cosh(a)", lambda g, y, a: g * sinh(a))
-unary("tanh", np.tanh, "tanh(a)", lambda g, y, a: g * (1.0 - y * y))
+unary("tanh", np.tanh, "tanh(a)", lambda g, y, a: _act_grad("tanh", g, y))
 unary("erf", lambda x: np.asarray(_erf(x), dtype=np.result_type(x)), "erf(a)", lambda g, y, a: g * exp(-(a * a)) * _SQRT_PI_2)
-unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), "1 / (1 + exp(-a))", lambda g, y, a: g * y * (1.0 - y))
-unary("relu", lambda x: np.maximum(x, 0), "a > 0 ? a : 0", lambda g, y, a: g * (a > 0), ints=True)
+unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), "1 / (1 + exp(-a))", lambda g, y, a: _act_grad("sigmoid", g, y))
+unary("relu", lambda x: np.maximum(x, 0), "a > 0 ? a : 0", lambda g, y, a: _act_grad("relu", g, y), ints=True)
 unary("softrelu", lambda x: np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))),
       "a > 20 ? a : log1p(exp(a))", lambda g, y, a: g * sigmoid(a))
 unary("softsign", lambda x: x / (1 + np.abs(x)), "a / (1 + (a < 0 ? -a : a))",
       lambda g, y, a: g / square(abs(a) + 1.0))
 unary("logical_not", lambda x: (x == 0), "a == 0", _zero, ints=True)
 
+
+# The activations' backward from their output, one kernel each (what cudnnActivationBackward does), so an eager
+# training step pays one launch per activation gradient, not two.
+def _act_grad(kind, g, y):
+    from ._registry import call
+    return call("_" + kind + "_backward", g, y)
+
+
+binary("_relu_backward", lambda g, y: np.where(y > 0, g, 0), "b > 0 ? a : 0",
+       lambda gg, out, g, y: (_b(_act_grad("relu", gg, y), g), None), nd=())
+binary("_sigmoid_backward", lambda g, y: g * y * (1 - y), "a * b * (1 - b)",
+       lambda gg, out, g, y: (_b(gg * y * (1.0 - y), g), _b(gg * g * (1.0 - y * 2.0), y)), nd=())
+binary("_tanh_backward", lambda g, y: g * (1 - y * y), "a * (1 - b * b)",
+       lambda gg, out, g, y: (_b(gg * (1.0 - y * y), g), _b(gg * g * y * -2.0, y)), nd=())
+
 # -- binary, broadcasting (MXNet's broadcast_* and elemwise_* names, and the NDArray operators) ------------------
 
 binary("add", np.add, "a + b", lambda g, y, a, b: (g, _b(g, b)),
-       nd=("broadcast_add", "broadcast_plus", "elemwise_add", "_plus"))
+       nd=("broadcast_add", "broadcast_plus", "elemwise_add", "_plus"), lib=optensor("add"))
 binary("subtract", np.subtract, "a - b", lambda g, y, a, b: (_b(g, a), _b(-g, b)),
        nd=("broadcast_sub", "broadcast_minus", "elemwise_sub", "_minus"))
 binary("multiply", np.multiply, "a * b", lambda g, y, a, b: (_b(g * b, a), _b(g * a, b)),
-       nd=("broadcast_mul", "elemwise_mul", "_mul"))
+       nd=("broadcast_mul", "elemwise_mul", "_mul"), lib=optensor("mul"))
 binary("divide", lambda a, b: np.divide(a, b) if np.result_type(a).kind == "f" else np.trunc(np.divide(a, b)),
        "a / b", lambda g, y, a, b: (_b(g / b, a), _b(-(g * y) / b, b)),
        nd=("broadcast_div", "elemwise_div", "true_divide", "_div"))
@@ -110,9 +127,11 @@ binary("power", np.power, "pow((double)a, (double)b)",
        lambda g, y, a, b: (_b(g * b * power(a, b - 1.0), a), _b(g * y * log(a), b)),
        nd=("broadcast_power", "pow", "_power"))
 binary("maximum", np.maximum, "a > b ? a : (b > a ? b : (a != a ? a : b))",
-       lambda g, y, a, b: (_b(g * (a >= b), a), _b(g * (a < b), b)), nd=("broadcast_maximum",))
+       lambda g, y, a, b: (_b(g * (a >= b), a), _b(g * (a < b), b)), nd=("broadcast_maximum",),
+       lib=optensor("max"))
 binary("minimum", np.minimum, "a < b ? a : (b < a ? b : (a != a ? a : b))",
-       lambda g, y, a, b: (_b(g * (a <= b), a), _b(g * (a > b), b)), nd=("broadcast_minimum",))
+       lambda g, y, a, b: (_b(g * (a <= b), a), _b(g * (a > b), b)), nd=("broadcast_minimum",),
+       lib=optensor("min"))
 binary("hypot", np.hypot, "sqrt((double)a * a + (double)b * b)",
        lambda g, y, a, b: (_b(g * a / y, a), _b(g * b / y, b)), nd=("broadcast_hypot",))
 binary("arctan2", np.arctan2, "atan2(a, b)",
