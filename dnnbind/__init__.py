@@ -30,3 +30,4 @@ from . import initializer as init  # noqa: E402,F401
 from . import gluon  # noqa: E402,F401
 from .ops import set_conv_algo_policy  # noqa: E402,F401
 from . import trace  # noqa: E402,F401  (dnnbind.trace() records every library call)
+from .mxnet import install_mxnet_alias  # noqa: E402,F401  (`import mxnet` -> dnnbind; python -m dnnbind.mxnet)

@@ -18,12 +18,10 @@ import re
 import threading
 from collections import OrderedDict
 
-import numpy as np
-
-from .. import nd
-from .._lib.cfunc import TRACING
-from .parameter import Parameter, ParameterDict
-from .utils import atomic_savez
+from .. import nd, serialization
+from .._lib import hooks
+from .._lib.hooks import TRACING
+from .parameter import Parameter, ParameterDict, _load_into, _read_param_file
 
 __all__ = ["Block", "HybridBlock", "SymbolBlock"]
 
@@ -184,48 +182,30 @@ class Block:
 
     # -- saving and loading -------------------------------------------------------------------------------
     def save_parameters(self, filename, deduplicate: bool = False) -> None:
-        """Save host copies of all Parameters, keyed by path, as npz; atomically (temp file + os.replace)."""
+        """Save host copies of all Parameters keyed by path (``0.weight``), in MXNet 1.x's format; atomically.
+
+        A shared Parameter is saved once, under its first path (MXNet's ``deduplicate=True``; MXNet >= 1.6
+        loads such files either way).
+        """
         params = self._collect_params_with_prefix()
-        atomic_savez(filename, {key: p._host_copy() for key, p in params.items()})
+        serialization.save(filename, {key: p._host_copy() for key, p in params.items()})
 
     save_params = save_parameters
 
     def load_parameters(self, filename, ctx=None, allow_missing: bool = False, ignore_extra: bool = False,
                         cast_dtype: bool = False, dtype_source: str = "current") -> None:
-        """Load a file of save_parameters. All mismatches are reported together in one ValueError."""
-        with np.load(os.fspath(filename), allow_pickle=False) as f:
-            loaded = {k: f[k] for k in f.files}
+        """Load a file of save_parameters (MXNet's or dnnbind's). All mismatches are reported in one ValueError.
+
+        Files keyed by prefixed names (``collect_params().save``, ``export``'s ``arg:``/``aux:``) load too: by
+        the full name, or by this Block's prefix + the name (MXNet's ``restore_prefix``).
+        """
+        loaded = _read_param_file(filename)
         params = self._collect_params_with_prefix()
         if loaded and not set(loaded) & set(params):
-            # A file keyed by prefixed names (MXNet 1.x save_params, or another prefix): map by name.
             by_name = {p.name: key for key, p in params.items()}
-            if set(loaded) & set(by_name):
-                loaded = {by_name.get(k, k): v for k, v in loaded.items()}
-        missing = [k for k in params if k not in loaded]
-        extra = [k for k in loaded if k not in params]
-        problems = []
-        if missing and not allow_missing:
-            problems.append("missing in the file (allow_missing=True skips them): " + ", ".join(missing))
-        if extra and not ignore_extra:
-            problems.append("in the file but not in this model (ignore_extra=True skips them): " + ", ".join(extra))
-        for key, p in params.items():
-            if key not in loaded:
-                continue
-            arr, shape = loaded[key], p.shape
-            if shape is not None and (len(shape) != arr.ndim or any(d and d != s for d, s in zip(shape, arr.shape))):
-                problems.append(f"shape mismatch for {key}: the model expects {shape}, the file has {arr.shape}")
-            elif arr.dtype != p.dtype and not cast_dtype:
-                problems.append(f"dtype mismatch for {key}: the model has {p.dtype.name}, the file {arr.dtype.name} "
-                                "(cast_dtype=True converts)")
-        if problems:
-            raise ValueError(f"load_parameters({os.fspath(filename)!r}) into {type(self).__name__}:\n  "
-                             + "\n  ".join(problems))
-        for key, p in params.items():
-            if key in loaded:
-                arr = loaded[key]
-                if cast_dtype and dtype_source == "saved":
-                    p.cast(arr.dtype)
-                p._load_init(arr, ctx)
+            loaded = {by_name.get(k, by_name.get(self._prefix + k, k)): v for k, v in loaded.items()}
+        _load_into(params, loaded, f"load_parameters({os.fspath(filename)!r}) into {type(self).__name__}", ctx,
+                   allow_missing, ignore_extra, cast_dtype, dtype_source)
 
     load_params = load_parameters
 
@@ -240,8 +220,7 @@ class Block:
 
     def __call__(self, *args, **kwargs):
         if TRACING:  # one list check: dnnbind.trace() is recording; name this Block's calls (net.conv1 -> ...)
-            from .. import trace
-            with trace.scope(self.__dict__.get("_trace_name") or type(self).__name__.lower()):
+            with hooks.scope(self.__dict__.get("_trace_name") or type(self).__name__.lower()):
                 return self._call(args, kwargs)
         return self._call(args, kwargs)
 

@@ -5,10 +5,14 @@ A Parameter owns one data NDArray and one gradient NDArray on one device. Shapes
 the layer that infers the shape. A Trainer may later *move* data and grad into views of its flat buffers
 (``_rebind``): everything else writes parameters in place (``set_data``, ``load_parameters``, re-init), so
 those views stay valid.
+
+Parameter files are MXNet 1.x's NDArray format (``dnnbind.serialization``), so they go both ways with MXNet;
+dnnbind's older npz files (told apart by their zip header) still load.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from collections import OrderedDict
@@ -17,6 +21,7 @@ import numpy as np
 
 from .. import autograd
 from .. import initializer as _init
+from .. import serialization
 from ..runtime.array import NDArray, array, empty, zeros
 from ..runtime.device import Device, as_device
 
@@ -287,6 +292,55 @@ class Constant(Parameter):
                          init=_init.create(lambda desc, arr: arr.copy_(value)), differentiable=False)
 
 
+def _read_param_file(filename) -> dict:
+    """name -> numpy array of a parameter file, with MXNet's ``arg:``/``aux:`` prefixes (Module, export) removed."""
+    path = os.fspath(filename)
+    with open(path, "rb") as f:
+        zipped = f.read(2) == b"PK"  # dnnbind's npz files before the MXNet format (zip); MXNet's start 0x12
+    if zipped:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    loaded = serialization.load(path)
+    if isinstance(loaded, list):
+        if not loaded:
+            return {}
+        raise ValueError(f"{path}: holds a list of {len(loaded)} arrays without names; a parameter file is a dict "
+                         "(nd.save(fname, {name: array}) or save_parameters)")
+    return {(k[4:] if k.startswith(("arg:", "aux:")) else k): (None if v is None else v.data_numpy)
+            for k, v in loaded.items()}
+
+
+def _load_into(params: dict, loaded: dict, what: str, ctx, allow_missing: bool, ignore_extra: bool,
+               cast_dtype: bool, dtype_source: str) -> None:
+    """Check ``loaded`` against ``params`` (both keyed alike), report every problem in one ValueError, then load."""
+    missing = [k for k in params if k not in loaded]
+    extra = [k for k in loaded if k not in params]
+    problems = []
+    if missing and not allow_missing:
+        problems.append("missing in the file (allow_missing=True skips them): " + ", ".join(missing))
+    if extra and not ignore_extra:
+        problems.append("in the file but not in this model (ignore_extra=True skips them): " + ", ".join(extra))
+    for key, p in params.items():
+        if key not in loaded:
+            continue
+        arr, shape = loaded[key], p.shape
+        if arr is None:
+            problems.append(f"{key} is an empty (none) array in the file")
+        elif shape is not None and (len(shape) != arr.ndim or any(d and d != s for d, s in zip(shape, arr.shape))):
+            problems.append(f"shape mismatch for {key}: the model expects {shape}, the file has {arr.shape}")
+        elif arr.dtype != p.dtype and not cast_dtype:
+            problems.append(f"dtype mismatch for {key}: the model has {p.dtype.name}, the file {arr.dtype.name} "
+                            "(cast_dtype=True converts)")
+    if problems:
+        raise ValueError(f"{what}:\n  " + "\n  ".join(problems))
+    for key, p in params.items():
+        if key in loaded:
+            arr = loaded[key]
+            if cast_dtype and dtype_source == "saved":
+                p.cast(arr.dtype)
+            p._load_init(arr, ctx)
+
+
 class ParameterDict:
     """An ordered name -> Parameter mapping (``collect_params()`` returns one keyed by structural names)."""
 
@@ -380,3 +434,28 @@ class ParameterDict:
         """Set an attribute on every Parameter, e.g. ``setattr('grad_req', 'add')``."""
         for p in self._params.values():
             setattr(p, name, value)
+
+    def save(self, filename, strip_prefix: str = "") -> None:
+        """Save every Parameter under its prefixed name minus ``strip_prefix`` (MXNet 1.x's format); atomic."""
+        arrays = {}
+        for p in self._params.values():
+            if not p.name.startswith(strip_prefix):
+                raise ValueError(f"ParameterDict.save: strip_prefix {strip_prefix!r} is not a prefix of Parameter "
+                                 f"`{p.name}` (a shared Parameter, or a child made outside name_scope())")
+            arrays[p.name[len(strip_prefix):]] = p._host_copy()
+        serialization.save(filename, arrays)
+
+    def load(self, filename, ctx=None, allow_missing: bool = False, ignore_extra: bool = False,
+             restore_prefix: str = "", cast_dtype: bool = False, dtype_source: str = "current") -> None:
+        """Load a file keyed by prefixed names (``save``, MXNet's ``export``/Module with ``arg:``/``aux:``).
+
+        ``restore_prefix`` is prepended to every name in the file, undoing ``save(strip_prefix=...)``.
+        """
+        targets = {p.name: p for p in self._params.values()}
+        bad = [name for name in targets if not name.startswith(restore_prefix)]
+        if bad:
+            raise ValueError(f"ParameterDict.load: restore_prefix {restore_prefix!r} is not a prefix of "
+                             f"Parameter `{bad[0]}`")
+        loaded = {restore_prefix + k: v for k, v in _read_param_file(filename).items()}
+        _load_into(targets, loaded, f"ParameterDict.load({os.fspath(filename)!r})", ctx, allow_missing,
+                   ignore_extra, cast_dtype, dtype_source)

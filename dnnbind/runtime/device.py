@@ -12,19 +12,47 @@ from .._lib import cudart
 
 
 class Device:
+    """A device value, interned: ``Device("gpu", 0) is Device("gpu", 0)``, so ``==`` and ``hash`` are identity.
+
+    Also MXNet's ``mx.Context`` (``dnnbind.mxnet`` aliases it): ``Device(device_type, device_id=0)``, keyword
+    spellings ``device_type=``/``device_id=``, ``Device(other_device)``, and ``"cpu_pinned"``/``"cpu_shared"``
+    meaning the cpu. There is one cpu: ``Device("cpu", i)`` is ``cpu(0)`` for every ``i``.
+    """
+
     __slots__ = ("kind", "index", "__weakref__")
     _cache: dict = {}
+    _lock = threading.Lock()
 
-    def __new__(cls, kind: str = "gpu", index: int = 0):
-        key = (kind, int(index))
-        dev = cls._cache.get(key)
+    def __new__(cls, kind="gpu", index: int = 0, device_type=None, device_id=None):
+        if device_type is not None:
+            kind = device_type
+        if device_id is not None:
+            index = device_id
+        dev = cls._cache.get((kind, index))  # the hot path: one lock-free dict lookup
         if dev is None:
-            if kind not in ("cpu", "gpu"):
-                raise ValueError(f"device kind must be 'cpu' or 'gpu', got {kind!r}")
-            dev = object.__new__(cls)
-            object.__setattr__(dev, "kind", kind)
-            object.__setattr__(dev, "index", 0 if kind == "cpu" else int(index))
-            cls._cache[key] = dev
+            dev = cls._intern(kind, index)
+        return dev
+
+    @classmethod
+    def _intern(cls, kind, index) -> Device:
+        if isinstance(kind, Device):  # MXNet's copy spelling Context(ctx); not cached (keyed by identity)
+            return kind
+        if not isinstance(kind, str) or kind not in _KINDS:
+            raise ValueError(f"device kind must be 'cpu' or 'gpu' (or MXNet's 'cpu_pinned', 'cpu_shared'), "
+                             f"got {kind!r}")
+        canon = (_KINDS[kind], 0 if _KINDS[kind] == "cpu" else int(index))
+        if canon[1] < 0:
+            raise ValueError(f"device index must be >= 0, got {index!r}")
+        # NOTE: creation is locked so two threads asking for a new device at once get the same object
+        # (identity is equality); lookups above stay lock-free because a dict read is atomic under the GIL.
+        with cls._lock:
+            dev = cls._cache.get(canon)
+            if dev is None:
+                dev = object.__new__(cls)
+                object.__setattr__(dev, "kind", canon[0])
+                object.__setattr__(dev, "index", canon[1])
+                cls._cache[canon] = dev
+            cls._cache[(kind, index)] = dev  # the caller's spelling ("cpu", 3), ("gpu", np.int64(0)) too
         return dev
 
     def __setattr__(self, name, value):
@@ -40,6 +68,7 @@ class Device:
     # MXNet spelling: ctx.device_type, ctx.device_id
     device_type = property(lambda self: self.kind)
     device_id = property(lambda self: self.index)
+    device_typeid = property(lambda self: 1 if self.kind == "cpu" else 2)  # MXNet's enum: cpu 1, gpu 2
 
     def __repr__(self) -> str:
         return "cpu(0)" if self.kind == "cpu" else f"gpu({self.index})"
@@ -63,8 +92,10 @@ class Device:
         _tls.default = _tls.stack.pop()
 
 
+_KINDS = {"cpu": "cpu", "gpu": "gpu", "cpu_pinned": "cpu", "cpu_shared": "cpu"}
 _tls = threading.local()
 _count: tuple[int, str] | None = None
+_count_lock = threading.Lock()
 
 
 def cpu(index: int = 0) -> Device:
@@ -84,7 +115,9 @@ def gpu_status() -> tuple[int, str]:
     """(count, reason there is none). Cached: the answer cannot change within a process."""
     global _count
     if _count is None:
-        _count = cudart.device_count()
+        with _count_lock:  # one cudaGetDeviceCount even when threads ask at once
+            if _count is None:
+                _count = cudart.device_count()
     return _count
 
 
@@ -111,6 +144,12 @@ def default_device() -> Device:
         dev = gpu(0) if num_gpus() > 0 else cpu()
         _tls.default = dev
     return dev
+
+
+def set_default_device(device) -> None:
+    """Make ``device`` this thread's default (what ``with device:`` does for a block); MXNet's
+    ``test_utils.set_default_context``."""
+    _tls.default = as_device(device)
 
 
 def as_device(obj) -> Device:

@@ -1,0 +1,42 @@
+"""The ``mxnet`` alias: the module ``import mxnet as mx`` gives under ``python -m dnnbind.mxnet script.py`` or
+after ``dnnbind.install_mxnet_alias()``. Layer: top (above gluon); imports runtime and _lib at import time,
+every other dnnbind module lazily, on first attribute access.
+
+``mx.nd``/``mx.ndarray``, ``mx.autograd``, ``mx.gluon``, ``mx.init``/``mx.initializer``, ``mx.metric``,
+``mx.optimizer``, ``mx.lr_scheduler`` and ``mx.random`` are dnnbind's own modules (see ``_finder.TARGETS``);
+``mx.context``, ``mx.base``, ``mx.image`` and ``mx.test_utils`` are small modules here; the namespaces dnnbind
+does not back (``mx.sym``, ``mx.mod``, ``mx.io``, ``mx.kv``, ``mx.contrib.text``, ...) import fine and raise
+NotImplementedError naming the feature on first use. ``import dnnbind.mxnet as mx`` works too, without the
+import hook.
+"""
+
+from __future__ import annotations
+
+from . import _unsupported
+from ._finder import install_mxnet_alias, uninstall_mxnet_alias
+from .base import MXNetError
+from .context import Context, cpu, cpu_pinned, current_context, gpu, num_gpus
+
+__version__ = "1.9.1"  # the MXNet release whose Python API this mirrors (what version checks compare to)
+
+__all__ = ["Context", "MXNetError", "cpu", "cpu_pinned", "current_context", "gpu", "install_mxnet_alias",
+           "num_gpus", "uninstall_mxnet_alias"]
+
+# Resolved on first access through the same table as `import mxnet.<name>`, so both give the same module.
+_LAZY = frozenset(["nd", "ndarray", "autograd", "gluon", "init", "initializer", "metric", "optimizer",
+                   "lr_scheduler", "random", "image", "test_utils"])
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from . import _finder
+        module = _finder.load(f"{_finder.ALIAS}.{name}")
+        globals()[name] = module
+        return module
+    if name in _unsupported.NAMESPACES:  # mx.sym, mx.mod, mx.io, mx.kv, mx.contrib, ...: made on first access
+        return _unsupported.install(name)
+    raise AttributeError(f"module 'mxnet' (dnnbind's alias) has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | _LAZY | {n for n in _unsupported.NAMESPACES if "." not in n})

@@ -1,0 +1,137 @@
+"""MXNet namespaces dnnbind does not back yet: importable, and the first use says so. Layer: top (the MXNet
+alias); imports nothing of dnnbind.
+
+``import mxnet.contrib.text`` and ``from mxnet.contrib import text`` succeed (d2lzh does this at import time);
+reading any attribute (``text.vocab.Vocabulary``, ``mx.sym.Variable``) raises NotImplementedError naming the
+namespace. Programs that never touch these features run; programs that do fail at the first use with a clear
+message, never with a stand-in that computes something different. ``NAMESPACES`` are top-level (registered as
+``dnnbind.mxnet.<ns>``); ``CHILDREN`` live under modules dnnbind does back (``mxnet.gluon.rnn``) and are handed
+out by the alias only while dnnbind has no module of that name.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+
+# MXNet 1.9's namespaces without a dnnbind implementation (dotted below ``mxnet``), with a hint where useful.
+NAMESPACES: dict[str, str] = {
+    "sym": "symbolic graphs; use Gluon Blocks (hybridize() is accepted and runs eagerly)",
+    "symbol": "symbolic graphs; use Gluon Blocks (hybridize() is accepted and runs eagerly)",
+    "mod": "the Module API; use gluon.Trainer",
+    "module": "the Module API; use gluon.Trainer",
+    "io": "data iterators (NDArrayIter, MNISTIter, ImageRecordIter); use gluon.data.DataLoader",
+    "kv": "kvstore; gluon.Trainer updates the parameters itself",
+    "kvstore": "kvstore; gluon.Trainer updates the parameters itself",
+    "recordio": "RecordIO files",
+    "profiler": "MXNet's profiler; use dnnbind.trace()",
+    "np": "MXNet's NumPy interface",
+    "npx": "MXNet's NumPy extensions",
+    "numpy": "MXNet's NumPy interface",
+    "numpy_extension": "MXNet's NumPy extensions",
+    "contrib": "",
+    "contrib.text": "",
+    "contrib.text.embedding": "",
+    "contrib.text.vocab": "",
+    "contrib.text.utils": "",
+    "contrib.onnx": "",
+    "contrib.amp": "",
+    "contrib.quantization": "",
+    "contrib.autograd": "use mxnet.autograd",
+    "contrib.ndarray": "",
+    "contrib.symbol": "",
+    "contrib.io": "",
+    "contrib.tensorboard": "",
+    "callback": "",
+    "model": "",
+    "rnn": "",
+    "monitor": "",
+    "operator": "custom operators",
+    "rtc": "runtime-compiled CUDA kernels",
+    "engine": "",
+    "executor": "",
+    "name": "",
+    "attribute": "",
+    "util": "",
+    "runtime": "",
+    "library": "",
+    "visualization": "",
+    "viz": "",
+    "notebook": "",
+    "log": "",
+    "registry": "",
+    "torch": "",
+}
+
+# Unbacked children of modules dnnbind does back (mxnet.gluon.rnn): served only through the alias, when the
+# dnnbind module (dnnbind.gluon.rnn) does not exist; never registered under a dnnbind name.
+CHILDREN: dict[str, str] = {
+    "gluon.model_zoo": "pretrained model definitions",
+    "gluon.model_zoo.vision": "pretrained model definitions",
+    "gluon.rnn": "recurrent layers",
+    "gluon.contrib": "",
+    "gluon.contrib.nn": "",
+    "gluon.contrib.rnn": "",
+    "gluon.contrib.estimator": "",
+    "nd.sparse": "sparse storage",
+    "ndarray.sparse": "sparse storage",
+    "nd.contrib": "",
+    "ndarray.contrib": "",
+}
+_children: dict[str, types.ModuleType] = {}
+
+
+class UnsupportedModule(types.ModuleType):
+    """A namespace whose every public attribute raises NotImplementedError (its listed children excepted)."""
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__") and attr.endswith("__"):  # introspection (hasattr(m, "__file__"), pickle, ...)
+            raise AttributeError(attr)
+        ns = self.__dict__.get("_mx_ns")
+        if ns is None:
+            raise AttributeError(attr)
+        sub = f"{ns}.{attr}"
+        if sub in NAMESPACES:
+            return install(sub)
+        if sub in CHILDREN:
+            return child(sub)
+        hint = NAMESPACES.get(ns, "") or CHILDREN.get(ns, "")
+        raise NotImplementedError(f"mxnet.{ns} is not supported by dnnbind yet (mxnet.{ns}.{attr} was used)"
+                                  + (f": {hint}" if hint else ""))
+
+
+def install(ns: str) -> types.ModuleType:
+    """The module for ``mxnet.<ns>``, made once and registered as ``dnnbind.mxnet.<ns>`` in sys.modules (with
+    its parents), so ``import`` finds it like a file-backed module."""
+    full = f"{__package__}.{ns}"
+    mod = sys.modules.get(full)
+    if mod is not None:
+        return mod
+    parent_ns, _, leaf = ns.rpartition(".")
+    parent = install(parent_ns) if parent_ns else sys.modules[__package__]
+    hint = NAMESPACES.get(ns, "")
+    mod = UnsupportedModule(full, f"mxnet.{ns}: not supported by dnnbind yet" + (f" ({hint})" if hint else "")
+                            + "; importing works, the first use raises NotImplementedError.")
+    mod._mx_ns = ns
+    mod.__path__ = []  # a package, so `import mxnet.contrib.text.embedding` can walk down to its children
+    mod.__package__ = full
+    mod.__spec__ = importlib.machinery.ModuleSpec(full, None, is_package=True)
+    sys.modules[full] = mod
+    setattr(parent, leaf, mod)
+    return mod
+
+
+def child(ns: str) -> types.ModuleType:
+    """The stand-in for ``mxnet.<ns>``, an unbacked child of a backed module (see CHILDREN), made once."""
+    mod = _children.get(ns)
+    if mod is None:
+        hint = CHILDREN.get(ns, "")
+        mod = UnsupportedModule(f"mxnet.{ns}", f"mxnet.{ns}: not supported by dnnbind yet"
+                                + (f" ({hint})" if hint else "") + "; the first use raises NotImplementedError.")
+        mod._mx_ns = ns
+        mod.__path__ = []
+        mod.__package__ = mod.__name__
+        mod.__spec__ = importlib.machinery.ModuleSpec(mod.__name__, None, is_package=True)
+        mod = _children.setdefault(ns, mod)
+    return mod
