@@ -7,7 +7,7 @@ Prototypes checked against cublas_api.h of the nvidia-cublas wheel (12.9).
 
 from __future__ import annotations
 
-from .cfunc import STATUS, Library, P, cstr, i32, size_t, vp
+from .cfunc import STATUS, Library, P, cstr, i32, i64, size_t, vp
 from .errors import CublasError
 
 CUBLAS_STATUS_SUCCESS = 0
@@ -66,6 +66,29 @@ _TABLE = {
     # cublasStatus_t cublasSscal_v2(handle, int n, const float* alpha, float* x, int incx)
     "cublasSscal_v2": (STATUS, [vp, i32, _pf, vp, i32]),
     "cublasDscal_v2": (STATUS, [vp, i32, _pf, vp, i32]),
+    # --- for ops.tensor_ops ----------------------------------------------------------------------------------
+    # cublasStatus_t cublasGetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t* mode)
+    "cublasGetPointerMode_v2": (STATUS, [vp, P(i32)]),
+    # cublasStatus_t cublasSgeam(handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+    #     const float* alpha, const float* A, int lda, const float* beta, const float* B, int ldb, float* C,
+    #     int ldc). NOTE: geam and gemmStridedBatched have no _v2 name and no handle-less twin.
+    "cublasSgeam": (STATUS, [vp, i32, i32, i32, i32, _pf, vp, i32, _pf, vp, i32, vp, i32]),
+    "cublasDgeam": (STATUS, [vp, i32, i32, i32, i32, _pf, vp, i32, _pf, vp, i32, vp, i32]),
+    # cublasStatus_t cublasSgemmStridedBatched(handle, cublasOperation_t transa, cublasOperation_t transb,
+    #     int m, int n, int k, const float* alpha, const float* A, int lda, long long int strideA,
+    #     const float* B, int ldb, long long int strideB, const float* beta, float* C, int ldc,
+    #     long long int strideC, int batchCount)
+    "cublasSgemmStridedBatched": (
+        STATUS, [vp, i32, i32, i32, i32, i32, _pf, vp, i32, i64, vp, i32, i64, _pf, vp, i32, i64, i32]),
+    "cublasDgemmStridedBatched": (
+        STATUS, [vp, i32, i32, i32, i32, i32, _pf, vp, i32, i64, vp, i32, i64, _pf, vp, i32, i64, i32]),
+    # cublasStatus_t cublasSdot_v2(handle, int n, const float* x, int incx, const float* y, int incy,
+    #     float* result). result is a host or a device pointer as the handle's pointer mode says.
+    "cublasSdot_v2": (STATUS, [vp, i32, vp, i32, vp, i32, vp]),
+    "cublasDdot_v2": (STATUS, [vp, i32, vp, i32, vp, i32, vp]),
+    # cublasStatus_t cublasSnrm2_v2(handle, int n, const float* x, int incx, float* result)
+    "cublasSnrm2_v2": (STATUS, [vp, i32, vp, i32, vp]),
+    "cublasDnrm2_v2": (STATUS, [vp, i32, vp, i32, vp]),
 }
 
 

@@ -44,6 +44,16 @@ CUDNN_SOFTMAX_FAST, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_LOG = 0, 1, 2
 CUDNN_SOFTMAX_MODE_INSTANCE, CUDNN_SOFTMAX_MODE_CHANNEL = 0, 1
 # cudnnOpTensorOp_t
 CUDNN_OP_TENSOR_ADD, CUDNN_OP_TENSOR_MUL, CUDNN_OP_TENSOR_MIN, CUDNN_OP_TENSOR_MAX = 0, 1, 2, 3
+CUDNN_OP_TENSOR_SQRT, CUDNN_OP_TENSOR_NOT = 4, 5
+# cudnnReduceTensorOp_t (cudnn_graph_v9.h)
+CUDNN_REDUCE_TENSOR_ADD, CUDNN_REDUCE_TENSOR_MUL, CUDNN_REDUCE_TENSOR_MIN, CUDNN_REDUCE_TENSOR_MAX = 0, 1, 2, 3
+CUDNN_REDUCE_TENSOR_AMAX, CUDNN_REDUCE_TENSOR_AVG, CUDNN_REDUCE_TENSOR_NORM1, CUDNN_REDUCE_TENSOR_NORM2 = 4, 5, 6, 7
+CUDNN_REDUCE_TENSOR_MUL_NO_ZEROS = 8
+# cudnnReduceTensorIndices_t / cudnnIndicesType_t (cudnn_ops_v9.h; only 32-bit indices are implemented)
+CUDNN_REDUCE_TENSOR_NO_INDICES, CUDNN_REDUCE_TENSOR_FLATTENED_INDICES = 0, 1
+CUDNN_32BIT_INDICES, CUDNN_64BIT_INDICES, CUDNN_16BIT_INDICES, CUDNN_8BIT_INDICES = 0, 1, 2, 3
+# #define CUDNN_DIM_MAX (cudnn_graph_v9.h): the most dimensions a tensor descriptor takes
+CUDNN_DIM_MAX = 8
 # libraryPropertyType
 MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL = 0, 1, 2
 
@@ -306,6 +316,42 @@ _TABLE = {
     # cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan,
     #     cudnnBackendDescriptor_t variantPack)
     "cudnnBackendExecute": (STATUS, [vp, vp, vp]),
+    # --- N-d tensor ops (ops.tensor_ops), cudnn_ops_v9.h -----------------------------------------------------
+    # cudnnStatus_t cudnnGetTensorNdDescriptor(const cudnnTensorDescriptor_t tensorDesc, int nbDimsRequested,
+    #     cudnnDataType_t *dataType, int *nbDims, int dimA[], int strideA[])
+    "cudnnGetTensorNdDescriptor": (STATUS, [vp, i32, _pi, _pi, _pi, _pi]),
+    # cudnnStatus_t cudnnTransformTensor(handle, const void *alpha, xDesc, const void *x, const void *beta,
+    #     yDesc, void *y)
+    "cudnnTransformTensor": (STATUS, [vp, vp, vp, vp, vp, vp, vp]),
+    # cudnnStatus_t cudnnSetTensor(handle, const cudnnTensorDescriptor_t yDesc, void *y, const void *valuePtr)
+    "cudnnSetTensor": (STATUS, [vp, vp, vp, vp]),
+    # cudnnStatus_t cudnnScaleTensor(handle, const cudnnTensorDescriptor_t yDesc, void *y, const void *alpha)
+    "cudnnScaleTensor": (STATUS, [vp, vp, vp, vp]),
+    # cudnnStatus_t cudnnGetOpTensorDescriptor(const cudnnOpTensorDescriptor_t opTensorDesc,
+    #     cudnnOpTensorOp_t *opTensorOp, cudnnDataType_t *opTensorCompType, cudnnNanPropagation_t *opTensorNanOpt)
+    "cudnnGetOpTensorDescriptor": (STATUS, [vp, _pi, _pi, _pi]),
+    # cudnnStatus_t cudnnCreateReduceTensorDescriptor(cudnnReduceTensorDescriptor_t *reduceTensorDesc)
+    "cudnnCreateReduceTensorDescriptor": (STATUS, [P(vp)]),
+    # cudnnStatus_t cudnnSetReduceTensorDescriptor(desc, cudnnReduceTensorOp_t reduceTensorOp,
+    #     cudnnDataType_t reduceTensorCompType, cudnnNanPropagation_t reduceTensorNanOpt,
+    #     cudnnReduceTensorIndices_t reduceTensorIndices, cudnnIndicesType_t reduceTensorIndicesType)
+    "cudnnSetReduceTensorDescriptor": (STATUS, [vp, i32, i32, i32, i32, i32]),
+    # cudnnStatus_t cudnnGetReduceTensorDescriptor(const desc, cudnnReduceTensorOp_t *reduceTensorOp,
+    #     cudnnDataType_t *reduceTensorCompType, cudnnNanPropagation_t *reduceTensorNanOpt,
+    #     cudnnReduceTensorIndices_t *reduceTensorIndices, cudnnIndicesType_t *reduceTensorIndicesType)
+    "cudnnGetReduceTensorDescriptor": (STATUS, [vp, _pi, _pi, _pi, _pi, _pi]),
+    # cudnnStatus_t cudnnDestroyReduceTensorDescriptor(cudnnReduceTensorDescriptor_t reduceTensorDesc)
+    "cudnnDestroyReduceTensorDescriptor": (STATUS, [vp]),
+    # cudnnStatus_t cudnnGetReductionIndicesSize(handle, const cudnnReduceTensorDescriptor_t reduceTensorDesc,
+    #     const cudnnTensorDescriptor_t aDesc, const cudnnTensorDescriptor_t cDesc, size_t *sizeInBytes)
+    "cudnnGetReductionIndicesSize": (STATUS, [vp, vp, vp, vp, P(size_t)]),
+    # cudnnStatus_t cudnnGetReductionWorkspaceSize(handle, const cudnnReduceTensorDescriptor_t reduceTensorDesc,
+    #     const cudnnTensorDescriptor_t aDesc, const cudnnTensorDescriptor_t cDesc, size_t *sizeInBytes)
+    "cudnnGetReductionWorkspaceSize": (STATUS, [vp, vp, vp, vp, P(size_t)]),
+    # cudnnStatus_t cudnnReduceTensor(handle, const cudnnReduceTensorDescriptor_t reduceTensorDesc,
+    #     void *indices, size_t indicesSizeInBytes, void *workspace, size_t workspaceSizeInBytes,
+    #     const void *alpha, aDesc, const void *A, const void *beta, cDesc, void *C)
+    "cudnnReduceTensor": (STATUS, [vp, vp, vp, size_t, vp, size_t, vp, vp, vp, vp, vp, vp]),
 }
 
 

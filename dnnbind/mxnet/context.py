@@ -3,7 +3,7 @@
 ``Context`` *is* ``dnnbind.Device`` (interned values), so arrays, Parameters and user code share one class:
 ``isinstance(x.context, mx.Context)`` holds, ``mx.gpu(0) == Context("gpu", 0)`` and ``hash`` agree, and
 ``with mx.gpu(1):`` makes it the default device for the block. ``repr`` is MXNet's (``gpu(0)``, ``cpu(0)``);
-``str`` stays dnnbind's short form (``gpu:0``, ``cpu``) used in messages. There is one cpu: ``cpu(i)`` is
+``str`` and ``repr`` are MXNet's (``gpu(0)``, ``cpu(0)``). There is one cpu: ``cpu(i)`` is
 ``cpu(0)``, and MXNet's ``cpu_pinned``/``cpu_shared`` contexts are the cpu.
 
 Unlike MXNet, whose default context is always ``cpu(0)``, dnnbind's default is ``gpu(0)`` when a GPU is

@@ -10,6 +10,7 @@ identity expression.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -112,7 +113,8 @@ def reduce_kernel(op, x: NDArray, axes, out_shape, out_dtype, params) -> NDArray
     lib_op = _CUDNN_REDUCE.get(kind) if op.map_expr == "a" and op.post_expr == "acc" else None
     if kind == "mean":
         lib_op = "mean"
-    if lib_op is not None and x._dtype in _FLOAT_LIB and out_dtype == x._dtype and x.ndim <= 8:
+    if USE_CUDNN_REDUCE and lib_op is not None and x._dtype in _FLOAT_LIB and out_dtype == x._dtype \
+            and x.ndim <= 8:
         from ..ops import tensor_ops
         if tensor_ops.can_reduce(lib_op, x._shape, axes, x._dtype):
             y = tensor_ops.reduce_tensor(lib_op, x, axes)
@@ -151,7 +153,10 @@ def _reduce_trivial(op, x, axes, out_shape, out_dtype):
 # NOTE: cudnnOpTensor needs A at the output's shape and only B broadcast (dims equal or 1, same rank). The ops
 # below are commutative, so a broadcast A is swapped into B's place. float16 stays on the generated kernel
 # (OpTensor's half path computes in float but rounds B's scaling differently from numpy).
-USE_CUDNN_OPTENSOR = True
+# Which library the table prefers where both a cuDNN call and a generated kernel can do an op: "cudnn" (the
+# default: cudnnOpTensor / cudnnReduceTensor) or "nvrtc". scripts/bench_nd.py times both in one process.
+USE_CUDNN_OPTENSOR = os.environ.get("DNNBIND_ND_LIBRARY", "cudnn") != "nvrtc"
+USE_CUDNN_REDUCE = USE_CUDNN_OPTENSOR
 _OPTENSOR_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 

@@ -134,6 +134,26 @@ def install(ns: dict) -> None:
     NDArray.zeros_like = lambda self: ns["zeros_like"](self)
     NDArray.ones_like = lambda self: ns["ones_like"](self)
     NDArray.asscalar = _asscalar
+    NDArray.asnumpy = _asnumpy
+
+
+class HostArray(np.ndarray):
+    """What ``NDArray.asnumpy()`` returns: a numpy array that, like numpy < 1.25 did, converts to a Python
+    number when it has one element. NOTE: MXNet 1.x's full reductions have shape (1,), and its users' code
+    formats them directly (d2l: ``'loss %f' % l.mean().asnumpy()``), which numpy 2 refuses for 1-d arrays."""
+
+    def __float__(self):
+        return float(self.reshape(()).view(np.ndarray)) if self.size == 1 else float(self.view(np.ndarray))
+
+    def __int__(self):
+        return int(self.reshape(()).view(np.ndarray)) if self.size == 1 else int(self.view(np.ndarray))
+
+    def __index__(self):
+        return int(self) if self.size == 1 and self.dtype.kind in "iub" else self.view(np.ndarray).__index__()
+
+
+def _asnumpy(self):
+    return self.numpy().view(HostArray)
 
 
 def _asscalar(self):

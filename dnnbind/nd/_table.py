@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from .. import autograd
 from ._lower import optensor
 from ._registry import Op, REGISTRY, keepdims_shape, norm_axes, reduced_size, register
 
@@ -51,8 +52,9 @@ def _nd(x):
     return x if hasattr(x, "_shape") else None
 
 
-def _b(v, g_like):  # gradient term only for array operands
-    return v if hasattr(g_like, "_shape") else None
+def _b(x, term):
+    """The gradient term ``term()`` for operand x, computed only when x is an array that needs a gradient."""
+    return term() if hasattr(x, "_shape") and autograd.needs_grad(x) else None
 
 
 # -- unary math ------------------------------------------------------------------------------------------------
@@ -103,39 +105,39 @@ def _act_grad(kind, g, y):
 
 
 binary("_relu_backward", lambda g, y: np.where(y > 0, g, 0), "b > 0 ? a : 0",
-       lambda gg, out, g, y: (_b(_act_grad("relu", gg, y), g), None), nd=())
+       lambda gg, out, g, y: (_b(g, lambda: _act_grad("relu", gg, y)), None), nd=())
 binary("_sigmoid_backward", lambda g, y: g * y * (1 - y), "a * b * (1 - b)",
-       lambda gg, out, g, y: (_b(gg * y * (1.0 - y), g), _b(gg * g * (1.0 - y * 2.0), y)), nd=())
+       lambda gg, out, g, y: (_b(g, lambda: gg * y * (1.0 - y)), _b(y, lambda: gg * g * (1.0 - y * 2.0))), nd=())
 binary("_tanh_backward", lambda g, y: g * (1 - y * y), "a * (1 - b * b)",
-       lambda gg, out, g, y: (_b(gg * (1.0 - y * y), g), _b(gg * g * y * -2.0, y)), nd=())
+       lambda gg, out, g, y: (_b(g, lambda: gg * (1.0 - y * y)), _b(y, lambda: gg * g * y * -2.0)), nd=())
 
 # -- binary, broadcasting (MXNet's broadcast_* and elemwise_* names, and the NDArray operators) ------------------
 
-binary("add", np.add, "a + b", lambda g, y, a, b: (g, _b(g, b)),
+binary("add", np.add, "a + b", lambda g, y, a, b: (g, _b(b, lambda: g)),
        nd=("broadcast_add", "broadcast_plus", "elemwise_add", "_plus"), lib=optensor("add"))
-binary("subtract", np.subtract, "a - b", lambda g, y, a, b: (_b(g, a), _b(-g, b)),
+binary("subtract", np.subtract, "a - b", lambda g, y, a, b: (_b(a, lambda: g), _b(b, lambda: -g)),
        nd=("broadcast_sub", "broadcast_minus", "elemwise_sub", "_minus"))
-binary("multiply", np.multiply, "a * b", lambda g, y, a, b: (_b(g * b, a), _b(g * a, b)),
+binary("multiply", np.multiply, "a * b", lambda g, y, a, b: (_b(a, lambda: g * b), _b(b, lambda: g * a)),
        nd=("broadcast_mul", "elemwise_mul", "_mul"), lib=optensor("mul"))
 binary("divide", lambda a, b: np.divide(a, b) if np.result_type(a).kind == "f" else np.trunc(np.divide(a, b)),
-       "a / b", lambda g, y, a, b: (_b(g / b, a), _b(-(g * y) / b, b)),
+       "a / b", lambda g, y, a, b: (_b(a, lambda: g / b), _b(b, lambda: -(g * y) / b)),
        nd=("broadcast_div", "elemwise_div", "true_divide", "_div"))
 binary("modulo", lambda a, b: np.where(np.asarray(b) == 0, 0, np.mod(a, np.where(np.asarray(b) == 0, 1, b))),
        "(b == 0 ? 0 : a - b * floor((double)a / (double)b))",
-       lambda g, y, a, b: (_b(g, a), _b(-(g * floor(a / b)), b)), nd=("broadcast_mod", "mod", "_mod"))
+       lambda g, y, a, b: (_b(a, lambda: g), _b(b, lambda: -(g * floor(a / b)))), nd=("broadcast_mod", "mod", "_mod"))
 binary("power", np.power, "pow((double)a, (double)b)",
-       lambda g, y, a, b: (_b(g * b * power(a, b - 1.0), a), _b(g * y * log(a), b)),
+       lambda g, y, a, b: (_b(a, lambda: g * b * power(a, b - 1.0)), _b(b, lambda: g * y * log(a))),
        nd=("broadcast_power", "pow", "_power"))
 binary("maximum", np.maximum, "a > b ? a : (b > a ? b : (a != a ? a : b))",
-       lambda g, y, a, b: (_b(g * (a >= b), a), _b(g * (a < b), b)), nd=("broadcast_maximum",),
+       lambda g, y, a, b: (_b(a, lambda: g * (a >= b)), _b(b, lambda: g * (a < b))), nd=("broadcast_maximum",),
        lib=optensor("max"))
 binary("minimum", np.minimum, "a < b ? a : (b < a ? b : (a != a ? a : b))",
-       lambda g, y, a, b: (_b(g * (a <= b), a), _b(g * (a > b), b)), nd=("broadcast_minimum",),
+       lambda g, y, a, b: (_b(a, lambda: g * (a <= b)), _b(b, lambda: g * (a > b))), nd=("broadcast_minimum",),
        lib=optensor("min"))
 binary("hypot", np.hypot, "sqrt((double)a * a + (double)b * b)",
-       lambda g, y, a, b: (_b(g * a / y, a), _b(g * b / y, b)), nd=("broadcast_hypot",))
+       lambda g, y, a, b: (_b(a, lambda: g * a / y), _b(b, lambda: g * b / y)), nd=("broadcast_hypot",))
 binary("arctan2", np.arctan2, "atan2(a, b)",
-       lambda g, y, a, b: (_b(g * b / (a * a + b * b), a), _b(-(g * a) / (a * a + b * b), b)))
+       lambda g, y, a, b: (_b(a, lambda: g * b / (a * a + b * b)), _b(b, lambda: -(g * a) / (a * a + b * b))))
 for _name, _fn, _c, _aliases in (
         ("equal", np.equal, "a == b", ("broadcast_equal", "_equal")),
         ("not_equal", np.not_equal, "a != b", ("broadcast_not_equal", "_not_equal")),
@@ -149,7 +151,7 @@ for _name, _fn, _c, _aliases in (
     binary(_name, _fn, _c, _zero, nd=_aliases)
 
 register(Op("where", "map", lambda c, x, y: np.where(c != 0, x, y), expr="a != 0 ? b : c",
-            grad=lambda g, out, c, x, y: (None, _b(g * (c != 0), x), _b(g * (c == 0), y)),
+            grad=lambda g, out, c, x, y: (None, _b(x, lambda: g * (c != 0)), _b(y, lambda: g * (c == 0))),
             arity=3, same=(1, 2), methods=()))
 register(Op("clip", "map", lambda x, a_min, a_max: np.clip(x, a_min, a_max),
             expr="a < a_min ? a_min : (a > a_max ? a_max : a)", ints=True, methods=("clip",), params=("a_min", "a_max"),

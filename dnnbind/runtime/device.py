@@ -73,8 +73,7 @@ class Device:
     def __repr__(self) -> str:
         return "cpu(0)" if self.kind == "cpu" else f"gpu({self.index})"
 
-    def __str__(self) -> str:
-        return "cpu" if self.kind == "cpu" else f"gpu:{self.index}"
+    __str__ = __repr__  # MXNet prints a context as gpu(0) / cpu(0) (d2l's "training on gpu(0)")
 
     def activate(self) -> None:
         if self.kind == "gpu" and getattr(_tls, "current", None) != self.index:

@@ -1,0 +1,149 @@
+"""Layer 2 (ops): the cuBLAS "tensor" calls the nd op table lowers to: geam (2-d transpose/add), strided-batched
+gemm (batch_dot), a 2-d matmul with ``out=``, dot and nrm2 with results left in device memory. Row-major on top
+of column-major cuBLAS (see ops/blas.py). Imports _lib, runtime and ops (tensor_ops' checks and tables).
+
+Split from ops/tensor_ops.py (the cuDNN half), which re-exports these names.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from .._lib import cublas
+from .._lib.errors import CublasError
+from ..runtime.array import NDArray, empty
+from . import _check
+from . import descriptors as D
+from ._common import blas, with_context
+from .blas import gemm_into
+from .tensor_ops import _BATCHED, _DOT, _GEAM, _NRM2, BLAS_FLOATS, INT_MAX, C, _arrays, _out, _real, scale_tensor
+
+
+def _ints(op: str, **dims) -> None:
+    big = {k: v for k, v in dims.items() if v > INT_MAX}
+    if big:
+        raise ValueError(f"{op}: {big} exceed cuBLAS's int range (2**31 - 1)")
+
+
+def _matrix(op: str, name: str, a: NDArray, ndim: int, trans: bool) -> tuple:
+    if a.ndim != ndim:
+        raise ValueError(f"{op}: {name} must have {ndim} dims, got shape {a._shape}")
+    return a._shape[:-2] + a._shape[:-3:-1] if trans else a._shape
+
+
+def geam(a: NDArray, b: NDArray | None = None, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+         trans_b: bool = False, out: NDArray | None = None) -> NDArray:
+    """out = alpha op(a) + beta op(b) for 2-d row-major arrays (cublasSgeam/Dgeam); b None (beta 0) makes
+    ``geam(a, trans_a=True)`` a transpose in one call. out may be a (or b) only where its op is no transpose."""
+    dtype = _arrays("geam", BLAS_FLOATS, a=a, b=b, out=out)
+    trans_a, trans_b = _check._flag("geam", "trans_a", trans_a), _check._flag("geam", "trans_b", trans_b)
+    alpha, beta = _real("geam", "alpha", alpha), _real("geam", "beta", beta)
+    m, n = _matrix("geam", "a", a, 2, trans_a)
+    if b is None:
+        if beta != 0:
+            raise ValueError(f"geam: beta={beta} needs b; pass b or beta=0")
+        b, trans_b = a, trans_a  # NOTE: cuBLAS needs a valid B; with beta 0 it contributes nothing
+    elif _matrix("geam", "b", b, 2, trans_b) != (m, n):
+        raise ValueError(f"geam: op(a) is {(m, n)} but op(b) is {_matrix('geam', 'b', b, 2, trans_b)} "
+                         f"(a {a._shape}, b {b._shape}, trans_a={trans_a}, trans_b={trans_b})")
+    if out is None:
+        out = empty((m, n), dtype, a._device)
+    elif out._shape != (m, n):
+        raise ValueError(f"geam: out has shape {out._shape}; expected {(m, n)}")
+    if (out._ptr == a._ptr and trans_a) or (out._ptr == b._ptr and trans_b):
+        raise ValueError("geam: out may share memory with a or b only where that operand is not transposed")
+    if out.size == 0:
+        return out
+    lda, ldb = (m if trans_a else n), (m if trans_b else n)
+    try:
+        getattr(C, _GEAM[dtype])(blas(a), int(trans_a), int(trans_b), n, m, D.scalar_ptr(alpha, dtype), a._ptr,
+                                 lda, D.scalar_ptr(beta, dtype), b._ptr, ldb, out._ptr, n)
+    except CublasError as exc:
+        raise with_context(exc, op="geam", a=a._shape, b=b._shape, trans_a=trans_a, trans_b=trans_b) from None
+    return out
+
+
+def gemm_strided_batched(a: NDArray, b: NDArray, trans_a: bool = False, trans_b: bool = False,
+                         alpha: float = 1.0, beta: float = 0.0, out: NDArray | None = None) -> NDArray:
+    """batch_dot: out[i] = alpha op(a[i]) @ op(b[i]) + beta out[i], a (B, M, K) or (B, K, M) if trans_a,
+    b (B, K, N) or (B, N, K) if trans_b, out (B, M, N), row-major (cublasSgemmStridedBatched/Dgemm...)."""
+    dtype = _arrays("gemm_strided_batched", BLAS_FLOATS, a=a, b=b, out=out)
+    op = "gemm_strided_batched"
+    trans_a, trans_b = _check._flag(op, "trans_a", trans_a), _check._flag(op, "trans_b", trans_b)
+    alpha, beta = _real(op, "alpha", alpha), _real(op, "beta", beta)
+    batch, m, k = _matrix(op, "a", a, 3, trans_a)
+    batch_b, kb, n = _matrix(op, "b", b, 3, trans_b)
+    if batch_b != batch or kb != k:
+        raise ValueError(f"{op}: op(a) is {(batch, m, k)} but op(b) is {(batch_b, kb, n)} (a {a._shape}, "
+                         f"b {b._shape}, trans_a={trans_a}, trans_b={trans_b}); batch and inner dims must agree")
+    out = _out(op, out, (batch, m, n), dtype, a._device, beta)
+    _ints(op, m=m, n=n, k=k, batch=batch)
+    if out.size == 0:
+        return out
+    if k == 0:  # nothing to multiply: out = beta out
+        return scale_tensor(out, beta) if beta != 0 else out.zero_()
+    lda, ldb = (m if trans_a else k), (k if trans_b else n)
+    try:  # column-major C^T = op(B)^T op(A)^T: operands swap places, each keeps its flag
+        getattr(C, _BATCHED[dtype])(blas(a), int(trans_b), int(trans_a), n, m, k, D.scalar_ptr(alpha, dtype),
+                                    b._ptr, ldb, k * n, a._ptr, lda, m * k, D.scalar_ptr(beta, dtype), out._ptr,
+                                    n, m * n, batch)
+    except CublasError as exc:
+        raise with_context(exc, op=op, a=a._shape, b=b._shape, trans_a=trans_a, trans_b=trans_b) from None
+    return out
+
+
+def matmul2d(a: NDArray, b: NDArray, trans_a: bool = False, trans_b: bool = False, out: NDArray | None = None,
+             alpha: float = 1.0, beta: float = 0.0) -> NDArray:
+    """out = alpha op(a) @ op(b) + beta out for 2-d row-major arrays: (M, K) x (K, N) -> (M, N) (Sgemm/Dgemm).
+    nd.dot of any ranks reshapes to this: (..., K) x (K, ...) is (prod(...), K) x (K, prod(...))."""
+    dtype = _arrays("matmul2d", BLAS_FLOATS, a=a, b=b, out=out)
+    m, n, k = _check.gemm_params("matmul2d", a._shape, b._shape, None, trans_a, trans_b)
+    alpha, beta = _real("matmul2d", "alpha", alpha), _real("matmul2d", "beta", beta)
+    out = _out("matmul2d", out, (m, n), dtype, a._device, beta)
+    _ints("matmul2d", m=m, n=n, k=k)
+    if out.size == 0:
+        return out
+    try:
+        gemm_into(blas(a), a._ptr, b._ptr, out._ptr, m, n, k, bool(trans_a), bool(trans_b), alpha, beta, dtype)
+    except CublasError as exc:
+        raise with_context(exc, op="matmul2d", a=a._shape, b=b._shape, trans_a=trans_a, trans_b=trans_b) from None
+    return out
+
+
+def _device_result(op: str, x: NDArray, fn_name: str, args: tuple, out: NDArray | None) -> NDArray:
+    """Run a cuBLAS reduction whose result goes to device memory (no host synchronization)."""
+    if out is None:
+        out = empty((1,), x._dtype, x._device)
+    elif out.size != 1:
+        raise ValueError(f"{op}: out must have one element, got shape {out._shape}")
+    if x.size == 0:
+        return out.zero_()
+    h = blas(x)
+    mode = ctypes.c_int()
+    # NOTE: the handle is shared with calls passing host alpha/beta: switch it to device mode for this call
+    # only, and restore it even if the call fails. A recorded step replays the two Set calls in order.
+    C.cublasGetPointerMode_v2(h, ctypes.byref(mode))
+    C.cublasSetPointerMode_v2(h, cublas.CUBLAS_POINTER_MODE_DEVICE)
+    try:
+        getattr(C, fn_name)(h, *args, out._ptr)
+    except CublasError as exc:
+        raise with_context(exc, op=op, x=x._shape) from None
+    finally:
+        C.cublasSetPointerMode_v2(h, mode.value)
+    return out
+
+
+def dot(x: NDArray, y: NDArray, out: NDArray | None = None) -> NDArray:
+    """sum(x * y) over all elements into a 1-element device array (cublasSdot_v2/Ddot_v2, device result)."""
+    dtype = _arrays("dot", BLAS_FLOATS, x=x, y=y, out=out)
+    if x.size != y.size:
+        raise ValueError(f"dot: x {x._shape} and y {y._shape} have different sizes")
+    _ints("dot", n=x.size)
+    return _device_result("dot", x, _DOT[dtype], (x.size, x._ptr, 1, y._ptr, 1), out)
+
+
+def nrm2(x: NDArray, out: NDArray | None = None) -> NDArray:
+    """sqrt(sum(x**2)) over all elements into a 1-element device array (cublasSnrm2_v2/Dnrm2_v2)."""
+    dtype = _arrays("nrm2", BLAS_FLOATS, x=x, out=out)
+    _ints("nrm2", n=x.size)
+    return _device_result("nrm2", x, _NRM2[dtype], (x.size, x._ptr, 1), out)

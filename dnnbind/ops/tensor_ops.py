@@ -1,0 +1,563 @@
+"""Layer 2 (ops): N-d cuDNN tensor descriptors and the cuDNN/cuBLAS "tensor" calls the nd op table lowers to.
+Imports _lib, runtime and ops (descriptors, _common, _check, blas).
+
+GPU NDArrays only (C-contiguous); the op table keeps the numpy twins and validates op-level input, these
+helpers validate again (TypeError/ValueError naming the function and shapes) before any library call.
+
+NOTE: shapes are made canonical before they reach cuDNN: size-1 dims are dropped and neighbouring dims that
+behave alike (both broadcast or both full in ``b``, both reduced or both kept, strides that chain) are merged.
+The memory and the result are the same, flattened reduction indices included, and ranks shrink under cuDNN's
+limits (OpTensor/AddTensor: 5 dims; descriptors: CUDNN_DIM_MAX = 8). What is still beyond a limit raises
+NotImplementedError; ``can_op_tensor``/``can_reduce``/``can_transform``/``can_add_tensor`` say so up front, so
+the table can route to its NVRTC kernel instead. cuDNN descriptors get at least 4 dims (older cuDNN wants
+nbDims >= 3 or 4): shorter ranks are padded with trailing 1s, so (N, C) meets cuDNN as (N, C, 1, 1).
+NOTE: cuDNN's OpTensor/ReduceTensor/Transform have no TF32 path; cuBLAS follows the handle's math mode,
+which runtime.handles keeps in step with dnnbind's (strict FP32 unless ``set_math_mode("tf32")``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import operator
+import threading
+
+import numpy as np
+
+from .._lib import cublas, cudnn
+from .._lib.errors import CublasError, CudnnError
+from ..runtime.array import NDArray, empty
+from ..runtime.memory import D2D, DeviceBuffer, memcpy
+from ..runtime.stream import current_stream
+from . import _check
+from . import descriptors as D
+from ._common import blas, dnn, with_context, workspace
+
+L, C = cudnn.lib, cublas.lib
+F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
+DNN_FLOATS, BLAS_FLOATS = (F32, F64, F16), (F32, F64)
+INT_MAX = 2**31 - 1  # cuDNN dims/strides are int and a descriptor holds < 2**31 elements (9.28: NOT_SUPPORTED)
+MIN_DIMS, MAX_DIMS = 4, cudnn.CUDNN_DIM_MAX
+OP_TENSOR_MAX_DIMS = 5  # cuDNN docs: OpTensor and AddTensor support tensors of up to 5 dims
+REDUCE_MAX_DIMS = MAX_DIMS
+
+OP_TENSOR_OPS = {"add": cudnn.CUDNN_OP_TENSOR_ADD, "mul": cudnn.CUDNN_OP_TENSOR_MUL,
+                 "min": cudnn.CUDNN_OP_TENSOR_MIN, "max": cudnn.CUDNN_OP_TENSOR_MAX,
+                 "sqrt": cudnn.CUDNN_OP_TENSOR_SQRT, "not": cudnn.CUDNN_OP_TENSOR_NOT}
+UNARY_OPS = ("sqrt", "not")
+REDUCE_OPS = {"sum": cudnn.CUDNN_REDUCE_TENSOR_ADD, "prod": cudnn.CUDNN_REDUCE_TENSOR_MUL,
+              "min": cudnn.CUDNN_REDUCE_TENSOR_MIN, "max": cudnn.CUDNN_REDUCE_TENSOR_MAX,
+              "amax": cudnn.CUDNN_REDUCE_TENSOR_AMAX, "mean": cudnn.CUDNN_REDUCE_TENSOR_AVG,
+              "norm1": cudnn.CUDNN_REDUCE_TENSOR_NORM1, "norm2": cudnn.CUDNN_REDUCE_TENSOR_NORM2}
+INDEX_OPS = ("min", "max")  # cuDNN computes indices for MIN and MAX only
+_EMPTY_IDENTITY = {"sum": 0.0, "norm1": 0.0, "norm2": 0.0, "prod": 1.0, "mean": math.nan}
+_GEAM = {F32: "cublasSgeam", F64: "cublasDgeam"}
+_BATCHED = {F32: "cublasSgemmStridedBatched", F64: "cublasDgemmStridedBatched"}
+_DOT = {F32: "cublasSdot_v2", F64: "cublasDdot_v2"}
+_NRM2 = {F32: "cublasSnrm2_v2", F64: "cublasDnrm2_v2"}
+
+
+# -- descriptors -----------------------------------------------------------------------------------------------
+class TensorNdDesc(D._Descriptor):
+    """cudnnSetTensorNdDescriptor with 4..8 dims; ``dims``/``strides`` are what cuDNN was given."""
+    _create, _destroy = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
+    __slots__ = ("dims", "strides")
+
+    def __init__(self, dims: tuple, strides: tuple, dtype):
+        super().__init__()
+        n = len(dims)
+        L.cudnnSetTensorNdDescriptor(self, D.cudnn_dtype("tensor_nd", dtype), n, (ctypes.c_int * n)(*dims),
+                                     (ctypes.c_int * n)(*strides))
+        self.dims, self.strides = dims, strides
+
+
+class OpTensorDesc(D._Descriptor):
+    _create, _destroy = "cudnnCreateOpTensorDescriptor", "cudnnDestroyOpTensorDescriptor"
+    __slots__ = ()
+
+    def __init__(self, op: str, dtype):
+        super().__init__()
+        # NOTE: compute type FLOAT for float32 and float16 data (cuDNN's table), DOUBLE only for double.
+        L.cudnnSetOpTensorDescriptor(self, OP_TENSOR_OPS[op], _compute(dtype), cudnn.CUDNN_PROPAGATE_NAN)
+
+
+class ReduceDesc(D._Descriptor):
+    _create, _destroy = "cudnnCreateReduceTensorDescriptor", "cudnnDestroyReduceTensorDescriptor"
+    __slots__ = ()
+
+    def __init__(self, op: str, dtype, indices: bool):
+        super().__init__()
+        flag = cudnn.CUDNN_REDUCE_TENSOR_FLATTENED_INDICES if indices else cudnn.CUDNN_REDUCE_TENSOR_NO_INDICES
+        L.cudnnSetReduceTensorDescriptor(self, REDUCE_OPS[op], _compute(dtype), cudnn.CUDNN_PROPAGATE_NAN, flag,
+                                         cudnn.CUDNN_32BIT_INDICES)
+
+
+def _compute(dtype) -> int:
+    return cudnn.CUDNN_DATA_DOUBLE if dtype == F64 else cudnn.CUDNN_DATA_FLOAT
+
+
+CACHE_CAP = 4096  # descriptors kept; a run touches a few hundred keys
+_descs: dict = {}
+_lock = threading.Lock()
+
+
+def _cached(key, make):
+    """Lock-free lookup; creation and insertion under a lock. Over the cap the oldest quarter is dropped
+    (dicts keep insertion order). A dropped descriptor is destroyed only when nothing uses it any more: calls
+    and recorded steps hold the Python object itself (weakref.finalize in descriptors._Descriptor)."""
+    d = _descs.get(key)
+    if d is None:
+        with _lock:
+            d = _descs.get(key)
+            if d is None:
+                d = make()
+                if len(_descs) >= CACHE_CAP:
+                    for old in list(_descs)[:CACHE_CAP // 4]:
+                        _descs.pop(old, None)
+                _descs[key] = d
+    return d
+
+
+def tensor_nd(shape, dtype, strides=None) -> TensorNdDesc:
+    """The cuDNN descriptor of an array of ``shape`` (rank 0..8) read with element ``strides`` (default
+    C-contiguous); ranks under 4 are padded with trailing 1s. Cached by key, thread-safe, bounded."""
+    try:
+        d = _descs.get(("t", shape, dtype, strides))  # hot path: internal callers pass normalized keys
+    except TypeError:  # a list shape: normalize below
+        d = None
+    if d is not None:
+        return d
+    shape, strides, dtype = _layout("tensor_nd", shape, strides, dtype)
+    pad = max(MIN_DIMS - len(shape), 0)
+    dims, padded = shape + (1,) * pad, strides + (1,) * pad
+    key = ("t", shape, dtype, None if strides == _contiguous(shape) else strides)
+    return _cached(key, lambda: TensorNdDesc(dims, padded, dtype))
+
+
+def _layout(op: str, shape, strides, dtype):
+    try:
+        shape = tuple(operator.index(s) for s in shape)
+        strides = None if strides is None else tuple(operator.index(s) for s in strides)
+    except TypeError:
+        raise TypeError(f"{op}: shape and strides must be sequences of ints, got shape {shape!r}, "
+                        f"strides {strides!r}") from None
+    if len(shape) > MAX_DIMS:
+        raise ValueError(f"{op}: shape {shape} has {len(shape)} dims; cuDNN descriptors take at most {MAX_DIMS}")
+    if any(d < 1 for d in shape):
+        raise ValueError(f"{op}: shape {shape} has an empty or negative dim; cuDNN takes dims >= 1 (skip the "
+                         "call for empty arrays)")
+    if strides is None:
+        strides = _contiguous(shape)
+    elif len(strides) != len(shape):
+        raise ValueError(f"{op}: strides {strides} do not match shape {shape}")
+    elif any(s == 0 and d > 1 for d, s in zip(shape, strides)):
+        raise ValueError(f"{op}: strides {strides} for shape {shape}: cuDNN takes a zero stride only on a dim "
+                         "of 1 (no broadcast reads)")
+    if math.prod(shape) > INT_MAX or _span(shape, strides) > INT_MAX:
+        raise ValueError(f"{op}: shape {shape} strides {strides} reach past 2**31 - 1 elements, cuDNN's limit")
+    D.cudnn_dtype(op, dtype)  # raises TypeError naming the op
+    return shape, strides, np.dtype(dtype)
+
+
+def _span(shape: tuple, strides: tuple) -> int:
+    return sum((d - 1) * abs(s) for d, s in zip(shape, strides))
+
+
+def _contiguous(shape: tuple) -> tuple:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def _op_desc(op: str, dtype) -> OpTensorDesc:
+    return _cached(("o", op, dtype), lambda: OpTensorDesc(op, dtype))
+
+
+def _reduce_desc(op: str, dtype, indices: bool) -> ReduceDesc:
+    return _cached(("r", op, dtype, indices), lambda: ReduceDesc(op, dtype, indices))
+
+
+# -- argument checks -------------------------------------------------------------------------------------------
+def _arrays(op: str, allowed: tuple, **arrays) -> np.dtype:
+    """All given arrays (None skipped) are GPU NDArrays on one device with one dtype from ``allowed``."""
+    device = None
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        if not isinstance(a, NDArray):
+            raise TypeError(f"{op}: {name} must be a dnnbind NDArray on a GPU, got {type(a).__name__}")
+        if a._data is not None:
+            raise TypeError(f"{op}: {name} {a._shape} lives on the cpu; {op} takes GPU arrays")
+        if device is None:
+            device = a._device
+        elif a._device is not device:
+            raise ValueError(f"{op}: arrays on different devices: "
+                             + ", ".join(f"{k} on {v._device}" for k, v in arrays.items() if v is not None))
+    return _check.check_dtype(op, allowed, **arrays)
+
+
+def _real(op: str, name: str, value) -> float:
+    return value if type(value) is float else _check.scalar(op, name, value)
+
+
+def _out(op: str, out, shape: tuple, dtype, device, beta: float, also=None) -> NDArray:
+    if out is None:
+        if beta != 0:
+            raise ValueError(f"{op}: beta={beta} blends into out, so it needs out; pass out or beta=0")
+        return empty(shape, dtype, device)
+    if out._shape != shape and out._shape != also:
+        expected = f"{shape}" + (f" or {also}" if also is not None else "")
+        raise ValueError(f"{op}: out has shape {out._shape}; expected {expected}")
+    return out
+
+
+def _broadcast_check(op: str, b_shape: tuple, shape: tuple, names=("b", "a")) -> None:
+    if len(b_shape) != len(shape) or any(db != d and db != 1 for db, d in zip(b_shape, shape)):
+        raise ValueError(f"{op}: {names[0]} {b_shape} does not broadcast to {names[1]} {shape}: cuDNN needs the "
+                         f"same rank and each {names[0]} dim equal to {names[1]}'s or 1 (swap the operands or "
+                         "reshape first)")
+
+
+def _normalize_axes(op: str, axes, ndim: int) -> tuple:
+    if axes is None:
+        return tuple(range(ndim))
+    items = (axes,) if isinstance(axes, (int, np.integer)) else axes
+    try:
+        norm = tuple(operator.index(a) for a in items)
+    except TypeError:
+        raise TypeError(f"{op}: axes must be an int, a sequence of ints or None, got {axes!r}") from None
+    if any(not -ndim <= a < ndim for a in norm):
+        raise ValueError(f"{op}: axes {axes} out of range for an array of {ndim} dims")
+    norm = tuple(sorted(a % ndim for a in norm))
+    if len(set(norm)) != len(norm):
+        raise ValueError(f"{op}: repeated axis in {axes}")
+    return norm
+
+
+# -- canonical shapes (see the module NOTE) --------------------------------------------------------------------
+def _merge(shape: tuple, kinds) -> list:
+    """[(size, kind)]: size-1 dims dropped, neighbours of the same kind multiplied together."""
+    out = []
+    for d, k in zip(shape, kinds):
+        if d == 1:
+            continue
+        if out and out[-1][1] == k:
+            out[-1] = (out[-1][0] * d, k)
+        else:
+            out.append((d, k))
+    return out
+
+
+def _broadcast_layout(shape: tuple, b_shape: tuple) -> tuple[tuple, tuple]:
+    merged = _merge(shape, [db != 1 for db in b_shape])
+    return tuple(d for d, _ in merged), tuple(d if full else 1 for d, full in merged)
+
+
+def _reduce_layout(shape: tuple, axes: tuple) -> tuple[tuple, tuple]:
+    merged = _merge(shape, [i in axes for i in range(len(shape))])
+    return tuple(d for d, _ in merged), tuple(1 if red else d for d, red in merged)
+
+
+def _strided_layout(shape: tuple, strides: tuple) -> tuple[tuple, tuple]:
+    dims, st = [], []
+    for d, s in zip(shape, strides):
+        if d == 1:
+            continue
+        if dims and st[-1] == s * d:  # the outer dim steps exactly over this one: one longer dim
+            dims[-1] *= d
+            st[-1] = s
+        else:
+            dims.append(d)
+            st.append(s)
+    return tuple(dims), tuple(st)
+
+
+def _rank(dims: tuple) -> int:
+    return max(len(dims), MIN_DIMS)
+
+
+def _fits(op: str, dims: tuple, limit: int, what: str) -> None:
+    """NotImplementedError (the table's cue to use its NVRTC kernel) when cuDNN cannot take these dims."""
+    if _rank(dims) > limit or math.prod(dims) > INT_MAX:
+        raise NotImplementedError(f"{op}: {what} needs {len(dims)} dims after merging (cuDNN takes at most "
+                                  f"{limit}) or more than 2**31 - 1 elements")
+
+
+# -- what cuDNN takes ------------------------------------------------------------------------------------------
+def can_op_tensor(op: str, a_shape, b_shape, dtype) -> bool:
+    """True when ``op_tensor(op, a, b)`` runs in cuDNN for these shapes (b broadcast to a) and dtype."""
+    a_shape, b_shape = tuple(a_shape), tuple(a_shape if b_shape is None else b_shape)
+    if op not in OP_TENSOR_OPS or np.dtype(dtype) not in DNN_FLOATS or len(a_shape) != len(b_shape) \
+            or any(db != d and db != 1 for db, d in zip(b_shape, a_shape)) or math.prod(a_shape) > INT_MAX:
+        return False
+    return _rank(_broadcast_layout(a_shape, b_shape)[0]) <= OP_TENSOR_MAX_DIMS
+
+
+def can_add_tensor(b_shape, y_shape, dtype) -> bool:
+    """True when ``add_tensor_nd(b, y)`` runs in cuDNN (same rule as OpTensor: merged rank <= 5)."""
+    return can_op_tensor("add", y_shape, b_shape, dtype)
+
+
+def can_reduce(op: str, shape, axes, dtype, indices: bool = False) -> bool:
+    """True when ``reduce_tensor(op, x, axes, indices=...)`` runs in cuDNN for an x of ``shape``."""
+    shape = tuple(shape)
+    if op not in REDUCE_OPS or np.dtype(dtype) not in DNN_FLOATS or (indices and op not in INDEX_OPS) \
+            or math.prod(shape) > INT_MAX:
+        return False
+    axes = _normalize_axes("can_reduce", axes, len(shape))
+    return _rank(_reduce_layout(shape, axes)[0]) <= REDUCE_MAX_DIMS
+
+
+def can_transform(shape, strides, dtype) -> bool:
+    """True when cuDNN can copy an array of ``shape`` read with element ``strides`` into a contiguous one.
+    Negative strides work (cuDNN 9.19, H100); zero strides (broadcast reads) on dims > 1 do not."""
+    shape, strides = tuple(shape), tuple(strides)
+    if np.dtype(dtype) not in DNN_FLOATS or len(shape) != len(strides) or any(s == 0 and d > 1 for d, s in
+                                                                             zip(shape, strides)) \
+            or math.prod(shape) > INT_MAX or _span(shape, strides) > INT_MAX:
+        return False
+    return _rank(_strided_layout(shape, strides)[0]) <= MAX_DIMS
+
+
+# -- cuDNN calls -----------------------------------------------------------------------------------------------
+def op_tensor(op: str, a: NDArray, b: NDArray | None = None, out: NDArray | None = None, alpha1: float = 1.0,
+              alpha2: float = 1.0, beta: float = 0.0) -> NDArray:
+    """out = op(alpha1 a, alpha2 b) + beta out (cudnnOpTensor); b broadcast to a's shape (dims equal or 1).
+    op: add, mul, min, max, or the unary sqrt, not (b ignored: ``not`` is cuDNN's 1 - a). out may be a."""
+    if op not in OP_TENSOR_OPS:
+        raise ValueError(f"op_tensor: op must be one of {tuple(OP_TENSOR_OPS)}, got {op!r}")
+    unary = op in UNARY_OPS
+    if b is None and not unary:
+        raise ValueError(f"op_tensor: {op} needs b")
+    dtype = _arrays("op_tensor", DNN_FLOATS, a=a, b=None if unary else b, out=out)
+    alpha1, alpha2, beta = (_real("op_tensor", n, v) for n, v in (("alpha1", alpha1), ("alpha2", alpha2),
+                                                                      ("beta", beta)))
+    b = a if unary else b
+    _broadcast_check("op_tensor", b._shape, a._shape)
+    out = _out("op_tensor", out, a._shape, dtype, a._device, beta)
+    if a.size == 0:
+        return out
+    a_dims, b_dims = _broadcast_layout(a._shape, b._shape)
+    _fits("op_tensor", a_dims, OP_TENSOR_MAX_DIMS, f"a {a._shape} with b {b._shape}")
+    ad = tensor_nd(a_dims, dtype)
+    try:
+        L.cudnnOpTensor(dnn(a), _op_desc(op, dtype), D.scalar_ptr(alpha1, dtype), ad, a._ptr,
+                        D.scalar_ptr(alpha2, dtype), tensor_nd(b_dims, dtype), b._ptr, D.scalar_ptr(beta, dtype),
+                        ad, out._ptr)
+    except CudnnError as exc:
+        raise with_context(exc, op=f"op_tensor({op})", a=a._shape, b=b._shape, dtype=dtype.name) from None
+    return out
+
+
+def add_tensor_nd(b: NDArray, y: NDArray, alpha: float = 1.0, beta: float = 1.0) -> NDArray:
+    """y = alpha b + beta y in place (cudnnAddTensor), b broadcast to y (same rank, dims equal or 1)."""
+    dtype = _arrays("add_tensor_nd", DNN_FLOATS, b=b, y=y)
+    alpha, beta = _real("add_tensor_nd", "alpha", alpha), _real("add_tensor_nd", "beta", beta)
+    _broadcast_check("add_tensor_nd", b._shape, y._shape, ("b", "y"))
+    if y.size == 0:
+        return y
+    y_dims, b_dims = _broadcast_layout(y._shape, b._shape)
+    _fits("add_tensor_nd", y_dims, OP_TENSOR_MAX_DIMS, f"y {y._shape} with b {b._shape}")
+    try:
+        L.cudnnAddTensor(dnn(y), D.scalar_ptr(alpha, dtype), tensor_nd(b_dims, dtype), b._ptr,
+                         D.scalar_ptr(beta, dtype), tensor_nd(y_dims, dtype), y._ptr)
+    except CudnnError as exc:
+        raise with_context(exc, op="add_tensor_nd", b=b._shape, y=y._shape, dtype=dtype.name) from None
+    return y
+
+
+def reduce_tensor(op: str, x: NDArray, axes=None, out: NDArray | None = None, indices: bool = False,
+                  alpha: float = 1.0, beta: float = 0.0):
+    """out = alpha reduce_op(x over axes) + beta out (cudnnReduceTensor); axes None means all.
+
+    out has x's shape with the reduced axes set to 1 (a given out may also drop them). ``indices=True``
+    (min/max) also returns the int32 indices of the extremes, flattened over the reduced axes in row-major
+    order, shaped like out. Returns out, or (out, indices)."""
+    if op not in REDUCE_OPS:
+        raise ValueError(f"reduce_tensor: op must be one of {tuple(REDUCE_OPS)}, got {op!r}")
+    dtype = _arrays("reduce_tensor", DNN_FLOATS, x=x, out=out)
+    if not isinstance(indices, (bool, np.bool_)):
+        raise TypeError(f"reduce_tensor: indices must be a bool, got {indices!r}")
+    if indices and op not in INDEX_OPS:
+        raise ValueError(f"reduce_tensor: indices=True needs op 'min' or 'max' (cuDNN's rule), got {op!r}")
+    alpha, beta = _real("reduce_tensor", "alpha", alpha), _real("reduce_tensor", "beta", beta)
+    axes = _normalize_axes("reduce_tensor", axes, x.ndim)
+    keep = tuple(1 if i in axes else d for i, d in enumerate(x._shape))
+    dropped = tuple(d for i, d in enumerate(x._shape) if i not in axes)
+    out = _out("reduce_tensor", out, keep, dtype, x._device, beta, also=dropped)
+    idx = empty(out._shape, np.int32, x._device) if indices and x.size == 0 else None
+    if x.size == 0:
+        return _reduce_empty(op, x, axes, out, alpha, beta, idx)
+    a_dims, c_dims = _reduce_layout(x._shape, axes)
+    _fits("reduce_tensor", a_dims, REDUCE_MAX_DIMS, f"x {x._shape} over axes {axes}")
+    if a_dims == c_dims:  # nothing to reduce (axes of size 1): cuDNN refuses equal shapes ("!dims_differ")
+        return _reduce_nothing(op, x, out, a_dims, alpha, beta, indices)
+    ad, cd, rd = tensor_nd(a_dims, dtype), tensor_nd(c_dims, dtype), _reduce_desc(op, dtype, indices)
+    h = dnn(x)
+    try:
+        ws_size, idx_size = _cached(("rs", op, dtype, indices, a_dims, c_dims, x._device),
+                                    lambda: _reduce_sizes(h, rd, ad, cd, indices))
+        idx_ptr = idx_bytes = 0
+        if indices:
+            # NOTE: sized as cuDNN asks, at least one uint32 per output; the int32 view is out-shaped.
+            buf = DeviceBuffer(max(idx_size, 4 * out.size), x._device)
+            idx = NDArray._from_ptr(buf.ptr, out._shape, np.int32, x._device, buf)
+            idx_ptr, idx_bytes = buf.ptr, buf.nbytes
+        ws, ws_bytes = workspace(x._device, ws_size)
+        L.cudnnReduceTensor(h, rd, idx_ptr, idx_bytes, ws, ws_bytes, D.scalar_ptr(alpha, dtype), ad, x._ptr,
+                            D.scalar_ptr(beta, dtype), cd, out._ptr)
+    except CudnnError as exc:
+        raise with_context(exc, op=f"reduce_tensor({op})", x=x._shape, axes=axes, dtype=dtype.name) from None
+    return (out, idx) if indices else out
+
+
+def _reduce_sizes(h, rd, ad, cd, indices: bool) -> tuple[int, int]:
+    """(workspace bytes, indices bytes) cuDNN wants; cached per shape and device by the caller."""
+    ws, idx = ctypes.c_size_t(), ctypes.c_size_t()
+    L.cudnnGetReductionWorkspaceSize(h, rd, ad, cd, ctypes.byref(ws))
+    if indices:
+        L.cudnnGetReductionIndicesSize(h, rd, ad, cd, ctypes.byref(idx))
+    return ws.value, idx.value
+
+
+def _reduce_nothing(op, x, out, dims, alpha, beta, indices):
+    """Each output element reduces one input element: out = alpha f(x) + beta out, f = |.| for amax and the
+    norms (max(alpha x, -alpha x), min for alpha < 0), identity otherwise; indices are all 0."""
+    dtype, d = x._dtype, tensor_nd(dims, x._dtype)
+    try:
+        if op in ("amax", "norm1", "norm2"):
+            L.cudnnOpTensor(dnn(x), _op_desc("max" if alpha >= 0 else "min", dtype), D.scalar_ptr(alpha, dtype), d,
+                            x._ptr, D.scalar_ptr(-alpha, dtype), d, x._ptr, D.scalar_ptr(beta, dtype), d, out._ptr)
+        else:
+            L.cudnnAddTensor(dnn(x), D.scalar_ptr(alpha, dtype), d, x._ptr, D.scalar_ptr(beta, dtype), d, out._ptr)
+    except CudnnError as exc:
+        raise with_context(exc, op=f"reduce_tensor({op})", x=x._shape, dtype=dtype.name) from None
+    return (out, empty(out._shape, np.int32, x._device).zero_()) if indices else out
+
+
+def _reduce_empty(op, x, axes, out, alpha, beta, idx):
+    """x has no elements: out holds the reduction's identity (0 for sums and norms, 1 for prod, NaN mean)."""
+    if out.size == 0:
+        return (out, idx) if idx is not None else out
+    ident = _EMPTY_IDENTITY.get(op)
+    if ident is None:
+        raise ValueError(f"reduce_tensor: {op} over an empty reduction (x {x._shape}, axes {axes}) has no "
+                         "identity")
+    if beta == 0:
+        set_tensor(out, alpha * ident)
+    elif ident == 0:
+        scale_tensor(out, beta)
+    else:
+        raise NotImplementedError(f"reduce_tensor: {op} of an empty x {x._shape} with beta={beta}")
+    return out
+
+
+def transform_tensor(x: NDArray, out: NDArray, x_strides, alpha: float = 1.0, beta: float = 0.0,
+                     x_offset: int = 0) -> NDArray:
+    """out = alpha (x's memory read with element ``x_strides`` from element ``x_offset``, in out's shape)
+    + beta out, out contiguous (cudnnTransformTensor). transpose(x, axes) is this with x's strides permuted;
+    a flip is a negative stride with the offset at the last element. x and out must not overlap."""
+    dtype = _arrays("transform_tensor", DNN_FLOATS, x=x, out=out)
+    alpha, beta = _real("transform_tensor", "alpha", alpha), _real("transform_tensor", "beta", beta)
+    shape = out._shape
+    try:
+        strides, x_offset = tuple(operator.index(s) for s in x_strides), operator.index(x_offset)
+    except TypeError:
+        raise TypeError(f"transform_tensor: x_strides must be a sequence of ints and x_offset an int, got "
+                        f"{x_strides!r}, {x_offset!r}") from None
+    if len(strides) != len(shape):
+        raise ValueError(f"transform_tensor: x_strides {strides} do not match out {shape}")
+    if out.size == 0:
+        return out
+    if x._ptr == out._ptr:
+        raise ValueError(f"transform_tensor: x {x._shape} and out {shape} share memory; cuDNN cannot transform "
+                         "in place")
+    if any(s == 0 and d > 1 for d, s in zip(shape, strides)):
+        raise NotImplementedError(f"transform_tensor: cuDNN reads no zero strides on dims > 1 (broadcast): out "
+                                  f"{shape}, strides {strides}")
+    lo = x_offset + sum((d - 1) * s for d, s in zip(shape, strides) if s < 0)
+    hi = x_offset + sum((d - 1) * s for d, s in zip(shape, strides) if s > 0)
+    if lo < 0 or hi >= x.size:
+        raise ValueError(f"transform_tensor: reading out {shape} with strides {strides} from offset {x_offset} "
+                         f"reaches elements {lo}..{hi}, outside x {x._shape}")
+    dims, st = _strided_layout(shape, strides)
+    _fits("transform_tensor", dims, MAX_DIMS, f"out {shape} read with strides {strides}")
+    src = x._ptr + x_offset * x._dtype.itemsize
+    if st == _contiguous(dims) and alpha == 1 and beta == 0:  # the same order: a plain copy
+        memcpy(out._ptr, src, out.nbytes, D2D, current_stream(out._device))
+        return out
+    try:
+        if len(dims) == 2 and st == (1, dims[0]) and dtype in BLAS_FLOATS and beta == 0:
+            # NOTE: a 2-d swap (also (A, B, C) -> (C, A, B)): out = X^T for X, the row-major (S, R) matrix at
+            # src. cublas geam does it for half the host time of TransformTensor (20 vs 47 us, H100).
+            r, s = dims
+            getattr(C, _GEAM[dtype])(blas(x), cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_T, s, r,
+                                     D.scalar_ptr(alpha, dtype), src, r, D.scalar_ptr(0.0, dtype), src, r,
+                                     out._ptr, s)
+            return out
+        L.cudnnTransformTensor(dnn(x), D.scalar_ptr(alpha, dtype), tensor_nd(dims, dtype, st), src,
+                               D.scalar_ptr(beta, dtype), tensor_nd(dims, dtype), out._ptr)
+    except (CudnnError, CublasError) as exc:
+        raise with_context(exc, op="transform_tensor", x=x._shape, out=shape, x_strides=strides) from None
+    return out
+
+
+def transpose(x: NDArray, axes=None, out: NDArray | None = None) -> NDArray:
+    """x with its axes permuted (default: reversed), copied contiguous through cudnnTransformTensor."""
+    _arrays("transpose", DNN_FLOATS, x=x, out=out)
+    n = x.ndim
+    try:
+        given = tuple(range(n))[::-1] if axes is None else tuple(operator.index(a) for a in axes)
+    except TypeError:
+        raise TypeError(f"transpose: axes must be a sequence of ints or None, got {axes!r}") from None
+    axes = tuple(a + n if -n <= a < 0 else a for a in given)
+    if sorted(axes) != list(range(n)):
+        raise ValueError(f"transpose: axes {given} are not a permutation of the {n} axes of x {x._shape}")
+    shape = tuple(x._shape[a] for a in axes)
+    out = _out("transpose", out, shape, x._dtype, x._device, 0.0)
+    src = _contiguous(x._shape)
+    return transform_tensor(x, out, tuple(src[a] for a in axes))
+
+
+def scale_tensor(x: NDArray, alpha: float) -> NDArray:
+    """x *= alpha in place (cudnnScaleTensor)."""
+    dtype = _arrays("scale_tensor", DNN_FLOATS, x=x)
+    alpha = _real("scale_tensor", "alpha", alpha)
+    if x.size:
+        try:
+            L.cudnnScaleTensor(dnn(x), tensor_nd((x.size,), dtype), x._ptr, D.scalar_ptr(alpha, dtype))
+        except CudnnError as exc:
+            raise with_context(exc, op="scale_tensor", x=x._shape, dtype=dtype.name) from None
+    return x
+
+
+_FILL: dict = {}  # fill values, kept alive for recorded steps that replay the call
+
+
+def _fill_ptr(value: float, dtype) -> int:
+    # NOTE: the header says valuePtr has the data type, but cuDNN 9.19 reads a float for half data (a half's
+    # 16 bits came out as 0 on an H100): like alpha/beta, float for float32/float16 and double for float64.
+    key = (math.nan if math.isnan(value) else value, dtype == F64)  # one NaN entry, however it was made
+    holder = _FILL.get(key)
+    if holder is None:
+        holder = _FILL.setdefault(key, (ctypes.c_double if key[1] else ctypes.c_float)(value))
+    return ctypes.addressof(holder)
+
+
+def set_tensor(x: NDArray, value: float) -> NDArray:
+    """x[...] = value in place (cudnnSetTensor); NaN and infinities are fine."""
+    dtype = _arrays("set_tensor", DNN_FLOATS, x=x)
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"set_tensor: value must be a real number, got {value!r}")
+    if x.size:
+        try:
+            L.cudnnSetTensor(dnn(x), tensor_nd((x.size,), dtype), x._ptr, _fill_ptr(float(value), dtype))
+        except CudnnError as exc:
+            raise with_context(exc, op="set_tensor", x=x._shape, dtype=dtype.name) from None
+    return x
+
+
+# -- cuBLAS calls: in ops/blas_tensor.py, re-exported here so the table has one module to call ----------------
+from .blas_tensor import dot, gemm_strided_batched, geam, matmul2d, nrm2  # noqa: E402,F401
