@@ -316,3 +316,18 @@ def test_ten_thousand_step_loop_keeps_device_memory_flat():
         step()
     nd.waitall()
     assert pool_stats(dev)["used"] <= before + (1 << 20)
+
+
+def test_trace_names_every_table_op_forward_and_backward():
+    a = nd.array([[1.0, 2.0], [3.0, 4.0]])
+    b = nd.array([1.0, 2.0])
+    b.attach_grad()
+    with dnnbind.trace() as t:
+        with autograd.record():
+            y = (a + b).exp().sum(axis=1)
+        y.backward()
+    ops = [r.op for r in t.records]
+    assert ops[:3] == ["add", "exp", "sum"], ops
+    # backward: sum -> broadcast_to, exp -> multiply, add -> the broadcast b's gradient summed back (sum)
+    assert ops[3:] == ["broadcast_to", "multiply", "sum"], ops
+    assert_close(b.grad, np.exp(a.numpy() + b.numpy()).sum(axis=0), 1e-6, 0)
