@@ -36,7 +36,8 @@ import numpy as np
 
 from . import autograd
 from ._lib import cublas, cudart, cudnn
-from ._lib.cfunc import RECORDING, TRACING, Library, intercept
+from ._lib.cfunc import Library, intercept
+from ._lib.hooks import RECORDING, TRACING
 from .kernels.launch import _drv_call
 from .ops import _common
 from .ops.algos import optimize_for
@@ -209,7 +210,7 @@ class RecordedStep(_StaticStep):
             return result
         return recorded
 
-    # Hooks the lower layers call through _lib.cfunc.RECORDING (kernels.launch, runtime.memory).
+    # Hooks the lower layers call through _lib.hooks.RECORDING (kernels.launch, runtime.memory).
     def launch(self, name, fn, args, holders) -> None:
         self._keep.append(holders)
         self._calls.append((functools.partial(_drv_call, "cuLaunchKernel"), args, None))

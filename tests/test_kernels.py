@@ -14,7 +14,7 @@ import struct
 import numpy as np
 import pytest
 
-from dnnbind import kernels
+from dnnbind import kernels, trace
 from dnnbind._lib import nvrtc
 from dnnbind._lib.errors import DnnbindError, NvrtcError
 from dnnbind.kernels import compiler, launch
@@ -435,19 +435,16 @@ def test_template_kernel_and_param_size_check():
 
 
 @gpu
-def test_launch_bounds_limit_and_hooks():
+def test_launch_bounds_limit_and_trace():
     src = r'extern "C" __global__ void __launch_bounds__(128) one(int* x) { x[threadIdx.x] = 1; }'
     k = compiler.compile(src, "one")
     x = DeviceBuffer(np.zeros(128, np.int32))
     with pytest.raises(ValueError, match="this kernel's limit of 128"):
         k.launch(1, 256, (x,))
-    seen = []
-    launch._launch_hooks.append(lambda *a: seen.append(a))
-    try:
+    with trace() as t:  # the one way to intercept launches: dnnbind.trace wraps Kernel._launch
         k.launch(1, 128, (x,), stream=0)
-    finally:
-        launch._launch_hooks.clear()
-    assert seen == [("one", (1, 1, 1), (128, 1, 1), 0)]
+    assert [(r.library, r.function, r.details["grid"], r.details["block"]) for r in t.records] == [
+        ("kernel", "one", (1, 1, 1), (128, 1, 1))]
     np.testing.assert_array_equal(x.numpy(), np.ones(128, np.int32))
 
 
@@ -470,17 +467,19 @@ def test_dnnbind_internal_kernels_compile_without_a_gpu():
 
 
 @gpu
-def test_launch_without_dnnbind_runtime(monkeypatch):
-    # Kernels work below the runtime: the CUDA runtime's current device and the legacy default stream.
-    monkeypatch.setattr(launch, "_runtime_module", None)
+def test_launch_on_the_legacy_stream_and_on_dnnbind_current_stream():
+    # stream=0 is the legacy default stream; None is dnnbind's current stream on the launch's device.
+    import dnnbind
     n = 999
     a_h = np.arange(n, dtype=np.float32)
-    a, c = DeviceBuffer(a_h), DeviceBuffer(np.zeros(n, np.float32))
-    seen = []
-    monkeypatch.setattr(launch, "_launch_hooks", [lambda *args: seen.append(args)])
-    compiler.compile(ADD2, "add2_kernel").launch(4, 256, (c, a, a, n))
-    assert seen[0][3] == 0  # stream None -> the legacy default stream
+    a, c, c2 = DeviceBuffer(a_h), DeviceBuffer(np.zeros(n, np.float32)), DeviceBuffer(np.zeros(n, np.float32))
+    add2 = compiler.compile(ADD2, "add2_kernel")
+    add2.launch(4, 256, (c, a, a, n), stream=0)
     np.testing.assert_array_equal(c.numpy(), 2 * a_h)
+    dev = launch.current_device()
+    assert launch.stream_handle(None, dev) == dnnbind.current_stream(dnnbind.gpu(dev)).handle
+    add2.launch(4, 256, (c2, a, c, n))
+    np.testing.assert_array_equal(c2.numpy(), 3 * a_h)
 
 
 @gpu

@@ -6,9 +6,12 @@ file runs against (the numpy twin here; a GPU test can parametrize the same case
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
+import dnnbind
 from dnnbind.ops import _check
 from dnnbind.ops import reference as R
 
@@ -292,4 +295,116 @@ def test_small_checks():
     assert _check.add_tensor_params("add_tensor", (2, 3), (2, 3)) == (2, 3)
     assert _check.check_dtype("x", _check.FLOAT_DTYPES, a=np.zeros(2), b=None) == np.float64
     with pytest.raises(TypeError, match="stride must be an int"):
-        _check.pair("conv_forward", "stride", True)
+        _check.as_tuple(True, 2, "conv_forward", "stride", 1)
+    assert _check.as_tuple(3) == (3, 3) and _check.as_tuple([1, np.int64(2)], 2) == (1, 2)
+    assert _check.as_tuple((1, 2, 3), 3, "op", "axes", 0) == (1, 2, 3)
+    with pytest.raises(TypeError, match="op: axes must be an int or a tuple of 3 ints"):
+        _check.as_tuple((1, 2), 3, "op", "axes")
+    with pytest.raises(ValueError, match="Conv2D: padding must be >= 0"):
+        _check.as_tuple((1, -1), 2, "Conv2D", "padding", 0)
+
+
+# -- fuzz: every op of the @op family with bad arguments, on the CPU ---------------------------------------
+
+def _op_family() -> dict:
+    """The ops that go through ops._dispatch.op (they carry ``.array_names``)."""
+    return {name: getattr(dnnbind.ops, name) for name in dnnbind.ops.__all__
+            if hasattr(getattr(dnnbind.ops, name), "array_names")}
+
+
+# A valid call of each @op op: positional arguments (arrays first, as the op names them) and keywords.
+VALID = {
+    "conv_forward": ((X, W, rand((5,), seed=1)), {"padding": 1}),
+    "conv_bias_relu_forward": ((X, W, rand((5,), seed=2)), {}),
+    "conv_backward_data": ((W, DY, X.shape), {}),
+    "conv_backward_filter": ((X, DY, W.shape), {}),
+    "conv_backward_bias": ((DY,), {}),
+    "add_tensor": ((X, rand((3,), seed=3)), {}),
+    "activation_forward": ((X,), {"mode": "tanh"}),
+    "activation_backward": ((X, rand(X.shape, seed=4), rand(X.shape, seed=5)), {}),
+    "softmax_forward": ((L,), {}),
+    "softmax_backward": ((L, rand(L.shape, seed=6)), {}),
+    "pooling_forward": ((X,), {}),
+    "pooling_backward": ((P, rand(P.shape, seed=7), X), {}),
+    "gemm": ((rand((3, 4)), rand((4, 6), seed=8)), {}),
+    "linear_forward": ((L, rand((3, 10), seed=9), rand((3,), seed=10)), {}),
+    "linear_backward": ((L, rand((3, 10), seed=11), rand((4, 3), seed=12)), {}),
+    "nll_loss": ((L, LAB), {}),
+    "nll_loss_backward": ((L, LAB, rand((4,), seed=13)), {}),
+    "softmax_cross_entropy": ((L, LAB), {}),
+    "softmax_cross_entropy_backward": ((L, LAB, rand((4,), seed=14)), {}),
+}
+
+
+class _ForeignGPUArray:
+    """Looks like a CuPy/torch CUDA array (a __cuda_array_interface__), but points at nothing."""
+    shape, dtype = (2, 3), np.dtype(np.float32)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": (2, 3), "typestr": "<f4", "data": (0x7F0000000000, False), "version": 3}
+
+
+NOT_ARRAYS = [None, 3, 2.5, True, "abc", b"x", object(), {"a": 1}, np.float32(1.0), _ForeignGPUArray()]  # foreign last
+BAD_ARRAYS = [np.zeros(()), np.zeros((2,), np.complex64), np.array(["a", "b"]), np.array([None, 1.0], dtype=object),
+              [[1.0, 2.0], [3.0]], rand((2,)), rand((1, 2, 3)), rand((2, 3, 8, 8, 1)), rand((0, 3)),
+              rand((2, 3, 8, 8)).astype(np.float16), np.arange(6).reshape(2, 3), np.full((4, 10), np.nan, np.float32)]
+
+
+def _call_bad(fn, args, kwargs, pos, bad, device):
+    """``fn`` with ``bad`` at ``pos`` and the other arrays as NDArrays on ``device`` (None: numpy as given)."""
+    args = [dnnbind.array(a, device=device) if device and isinstance(a, np.ndarray) else a for a in args]
+    args[pos] = bad
+    try:
+        fn(*args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        return exc
+    return None
+
+
+def test_fuzz_covers_every_op_of_the_op_family():
+    assert set(_op_family()) == set(VALID), "add a valid call to VALID for each new @op op"
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+@pytest.mark.parametrize("device", [None, "cpu", pytest.param("gpu", marks=pytest.mark.gpu)],
+                         ids=["numpy", "cpu NDArray", "gpu NDArray"])
+def test_fuzz_bad_arguments_raise_only_type_or_value_errors(name, device):
+    """None, scalars, strings, foreign objects, wrong ranks and dtypes in place of each array argument: only
+    TypeError/ValueError escape (StopIteration, AttributeError, IndexError... would be bugs), and None or a
+    non-array names the op and the argument. On a GPU the bad argument meets GPU NDArrays (the fast path)."""
+    fn = _op_family()[name]
+    args, kwargs = VALID[name]
+    with dnnbind.cpu():
+        for arg_name in fn.array_names:
+            pos = list(inspect.signature(fn).parameters).index(arg_name)
+            if pos >= len(args) or not isinstance(args[pos], np.ndarray):
+                continue
+            for bad in NOT_ARRAYS + BAD_ARRAYS:
+                if isinstance(bad, _ForeignGPUArray) and (device == "gpu" or
+                                                          sum(isinstance(a, np.ndarray) for a in args) < 2):
+                    continue  # alone or beside GPU arrays it would be wrapped: its pointer is not real
+                exc = _call_bad(fn, args, kwargs, pos, bad, device)  # anything but TypeError/ValueError propagates
+                if (bad is None and arg_name in fn.required_arrays) or type(bad) in (str, bytes, dict, object):
+                    assert type(exc) is TypeError, f"{name}({arg_name}={bad!r}) gave {exc!r}"
+                    assert str(exc).startswith(f"{name}: {arg_name} "), str(exc)
+
+
+def test_fuzz_none_for_every_array_raises_type_error_naming_the_op():
+    """conv_forward(None, None) used to leak StopIteration from the dtype check."""
+    for name, fn in _op_family().items():
+        n_required = len(fn.required_arrays)
+        with pytest.raises(TypeError, match=f"^{name}: "):
+            fn(*([None] * n_required))
+
+
+def test_fuzz_leaves_the_process_usable():
+    for name in sorted(VALID):
+        fn, (args, kwargs) = _op_family()[name], VALID[name]
+        for pos in range(min(len(fn.array_names), len(args))):
+            for bad in NOT_ARRAYS[:-1] + BAD_ARRAYS:
+                _call_bad(fn, args, kwargs, pos, bad, "cpu")
+    x, w = rand((2, 3, 9, 7), seed=20), rand((4, 3, 3, 2), seed=21)
+    y = dnnbind.conv_forward(dnnbind.array(x, device="cpu"), dnnbind.array(w, device="cpu"), stride=(2, 1))
+    expected = R.conv_forward(x.astype(np.float64), w.astype(np.float64), stride=(2, 1))
+    np.testing.assert_allclose(y.numpy(), expected, rtol=1e-5, atol=1e-5)

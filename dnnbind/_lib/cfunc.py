@@ -1,4 +1,4 @@
-"""Layer 0 (_lib): declare each C function once. Imports nothing of dnnbind but loader.
+"""Layer 0 (_lib): declare each C function once. Imports nothing of dnnbind but loader and hooks.
 
 A ``Library`` holds a table ``{c_name: (restype, argtypes)}`` and binds an entry the first time it is
 used: ``argtypes``/``restype`` set, and for status-returning functions an ``errcheck`` that raises the
@@ -14,18 +14,15 @@ from typing import Callable
 
 from . import loader
 
+# TRACING (non-empty while dnnbind.trace() is active) and RECORDING (while graph.RecordedStep records) live in
+# hooks, the module cross-cutting services hang on; re-exported here for compatibility: the same list objects.
+from .hooks import RECORDING, TRACING  # noqa: F401
+
 # Short names for the ctypes types the tables use. Pointers travel as ints (c_void_p).
 i32, u32, i64, size_t = ctypes.c_int, ctypes.c_uint, ctypes.c_int64, ctypes.c_size_t
 f32, f64, vp, cstr = ctypes.c_float, ctypes.c_double, ctypes.c_void_p, ctypes.c_char_p
 P = ctypes.POINTER
 
-# Non-empty while a ``dnnbind.trace()`` is active (it holds the active traces; dnnbind.trace.ACTIVE is this
-# same list). Code below the tracer's layer tests it with one lookup, ``if TRACING:``, and imports
-# dnnbind.trace lazily inside; outside a trace nothing else is looked at.
-TRACING: list = []
-# Non-empty while dnnbind.graph.RecordedStep records a step: the layers that queue GPU work outside the cuDNN/
-# cuBLAS tables (kernel launches, memcpy/memset) test it the same way and hand the call to RECORDING[-1].
-RECORDING: list = []
 
 
 class Library:

@@ -1,6 +1,6 @@
 """Layer kernels: CUDA C++ compiled at run time with NVRTC and launched on dnnbind arrays.
 
-Imports dnnbind._lib and, lazily, dnnbind.runtime (for the current stream). No compiler toolchain is
+Imports dnnbind._lib and dnnbind.runtime (for the current device and stream). No compiler toolchain is
 needed; compiling works without a GPU, launching needs one.
 
     from dnnbind import kernels
@@ -23,7 +23,9 @@ from dnnbind._lib.errors import CudaDriverError, NvrtcError
 
 from .compiler import Module, cache_dir, clear_memory_cache, compile, target
 from .elementwise import ElementwiseKernel, elementwise
-from .launch import Kernel, _launch_hooks, pack_args, stream_handle
+from .launch import Kernel, pack_args, stream_handle
+from .strided import Ref, gather, random_fill, scatter_add, sort_along, strided_map, strided_reduce
 
-__all__ = ["CudaDriverError", "ElementwiseKernel", "Kernel", "Module", "NvrtcError", "_launch_hooks", "cache_dir",
-           "clear_memory_cache", "compile", "elementwise", "pack_args", "stream_handle", "target"]
+__all__ = ["CudaDriverError", "ElementwiseKernel", "Kernel", "Module", "NvrtcError", "Ref", "cache_dir",
+           "clear_memory_cache", "compile", "elementwise", "gather", "pack_args", "random_fill", "scatter_add",
+           "sort_along", "stream_handle", "strided_map", "strided_reduce", "target"]

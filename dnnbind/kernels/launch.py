@@ -1,48 +1,60 @@
-"""Layer kernels: load compiled code on a device and launch its kernels.
+"""Layer kernels: launch compiled kernels. ``Kernel`` is one ``__global__`` function of a compiled module.
 
-Imports dnnbind._lib (cudart, errors), numpy, and cuda.bindings.driver on first use; dnnbind.runtime
-lazily, only for dnnbind's current device and stream (without it: the CUDA runtime's current device and
-the legacy default stream). Nothing here runs at import: a machine without a GPU can import
-this module, pack arguments and validate launch configurations; only ``Kernel.launch`` needs a device.
+Imports dnnbind._lib (cudart, errors, hooks), numpy, cuda.bindings.driver on first use (driver.py) and
+dnnbind.runtime (for dnnbind's current device and stream, devices.py). Nothing here runs at import: a machine
+without a GPU can import this module, pack arguments and validate launch configurations; only ``Kernel.launch``
+needs a device. The module's parts: driver.py (the driver API and its errors), devices.py (which device and stream
+a launch goes to; device attributes), args.py (argument packing), and here the launch checks and ``Kernel``;
+their names stay importable from here.
 
 The hot path of ``Kernel.launch`` is: normalize dims, one dict lookup for the per-device CUfunction, one
 ctypes object per argument plus their addresses packed as a void*[], one ``cuLaunchKernel``. Everything
 that needs a driver query (the module load, the kernel's thread limit and parameter sizes) happens once
-per device.
+per device. Interception: dnnbind.trace wraps ``Kernel._launch`` while a trace is active (it must record an event
+before the launch); a step being recorded (``hooks.RECORDING``) is handed each packed launch after it.
 """
 
 from __future__ import annotations
 
-import ctypes
 import operator
-import struct
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from dnnbind._lib import cudart
-from dnnbind._lib.cfunc import RECORDING
-from dnnbind._lib.errors import CudaDriverError, CudaError, LibraryNotFoundError
+from dnnbind._lib.errors import CudaDriverError
+from dnnbind._lib.hooks import RECORDING
+
+from .args import _check_arg_sizes, pack_args
+from .devices import (
+    _stream_device,
+    compute_capability,
+    current_device,
+    current_device_or_none,
+    multiprocessor_count,
+    stream_handle,
+)
+from .driver import (
+    CUDA_ERROR_INVALID_CONTEXT,
+    CUDA_ERROR_INVALID_VALUE,
+    CUDA_SUCCESS,
+    _driver,
+    _driver_error_text,
+    _drv_call,
+)
 
 __all__ = [
     "Dim3",
     "Kernel",
     "compute_capability",
     "current_device",
+    "current_device_or_none",
     "multiprocessor_count",
     "pack_args",
     "stream_handle",
 ]
 
 Dim3 = tuple[int, int, int]
-
-# hook(kernel_name, grid, block, stream_handle), called after each successful launch. The tracer appends
-# here; with no hooks the whole cost is one truthiness test of this list.
-_launch_hooks: list[Callable[[str, Dim3, Dim3, int], Any]] = []
-
-_HINT = "Install cuda-python: `pip install cuda-bindings` (12.6+ or 13.x, matching your driver)."
 
 # Hardware limits shared by every NVIDIA GPU since compute capability 3.0 (CUDA C Programming Guide,
 # "Technical Specifications per Compute Capability"), checked before any driver call so that a bad
@@ -52,288 +64,6 @@ MAX_BLOCK_DIM = (1024, 1024, 64)
 MAX_GRID_DIM = (2**31 - 1, 65535, 65535)
 # Above this much dynamic shared memory a kernel must opt in with cuFuncSetAttribute (sm_70+).
 _DEFAULT_SMEM_LIMIT = 48 * 1024
-
-CUDA_SUCCESS = 0
-CUDA_ERROR_INVALID_VALUE = 1
-CUDA_ERROR_INVALID_CONTEXT = 201
-
-_DRIVER_HINTS = {
-    201: "no CUDA context is current on this thread (select a device with dnnbind first)",
-    209: "the code was compiled for another GPU architecture; compile with arch=None on this GPU",
-    218: "the PTX is for a newer GPU architecture than this one",
-    222: "the PTX came from an NVRTC newer than the driver; update the driver or use a CUBIN arch"
-         " this NVRTC supports",
-    500: "no kernel of that name in the module: declare it extern \"C\" or pass its name expression",
-    701: "too many resources requested (registers x threads, or shared memory); use smaller blocks",
-}
-
-_drv = None
-
-
-def _driver():
-    global _drv
-    if _drv is None:
-        try:
-            from cuda.bindings import driver
-        except ImportError as exc:
-            raise LibraryNotFoundError("cuda.bindings", _HINT, str(exc)) from None
-        _drv = driver
-    return _drv
-
-
-def _driver_error_text(status: int) -> str:
-    try:
-        text = _driver().CUresult(status).name
-    except (ValueError, LibraryNotFoundError):  # an unknown code: the number is still in the error
-        text = "unknown CUresult"
-    hint = _DRIVER_HINTS.get(status)
-    return f"{text} ({hint})" if hint else text
-
-
-def _drv_call(function: str, *args: Any, context: str = "") -> Any:
-    """Call cuda.bindings.driver.<function>, raising CudaDriverError; returns the value(s) after status."""
-    result = getattr(_driver(), function)(*args)
-    status = int(result[0])
-    if status != CUDA_SUCCESS:
-        raise CudaDriverError(status, function, _driver_error_text(status), context)
-    return result[1] if len(result) == 2 else tuple(result[1:]) or None
-
-
-# --- devices -------------------------------------------------------------------------------------------
-
-_UNRESOLVED = object()
-_runtime_module: Any = _UNRESOLVED
-_cc: dict[int, int] = {}
-_sms: dict[int, int] = {}
-_gpu_devices: dict[int, Any] = {}  # index -> dnnbind Device, to skip its constructor on every launch
-
-
-def _dnnbind_runtime() -> Any:
-    """dnnbind.runtime when it imports, else None; looked up once, lazily, so that kernels work (on the CUDA
-    runtime's current device and the legacy stream) even where dnnbind.runtime is unavailable."""
-    global _runtime_module
-    mod = _runtime_module
-    if mod is _UNRESOLVED:
-        try:
-            import dnnbind.runtime as mod
-            mod.default_device, mod.current_stream, mod.Device  # noqa: B018 - all must exist to be used
-        except (ImportError, AttributeError):
-            mod = None
-        _runtime_module = mod
-    return mod
-
-
-def current_device() -> int:
-    """The device a launch goes to: dnnbind's default device when it is a GPU (made current here, as the
-    runtime's own ops do, so ``with dnnbind.gpu(1):`` applies to kernels too), else the CUDA runtime's
-    current device. Raises CudaError when there is no usable GPU."""
-    rt = _runtime_module if _runtime_module is not _UNRESOLVED else _dnnbind_runtime()
-    if rt is not None:
-        dev = rt.default_device()
-        if dev.kind == "gpu":
-            dev.activate()
-            return dev.index
-    err, dev = cudart.rt().cudaGetDevice()
-    if err:
-        raise CudaError(int(err), "cudaGetDevice", f"{getattr(err, 'name', err)} - {cudart.error_string(err)}",
-                        "launching a kernel needs a GPU and the NVIDIA driver")
-    return dev
-
-
-def _stream_device(stream: Any) -> int:
-    """A dnnbind Stream knows its device: launch there, whatever the default device is."""
-    dev = getattr(stream, "device", None)
-    if dev is not None and getattr(dev, "kind", None) == "gpu":
-        dev.activate()
-        return dev.index
-    return current_device()
-
-
-def current_device_or_none() -> int | None:
-    """Like current_device(), but None without a GPU, a driver or cuda.bindings (compile-only use)."""
-    try:
-        return current_device()
-    except (CudaError, LibraryNotFoundError):
-        return None
-
-
-def compute_capability(device: int) -> int:
-    """10 * major + minor, e.g. 90 for an H100; cached per device."""
-    cc = _cc.get(device)
-    if cc is None:
-        attr = cudart.rt().cudaDeviceAttr
-        major = cudart.call("cudaDeviceGetAttribute", attr.cudaDevAttrComputeCapabilityMajor, device)
-        minor = cudart.call("cudaDeviceGetAttribute", attr.cudaDevAttrComputeCapabilityMinor, device)
-        cc = _cc[device] = 10 * int(major) + int(minor)
-    return cc
-
-
-def multiprocessor_count(device: int) -> int:
-    n = _sms.get(device)
-    if n is None:
-        attr = cudart.rt().cudaDeviceAttr.cudaDevAttrMultiProcessorCount
-        n = _sms[device] = int(cudart.call("cudaDeviceGetAttribute", attr, device))
-    return n
-
-
-# --- streams -------------------------------------------------------------------------------------------
-
-def _default_stream_handle(device: int) -> int:
-    """dnnbind's current stream on ``device`` when dnnbind.runtime is there, else 0 (legacy default)."""
-    rt = _runtime_module if _runtime_module is not _UNRESOLVED else _dnnbind_runtime()
-    if rt is None:
-        return 0
-    dev = _gpu_devices.get(device)
-    if dev is None:
-        dev = _gpu_devices[device] = rt.Device("gpu", device)
-    return rt.current_stream(dev).handle
-
-
-def stream_handle(stream: Any, device: int = 0) -> int:
-    """An int cudaStream_t from None (dnnbind's current stream on ``device``), an int, a dnnbind stream
-    (``.handle``), a torch stream (``.cuda_stream``), a CuPy stream (``.ptr``) or a cuda.bindings
-    CUstream/cudaStream_t."""
-    if stream is None:
-        return _default_stream_handle(device)
-    if type(stream) is int:
-        return stream
-    for attr in ("handle", "cuda_stream", "ptr"):
-        h = getattr(stream, attr, None)
-        if h is not None:
-            return int(h)
-    try:
-        return int(stream)
-    except (TypeError, ValueError):
-        raise TypeError(f"cannot use {type(stream).__name__} as a CUDA stream: pass an int handle or an"
-                        " object with .handle") from None
-
-
-# --- arguments -----------------------------------------------------------------------------------------
-
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-
-# numpy scalars keep their exact C type. float16 has no ctypes twin: its 16 bits go as a uint16, which is
-# what a __half parameter holds.
-_NUMPY_CTYPES: dict[type, type] = {
-    np.float32: ctypes.c_float, np.float64: ctypes.c_double,
-    np.int8: ctypes.c_int8, np.int16: ctypes.c_int16, np.int32: ctypes.c_int32, np.int64: ctypes.c_int64,
-    np.uint8: ctypes.c_uint8, np.uint16: ctypes.c_uint16, np.uint32: ctypes.c_uint32,
-    np.uint64: ctypes.c_uint64, np.bool_: ctypes.c_bool,
-}
-# C long / long long numpy aliases (np.longlong, np.intc...) are the same classes on Linux, but map any
-# numpy integer type we did not list by its size, so no platform alias falls through.
-_CTYPE_BY_KIND_SIZE = {("i", 1): ctypes.c_int8, ("i", 2): ctypes.c_int16, ("i", 4): ctypes.c_int32,
-                       ("i", 8): ctypes.c_int64, ("u", 1): ctypes.c_uint8, ("u", 2): ctypes.c_uint16,
-                       ("u", 4): ctypes.c_uint32, ("u", 8): ctypes.c_uint64, ("f", 4): ctypes.c_float,
-                       ("f", 8): ctypes.c_double, ("b", 1): ctypes.c_bool}
-
-
-def _int32(a: int) -> ctypes.c_int32:
-    if not _INT32_MIN <= a <= _INT32_MAX:
-        raise OverflowError(
-            f"Python int {a} does not fit in int32, which is what a Python int becomes; pass np.int64(...)"
-            " or np.uint64(...) for a 64-bit parameter, or ctypes.c_void_p(ptr) (or an array object) for a"
-            " device pointer")
-    return ctypes.c_int32(a)
-
-
-def _half(a: np.float16) -> ctypes.c_uint16:
-    return ctypes.c_uint16(int(a.view(np.uint16)))
-
-
-def _host_array(a: np.ndarray) -> Any:
-    raise TypeError("a numpy array lives in host memory; copy it to the GPU first"
-                    " (dnnbind.array(x, device='gpu'))")
-
-
-def _same(a: Any) -> Any:
-    return a  # a ctypes value: the caller chose the exact C type
-
-
-def _null(a: None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(None)  # a NULL pointer, for optional pointer parameters
-
-
-def _ptr_attr(a: Any) -> ctypes.c_void_p:
-    return ctypes.c_void_p(a.ptr)  # dnnbind NDArray (its .ptr raises, clearly, on a cpu array)
-
-
-def _cai(a: Any) -> ctypes.c_void_p:
-    return ctypes.c_void_p(a.__cuda_array_interface__["data"][0])  # CuPy, torch, numba, ...
-
-
-def _handle(a: Any) -> ctypes.c_void_p:
-    return ctypes.c_void_p(int(a))  # cuda.bindings CUdeviceptr and friends
-
-
-# type -> converter. Filled on first sight of each type, so a launch does one dict lookup per argument
-# instead of a chain of isinstance tests.
-_CONVERTERS: dict[type, Callable[[Any], Any]] = {
-    int: _int32, float: ctypes.c_float, bool: ctypes.c_bool, type(None): _null, np.ndarray: _host_array,
-    np.float16: _half,
-    **_NUMPY_CTYPES,
-}
-
-
-def _converter(a: Any) -> Callable[[Any], Any]:
-    """Choose how to pass an argument of a type not seen before (the slow path, once per type)."""
-    t = type(a)
-    if issubclass(t, (ctypes._SimpleCData, ctypes.Structure, ctypes.Union)):
-        conv: Callable[[Any], Any] = _same
-    elif issubclass(t, np.generic):
-        ctype = _CTYPE_BY_KIND_SIZE.get((a.dtype.kind, a.dtype.itemsize))
-        if ctype is None:
-            raise TypeError(f"numpy {a.dtype} scalars cannot be passed to a kernel")
-        conv = ctype
-    elif issubclass(t, np.ndarray):
-        conv = _host_array
-    elif type(getattr(a, "ptr", None)) is int:
-        conv = _ptr_attr
-    elif getattr(a, "__cuda_array_interface__", None) is not None:
-        conv = _cai
-    elif issubclass(t, bool):
-        conv = ctypes.c_bool
-    elif issubclass(t, int):  # IntEnum and other int subclasses
-        def conv(v: Any) -> ctypes.c_int32:
-            return _int32(int(v))
-    elif issubclass(t, float):
-        conv = ctypes.c_float
-    elif t.__name__ in ("CUdeviceptr", "CUstream", "cudaStream_t"):
-        conv = _handle
-    else:
-        raise TypeError(f"cannot pass {t.__module__}.{t.__name__} to a kernel; use an array with .ptr or"
-                        " __cuda_array_interface__, a number, a numpy scalar or a ctypes value")
-    _CONVERTERS[t] = conv
-    return conv
-
-
-_POINTER_ARRAYS: dict[int, struct.Struct] = {}  # n -> the layout of a void*[n]
-
-
-def pack_args(args: Iterable[Any]) -> tuple[list[Any], bytes]:
-    """Kernel arguments -> (the ctypes values, a packed void*[] of their addresses) for cuLaunchKernel.
-
-    Python int -> int32 (range-checked), float -> float32, bool -> bool, numpy scalar -> its exact type
-    (float16 as its 16 bits), ctypes value -> itself, None -> NULL, an array with an int ``.ptr`` or
-    ``__cuda_array_interface__`` -> its device pointer. The caller must keep both results alive until
-    cuLaunchKernel returns: the driver copies the parameter bytes during the call.
-    """
-    holders: list[Any] = []
-    append = holders.append
-    get = _CONVERTERS.get
-    try:
-        for a in args:
-            conv = get(type(a)) or _converter(a)
-            append(conv(a))
-    except (TypeError, OverflowError) as exc:
-        raise type(exc)(f"kernel argument {len(holders)}: {exc}") from None
-    n = len(holders)
-    layout = _POINTER_ARRAYS.get(n)
-    if layout is None:
-        layout = _POINTER_ARRAYS[n] = struct.Struct(f"{n}P")
-    # NOTE: bytes rather than a ctypes array: cuda.bindings reads kernelParams through the buffer protocol
-    # (every version since 11.x), and struct.pack is ~1 us cheaper per launch than building a ctypes array.
-    return holders, layout.pack(*map(ctypes.addressof, holders))
 
 
 # --- launch configuration ------------------------------------------------------------------------------
@@ -474,7 +204,7 @@ class Kernel:
         if shared_mem > fn.smem_optin:
             self._opt_in_shared_mem(fn, shared_mem, g, b)
         h = stream_handle(stream, device)
-        drv = _drv or _driver()
+        drv = _driver()
         err, = drv.cuLaunchKernel(fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h,
                                   params or None, 0)
         if err:
@@ -492,9 +222,6 @@ class Kernel:
             RECORDING[-1].launch(name, drv.cuLaunchKernel,
                                  (fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h, params or None, 0),
                                  holders)
-        if _launch_hooks:
-            for hook in tuple(_launch_hooks):
-                hook(name, g, b, h)
 
     def __getitem__(self, config: Any) -> Callable[..., None]:
         """``kernel[grid, block]`` or ``kernel[grid, block, stream]`` or ``[..., stream, shared_mem]``."""
@@ -516,16 +243,3 @@ class Kernel:
         _drv_call("cuFuncSetAttribute", fn.handle, attr, int(shared_mem),
                   context=f"kernel '{self.name}', grid {grid}, block {block}, shared_mem {shared_mem}")
         fn.smem_optin = shared_mem
-
-
-def _check_arg_sizes(name: str, holders: list[Any], sizes: tuple[int, ...]) -> None:
-    got = tuple(map(ctypes.sizeof, holders))
-    if got == sizes:
-        return
-    if len(holders) != len(sizes):
-        raise TypeError(f"kernel '{name}' takes {len(sizes)} arguments, got {len(holders)}")
-    i = next(i for i, (g, s) in enumerate(zip(got, sizes, strict=True)) if g != s)
-    raise TypeError(
-        f"kernel '{name}' argument {i}: the kernel expects {sizes[i]} bytes, got {type(holders[i]).__name__}"
-        f" ({got[i]} bytes); Python ints go as int32 and floats as float32, so pass a numpy scalar"
-        " (np.int64, np.float64, ...) or a ctypes value of the right size")

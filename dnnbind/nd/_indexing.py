@@ -343,7 +343,7 @@ def pick(data, index, axis=-1, keepdims=False, mode="clip"):
     if index.shape != expect and index.shape != data.shape[:a] + (1,) + data.shape[a + 1:]:
         raise ValueError(f"pick: index shape {index.shape} must be data's shape without axis {a}: {expect}")
     idx = index.reshape(expect)
-    idx = call("clip", idx, 0, n - 1) if mode == "clip" else call("modulo", idx, n)
+    idx = call("clip", idx, a_min=0, a_max=n - 1) if mode == "clip" else call("modulo", idx, n)
     hot = one_hot(call("trunc", idx) if idx.dtype.kind == "f" else idx, n, dtype=data.dtype)
     if a != data.ndim - 1:
         perm = list(range(data.ndim - 1))

@@ -179,3 +179,27 @@ def optensor(cudnn_op: str):
         return tensor_ops.op_tensor(cudnn_op, a, bv)
     lower.__name__ = f"cudnnOpTensor_{cudnn_op}"
     return lower
+
+
+# -- cudnnActivationForward/Backward for relu, sigmoid, tanh --------------------------------------------------
+
+def activation(mode: str):
+    """relu/sigmoid/tanh on cuDNN (float32/64; any rank: cuDNN sees the array as one N-d tensor)."""
+    def lower(args, params, shape, out_dtype, dev):
+        x = args[0]
+        if not USE_CUDNN_OPTENSOR or not isinstance(x, NDArray) or x._dtype not in _OPTENSOR_DTYPES or x.size == 0:
+            return None
+        from ..ops import activation_forward
+        return activation_forward(x, mode)
+    lower.__name__ = f"cudnnActivationForward_{mode}"
+    return lower
+
+
+def relu_backward(args, params, shape, out_dtype, dev):
+    """dx = dy where y > 0 (cudnnActivationBackward with y standing in for x: relu'(x) is y > 0)."""
+    g, y = args
+    if not USE_CUDNN_OPTENSOR or not (isinstance(g, NDArray) and isinstance(y, NDArray)) or g._shape != y._shape \
+            or g._dtype not in _OPTENSOR_DTYPES or g.size == 0:
+        return None
+    from ..ops import activation_backward
+    return activation_backward(y, g, y, "relu")

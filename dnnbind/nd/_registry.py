@@ -228,6 +228,9 @@ _NAMES = ("a", "b", "c", "d", "e")
 
 
 def _map(op: Op, args, params):
+    if len(args) != op.arity:
+        raise TypeError(f"{op.name}: takes {op.arity} operand(s), got {len(args)}"
+                        + (f"; pass {', '.join(op.params)} by keyword" if op.params else ""))
     # Hot path first: NDArrays only, one device, one dtype, one shape (a + b inside a training step).
     arrays = [a for a in args if type(a) is NDArray]
     if len(arrays) == len(args) and arrays:

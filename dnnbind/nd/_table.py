@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from .. import autograd
-from ._lower import optensor
+from ._lower import activation, optensor, relu_backward
 from ._registry import Op, REGISTRY, keepdims_shape, norm_axes, reduced_size, register
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -86,10 +86,12 @@ unary("arccos", np.arccos, "acos(a)", lambda g, y, a: -(g * rsqrt(1.0 - a * a)))
 unary("arctan", np.arctan, "atan(a)", lambda g, y, a: g / (a * a + 1.0))
 unary("sinh", np.sinh, "sinh(a)", lambda g, y, a: g * cosh(a))
 unary("cosh", np.cosh, "cosh(a)", lambda g, y, a: g * sinh(a))
-unary("tanh", np.tanh, "tanh(a)", lambda g, y, a: _act_grad("tanh", g, y))
+unary("tanh", np.tanh, "tanh(a)", lambda g, y, a: _act_grad("tanh", g, y), lib=activation("tanh"))
 unary("erf", lambda x: np.asarray(_erf(x), dtype=np.result_type(x)), "erf(a)", lambda g, y, a: g * exp(-(a * a)) * _SQRT_PI_2)
-unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), "1 / (1 + exp(-a))", lambda g, y, a: _act_grad("sigmoid", g, y))
-unary("relu", lambda x: np.maximum(x, 0), "a > 0 ? a : 0", lambda g, y, a: _act_grad("relu", g, y), ints=True)
+unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), "1 / (1 + exp(-a))", lambda g, y, a: _act_grad("sigmoid", g, y),
+      lib=activation("sigmoid"))
+unary("relu", lambda x: np.maximum(x, 0), "a > 0 ? a : 0", lambda g, y, a: _act_grad("relu", g, y), ints=True,
+      lib=activation("relu"))
 unary("softrelu", lambda x: np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))),
       "a > 20 ? a : log1p(exp(a))", lambda g, y, a: g * sigmoid(a))
 unary("softsign", lambda x: x / (1 + np.abs(x)), "a / (1 + (a < 0 ? -a : a))",
@@ -105,7 +107,7 @@ def _act_grad(kind, g, y):
 
 
 binary("_relu_backward", lambda g, y: np.where(y > 0, g, 0), "b > 0 ? a : 0",
-       lambda gg, out, g, y: (_b(g, lambda: _act_grad("relu", gg, y)), None), nd=())
+       lambda gg, out, g, y: (_b(g, lambda: _act_grad("relu", gg, y)), None), nd=(), lib=relu_backward)
 binary("_sigmoid_backward", lambda g, y: g * y * (1 - y), "a * b * (1 - b)",
        lambda gg, out, g, y: (_b(g, lambda: gg * y * (1.0 - y)), _b(y, lambda: gg * g * (1.0 - y * 2.0))), nd=())
 binary("_tanh_backward", lambda g, y: g * (1 - y * y), "a * (1 - b * b)",
@@ -136,7 +138,7 @@ binary("minimum", np.minimum, "a < b ? a : (b < a ? b : (a != a ? a : b))",
        lib=optensor("min"))
 binary("hypot", np.hypot, "sqrt((double)a * a + (double)b * b)",
        lambda g, y, a, b: (_b(a, lambda: g * a / y), _b(b, lambda: g * b / y)), nd=("broadcast_hypot",))
-binary("arctan2", np.arctan2, "atan2(a, b)",
+binary("arctan2", np.arctan2, "atan2((double)a, (double)b)",
        lambda g, y, a, b: (_b(a, lambda: g * b / (a * a + b * b)), _b(b, lambda: -(g * a) / (a * a + b * b))))
 for _name, _fn, _c, _aliases in (
         ("equal", np.equal, "a == b", ("broadcast_equal", "_equal")),

@@ -18,7 +18,11 @@ from typing import Any
 
 import numpy as np
 
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# The float dtypes, named once for every op and its twin.
+# FLOAT_DTYPES: every float dtype an NDArray holds; what the cuDNN ops take (float16 computes in float32).
+# FLOAT32_64: where float16 has no path: cuBLAS's S/D routines, the NVRTC loss kernels, the numpy twins.
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+FLOAT32_64 = (np.dtype(np.float32), np.dtype(np.float64))
 
 ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
 POOLING_MODES = ("max", "avg", "avg_exclude_pad")
@@ -41,20 +45,27 @@ def _is_int(v: Any) -> bool:
     return type(v) is int or (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)))
 
 
-def pair(op: str, name: str, value: Any, minimum: int = 1) -> Pair:
-    """Normalize an int or (h, w) pair of ints to a tuple, each at least `minimum`."""
-    if type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int \
-            and value[0] >= minimum and value[1] >= minimum:
-        return value  # already normalized (the hot path: ops call this with normalized pairs)
+def as_tuple(value: Any, n: int = 2, op: str = "", name: str = "value", minimum: int | None = None
+             ) -> tuple[int, ...]:
+    """An int (repeated ``n`` times) or a tuple/list of ``n`` ints, as a tuple of ints, each at least ``minimum``
+    (if given). TypeError for anything else (floats, bools, strings, another length), ValueError below minimum.
+    ``op`` and ``name`` start the message: "conv_forward: stride must be ..."."""
+    if type(value) is tuple and len(value) == n:  # the hot path: ops call this with normalized tuples
+        for v in value:
+            if type(v) is not int or (minimum is not None and v < minimum):
+                break
+        else:
+            return value
     if _is_int(value):
-        hw = (int(value), int(value))
-    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) for v in value):
-        hw = (int(value[0]), int(value[1]))
+        out = (int(value),) * n
+    elif isinstance(value, (tuple, list)) and len(value) == n and all(_is_int(v) for v in value):
+        out = tuple(int(v) for v in value)
     else:
-        raise TypeError(f"{op}: {name} must be an int or an (h, w) pair of ints, got {value!r}")
-    if min(hw) < minimum:
-        raise ValueError(f"{op}: {name} must be >= {minimum}, got {value!r}")
-    return hw
+        what = "an (h, w) pair of ints" if n == 2 else f"a tuple of {n} ints"
+        raise TypeError(f"{op + ': ' if op else ''}{name} must be an int or {what}, got {value!r}")
+    if minimum is not None and min(out) < minimum:
+        raise ValueError(f"{op + ': ' if op else ''}{name} must be >= {minimum}, got {value!r}")
+    return out
 
 
 def scalar(op: str, name: str, value: Any) -> float:
@@ -83,7 +94,7 @@ def check_shape_arg(op: str, name: str, shape: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in shape)
 
 
-def check_dtype(op: str, allowed: tuple = FLOAT_DTYPES, **arrays: Any) -> np.dtype:
+def check_dtype(op: str, allowed: tuple = FLOAT32_64, **arrays: Any) -> np.dtype:
     """All given arrays (None skipped) share one dtype from `allowed`; returns it."""
     first = None
     for a in arrays.values():  # hot path: every array already has the same allowed dtype
@@ -133,9 +144,9 @@ def conv_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None, stride
     x_shape = check_ndim(op, "x", x_shape, (4,), "4-D (N, C, H, W)")
     w_shape = check_ndim(op, "w", w_shape, (4,), "4-D (K, C/groups, R, S)")
     shapes = _fmt(x=x_shape, w=w_shape)
-    stride = pair(op, "stride", stride, 1)
-    padding = pair(op, "padding", padding, 0)
-    dilation = pair(op, "dilation", dilation, 1)
+    stride = as_tuple(stride, 2, op, "stride", 1)
+    padding = as_tuple(padding, 2, op, "padding", 0)
+    dilation = as_tuple(dilation, 2, op, "dilation", 1)
     if not _is_int(groups):
         raise TypeError(f"{op}: groups must be an int, got {groups!r}")
     groups = int(groups)
@@ -223,9 +234,9 @@ def pool_params(op: str, x_shape: Any, mode: Any = "max", window: Any = 2, strid
     """Validate 2-D pooling; returns (window, stride, padding, y_shape). stride None means window."""
     pooling_mode(op, mode)
     x_shape = check_ndim(op, "x", x_shape, (4,), "4-D (N, C, H, W)")
-    window = pair(op, "window", window, 1)
-    stride = window if stride is None else pair(op, "stride", stride, 1)
-    padding = pair(op, "padding", padding, 0)
+    window = as_tuple(window, 2, op, "window", 1)
+    stride = window if stride is None else as_tuple(stride, 2, op, "stride", 1)
+    padding = as_tuple(padding, 2, op, "padding", 0)
     n, c, h, w = x_shape
     # NOTE: padding < window keeps at least one real element in every window, so max never sees only pad.
     if padding[0] >= window[0] or padding[1] >= window[1]:
@@ -310,7 +321,7 @@ def linear_grad_params(op: str, x_shape: Any, w_shape: Any, dy_shape: Any) -> tu
 
 def loss_params(op: str, scores: Any, labels: Any, dloss: Any = None, scores_name: str = "logits") -> int:
     """scores (N, C) float, labels (N,) integer, dloss (N,) like scores; returns C."""
-    check_dtype(op, FLOAT_DTYPES, **{scores_name: scores}, **({} if dloss is None else {"dloss": dloss}))
+    check_dtype(op, FLOAT32_64, **{scores_name: scores}, **({} if dloss is None else {"dloss": dloss}))
     s_shape = check_ndim(op, scores_name, scores, (2,), "2-D (N, C)")
     if np.dtype(labels.dtype).kind not in "iu":
         raise TypeError(f"{op}: labels must have an integer dtype (class ids), got {np.dtype(labels.dtype).name}")

@@ -1,10 +1,15 @@
-"""Layer 2 (ops): helpers the GPU ops share: dtype checks, handles, workspace, outputs. Imports runtime/_lib.
+"""Layer 2 (ops): helpers the GPU ops share: dtype checks, handles, workspace, outputs, bounded caches. Imports
+runtime/_lib.
 
 The workspace is one growable device buffer per stream: ops on a stream run in order, so they can share
 it, and growing it frees the old one stream-ordered (safe while earlier work still reads it).
 """
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -15,10 +20,9 @@ from ..runtime.memory import DeviceBuffer
 from ..runtime.stream import current_stream
 from . import _check
 
-FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 
-
-def float_dtype(op: str, allowed=FLOATS, **arrays) -> np.dtype:
+def float_dtype(op: str, allowed: tuple = _check.FLOAT_DTYPES, **arrays) -> np.dtype:
+    """The one dtype of ``arrays`` (None skipped), from ``allowed`` (default: every float, float16 included)."""
     return _check.check_dtype(op, allowed, **{k: v for k, v in arrays.items() if v is not None})
 
 
@@ -56,3 +60,16 @@ def with_context(exc: DnnbindError, **info) -> DnnbindError:
     if hasattr(exc, "add_info"):
         return exc.add_info(text)
     return exc
+
+
+def cache_insert(cache: dict, key: Any, make: Callable[[], Any], lock: threading.Lock, limit: int) -> Any:
+    """The value of ``key`` in ``cache``, made by ``make()`` under ``lock`` unless another thread made it first;
+    beyond ``limit`` entries the oldest one is dropped (a cap, not an LRU: lookups stay plain ``cache.get(key)``
+    without the lock, the hot path). A dropped entry still in use lives on through its users' references."""
+    with lock:
+        value = cache.get(key)
+        if value is None:
+            value = cache[key] = make()
+            if len(cache) > limit:
+                del cache[next(iter(cache))]  # dicts keep insertion order: the first key is the oldest
+    return value

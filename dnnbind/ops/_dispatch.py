@@ -5,7 +5,9 @@
 - NDArrays on the cpu -> the numpy twin on their buffers, results wrapped as cpu NDArrays;
 - numpy arrays -> computed on the default device (the GPU when there is one) and returned as numpy;
 - CUDA arrays of other libraries (CuPy, torch) -> wrapped without a copy, results as NDArrays;
-- arrays on different devices -> ValueError naming the op and the devices.
+- arrays on different devices -> ValueError naming the op and the devices;
+- None for a required array, or anything that is no array of numbers -> TypeError naming the op and argument,
+  before any library call (the op's own checks then refuse bad shapes with ValueError).
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ import inspect
 
 import numpy as np
 
-from .._lib.cfunc import TRACING
+from .._lib import hooks
+from .._lib.hooks import TRACING
 from ..runtime.array import NDArray, array
 from ..runtime.device import default_device
 
 
 def op(reference, *array_names: str):
     def deco(impl):
-        names = list(inspect.signature(impl).parameters)
+        params = inspect.signature(impl).parameters
+        names = list(params)
         positions = [(names.index(a), a) for a in array_names]
+        required = frozenset(a for a in array_names if params[a].default is inspect.Parameter.empty)
         op_name = impl.__name__
 
         @functools.wraps(impl)
@@ -33,6 +38,8 @@ def op(reference, *array_names: str):
             for pos, name in positions:
                 a = args[pos] if pos < len(args) else kwargs.get(name)
                 if a is None:
+                    if name in required:  # before any work: the GPU path would fail on None's attributes
+                        raise _not_an_array(op_name, name, a)
                     continue
                 if type(a) is not NDArray or a._data is not None:
                     fast = False
@@ -43,41 +50,47 @@ def op(reference, *array_names: str):
                     fast = False
                     break
             if TRACING:  # dnnbind.trace() is recording: name the op around its library calls
-                from .. import trace
-                with trace.scope(op_name, op=True):
+                with hooks.scope(op_name, op=True):
                     if fast:
                         return impl(*args, **kwargs)
-                    return _slow_path(op_name, impl, reference, positions, args, kwargs)
+                    return _slow_path(op_name, impl, reference, positions, required, args, kwargs)
             if fast:
                 return impl(*args, **kwargs)
-            return _slow_path(op_name, impl, reference, positions, args, kwargs)
+            return _slow_path(op_name, impl, reference, positions, required, args, kwargs)
 
         wrapper.gpu = impl
         wrapper.reference = reference
+        wrapper.array_names, wrapper.required_arrays = tuple(array_names), required
         return wrapper
     return deco
 
 
-def _slow_path(op_name, impl, reference, positions, args, kwargs):
+def _not_an_array(op_name: str, name: str, a) -> TypeError:
+    return TypeError(f"{op_name}: {name} must be an array (NDArray, numpy, CuPy or torch), got {type(a).__name__}")
+
+
+def _slow_path(op_name, impl, reference, positions, required, args, kwargs):
     args = list(args)
     found = []
     for pos, name in positions:
         a = args[pos] if pos < len(args) else kwargs.get(name)
         if a is not None:
             found.append((pos, name, a))
+        elif name in required:
+            raise _not_an_array(op_name, name, a)
     kinds = set()
     devices = {}
-    for _, name, a in found:
+    for i, (pos, name, a) in enumerate(found):
         if isinstance(a, NDArray):
             kinds.add("nd")
             devices[name] = a.device
-        elif isinstance(a, np.ndarray) or np.isscalar(a) or isinstance(a, (list, tuple)):
+        elif isinstance(a, (np.ndarray, np.generic, int, float, list, tuple)):
+            found[i] = (pos, name, _numeric(op_name, name, a))  # checked once, here, before any work
             kinds.add("numpy")
         elif hasattr(a, "__cuda_array_interface__") or hasattr(a, "__dlpack__"):
             kinds.add("foreign")
         else:
-            raise TypeError(f"{op_name}: {name} must be an array (NDArray, numpy, CuPy or torch), "
-                            f"got {type(a).__name__}")
+            raise _not_an_array(op_name, name, a)
     if len(set(devices.values())) > 1:
         where = ", ".join(f"{n} on {d}" for n, d in devices.items())
         raise ValueError(f"{op_name}: all arrays must be on one device, got {where}; move them with .to(device)")
@@ -93,27 +106,27 @@ def _slow_path(op_name, impl, reference, positions, args, kwargs):
         target = default_device()
         if target.kind == "cpu":
             for pos, name, a in found:
-                put(pos, name, np.asarray(a))
+                put(pos, name, a)
             return _reference(op_name, reference, args, kwargs)
         for pos, name, a in found:
-            put(pos, name, array(np.asarray(a), device=target))
+            put(pos, name, array(a, device=target))
         return _to_numpy(impl(*args, **kwargs))
     if nd_device is not None and nd_device.kind == "cpu":
         if "foreign" in kinds:
             raise ValueError(f"{op_name}: cannot mix cpu NDArrays with GPU arrays of another library")
         for pos, name, a in found:
-            put(pos, name, a._data if isinstance(a, NDArray) else np.asarray(a, dtype=None))
+            put(pos, name, a._data if isinstance(a, NDArray) else a)
         return _wrap_cpu(_reference(op_name, reference, args, kwargs))
     # GPU: NDArrays on one GPU mixed with numpy or foreign arrays
+    if nd_device is None and "numpy" in kinds:  # whatever the order: no NDArray says where numpy data goes
+        raise ValueError(f"{op_name}: cannot mix numpy arrays with GPU arrays of another library; "
+                         "convert with dnnbind.array(x, device=...)")
     target = nd_device
     for pos, name, a in found:
         if isinstance(a, NDArray):
             continue
-        if isinstance(a, np.ndarray) or np.isscalar(a) or isinstance(a, (list, tuple)):
-            if target is None:
-                raise ValueError(f"{op_name}: cannot mix numpy arrays with GPU arrays of another library; "
-                                 "convert with dnnbind.array(x, device=...)")
-            put(pos, name, array(np.asarray(a), device=target))
+        if isinstance(a, np.ndarray):
+            put(pos, name, array(a, device=target))
             continue
         wrapped = array(a)
         if target is None:
@@ -124,10 +137,20 @@ def _slow_path(op_name, impl, reference, positions, args, kwargs):
     return impl(*args, **kwargs)
 
 
+def _numeric(op_name: str, name: str, a) -> np.ndarray:
+    """``a`` (numpy, a Python/numpy number or nested lists) as a numpy array of bools, ints or floats."""
+    try:
+        out = np.asarray(a)
+    except (ValueError, TypeError) as exc:  # ragged nested lists
+        raise TypeError(f"{op_name}: {name} is not an array: {exc}") from None
+    if out.dtype.kind not in "biuf":
+        raise TypeError(f"{op_name}: {name} has dtype {out.dtype}; expected numbers (bool, int or float)")
+    return out
+
+
 def _reference(op_name, reference, args, kwargs):
     if TRACING:  # the numpy backend's calls appear in a trace as library "numpy"
-        from .. import trace
-        return trace.timed_numpy(op_name, reference, *args, **kwargs)
+        return hooks.timed_numpy(op_name, reference, *args, **kwargs)
     return reference(*args, **kwargs)
 
 

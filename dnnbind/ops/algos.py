@@ -40,6 +40,7 @@ _policy = {"mode": "time", "deterministic": False,
 BACKEND = 1000  # algorithm ids >= BACKEND name backend execution plans (see module docstring)
 _plan_names: dict = {}  # (key, algo >= BACKEND) -> the plan's name, for chosen()
 _chosen = {"eager": {}, "graph": {}}  # objective -> {key -> (algo, workspace bytes)}
+_chosen_lock = threading.Lock()  # insertions and clears (lookups are plain dict gets); one entry per conv shape
 _tls = threading.local()
 _identity: dict = {}  # device index -> "GPU name sm_XY cudnn N", the on-disk cache's scope
 
@@ -61,8 +62,9 @@ def set_conv_algo_policy(mode: str = "time", deterministic: bool = False, backen
         raise ValueError(f"set_conv_algo_policy: mode must be 'time' or 'heuristic', got {mode!r}")
     backend = _policy["backend"] if backend is None else bool(backend)
     if (mode, deterministic, backend) != (_policy["mode"], _policy["deterministic"], _policy["backend"]):
-        for table in _chosen.values():
-            table.clear()
+        with _chosen_lock:
+            for table in _chosen.values():
+                table.clear()
     _policy.update(mode=mode, deterministic=bool(deterministic), backend=backend)
 
 
@@ -153,8 +155,7 @@ def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device, o
             else:
                 hit = None
         if hit is not None and (only is None or hit[0] in only or hit[0] >= BACKEND):
-            table[key] = hit
-            return hit
+            return _remember(table, key, hit)
     cands = candidates(direction, handle, *descs)
     if only is not None:
         cands = [c for c in cands if c[0] in only]
@@ -170,8 +171,13 @@ def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device, o
     else:
         best = _time_candidates(cands, run, device, target)
         algo_cache.store(_device_identity(device), disk_key, best)
-    table[key] = best
-    return best
+    return _remember(table, key, best)
+
+
+def _remember(table: dict, key: tuple, choice: tuple) -> tuple:
+    """Keep the first choice made for ``key``: two threads timing one new shape at once agree on one."""
+    with _chosen_lock:
+        return table.setdefault(key, choice)
 
 
 def _device_identity(device) -> str:

@@ -23,7 +23,6 @@ _GEMM = {np.dtype(np.float32): "cublasSgemm_v2", np.dtype(np.float64): "cublasDg
 _GEMV = {np.dtype(np.float32): "cublasSgemv_v2", np.dtype(np.float64): "cublasDgemv_v2"}
 _AXPY = {np.dtype(np.float32): "cublasSaxpy_v2", np.dtype(np.float64): "cublasDaxpy_v2"}
 _SCAL = {np.dtype(np.float32): "cublasSscal_v2", np.dtype(np.float64): "cublasDscal_v2"}
-BLAS_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def gemm_into(h, a_ptr, b_ptr, c_ptr, m, n, k, trans_a, trans_b, alpha, beta, dtype) -> None:
@@ -63,7 +62,7 @@ def ones_vector(device, n: int, dtype) -> NDArray:
 @op(reference.gemm, "a", "b", "c")
 def gemm(a, b, c=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
     """alpha op(a) @ op(b) + beta c: ``cublasSgemm_v2`` (``cublasDgemm_v2`` for float64)."""
-    dtype = float_dtype("gemm", BLAS_FLOATS, a=a, b=b, c=c)
+    dtype = float_dtype("gemm", _check.FLOAT32_64, a=a, b=b, c=c)
     m, n, k = _check.gemm_params("gemm", a._shape, b._shape, None if c is None else c._shape, trans_a, trans_b,
                                beta=beta)
     out = c.copy() if (c is not None and beta != 0) else out_like((m, n), dtype, a._device)
@@ -75,7 +74,7 @@ def gemm(a, b, c=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
 @op(reference.linear_forward, "x", "w", "b")
 def linear_forward(x, w, b=None):
     """y = x w^T + b (Dense): one Sgemm, bias by a rank-1 Sgemm (ones[N] b^T) so it is one more cuBLAS call."""
-    dtype = float_dtype("linear_forward", BLAS_FLOATS, x=x, w=w, b=b)
+    dtype = float_dtype("linear_forward", _check.FLOAT32_64, x=x, w=w, b=b)
     n, units = _check.linear_params("linear_forward", x._shape, w._shape, None if b is None else b._shape)
     k = x._shape[1]
     y = out_like((n, units), dtype, x._device)
@@ -92,7 +91,7 @@ def linear_forward(x, w, b=None):
 @op(reference.linear_backward, "x", "w", "dy")
 def linear_backward(x, w, dy, bias=True):
     """(dx, dw, db): dx = dy w, dw = dy^T x (two Sgemm), db = column sums of dy (Sgemv with ones)."""
-    dtype = float_dtype("linear_backward", BLAS_FLOATS, x=x, w=w, dy=dy)
+    dtype = float_dtype("linear_backward", _check.FLOAT32_64, x=x, w=w, dy=dy)
     _check.linear_grad_params("linear_backward", x._shape, w._shape, dy._shape)
     n, k = x._shape
     units = w._shape[0]
@@ -126,7 +125,7 @@ def axpy(alpha, x, y):
     """y += alpha x in place: ``cublasSaxpy_v2``."""
     _inplace_check("axpy", x=x, y=y)
     _check.check_same_shape("axpy", x=x, y=y)
-    dtype = float_dtype("axpy", BLAS_FLOATS, x=x, y=y)
+    dtype = float_dtype("axpy", _check.FLOAT32_64, x=x, y=y)
     if y._data is not None:
         reference.axpy(alpha, x._data, y._data)
     elif y.size:
@@ -137,7 +136,7 @@ def axpy(alpha, x, y):
 def scal(alpha, x):
     """x *= alpha in place: ``cublasSscal_v2``."""
     _inplace_check("scal", x=x)
-    dtype = float_dtype("scal", BLAS_FLOATS, x=x)
+    dtype = float_dtype("scal", _check.FLOAT32_64, x=x)
     if x._data is not None:
         reference.scal(alpha, x._data)
     elif x.size:
@@ -153,7 +152,7 @@ def fill(x, value):
     elif value == 0 or x.size == 0:
         x.zero_()
     else:
-        dtype = float_dtype("fill", BLAS_FLOATS, x=x)
+        dtype = float_dtype("fill", _check.FLOAT32_64, x=x)
         name = "fill_f64" if dtype == np.float64 else "fill_f32"
         val = np.float64(value) if dtype == np.float64 else np.float32(value)
         _kernels.kernel(name).launch(_kernels.grid_for(x.size), 256, (x, val, np.int64(x.size)),

@@ -7,16 +7,20 @@ two together). Algorithms come from ops.algos, chosen once per shape; the worksp
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-from .._lib import cudnn
-from .._lib.cfunc import TRACING
+from .._lib import cudnn, hooks
 from .._lib.errors import CudnnError
+from .._lib.hooks import TRACING
 from ..runtime import config
+from ..runtime.array import NDArray, empty
 from . import _check, algos, conv_backend, reference
 from . import descriptors as D
-from ._common import dnn, float_dtype, out_like, with_context, workspace
+from ._common import blas, cache_insert, dnn, float_dtype, out_like, with_context, workspace
 from ._dispatch import op
+from .blas import ones_vector, row_sums_into, sum_rows_into
 
 L = cudnn.lib
 BACKEND = algos.BACKEND
@@ -34,28 +38,34 @@ class _Plan:
         k = (direction, self.key, algos.deterministic(), handle)
         found = _engines.get(k)
         if found is None:
-            x_shape, w_shape, stride, padding, dilation, groups, dtype, math = self.params
-            if dtype not in conv_backend.DTYPES:
-                found = _engines[k] = []
-                return found
-            try:
-                found = conv_backend.candidates(handle, direction, x_shape, w_shape, self.y_shape, stride, padding,
-                                                dilation, dtype, math, algos.deterministic(), groups=groups)
-            except CudnnError:
-                found = []  # the legacy algorithms remain
-            _engines[k] = found
+            found = cache_insert(_engines, k, lambda: self._build_plans(direction, handle), _engines_lock, PLAN_LIMIT)
         return found
 
+    def _build_plans(self, direction: str, handle) -> list:
+        x_shape, w_shape, stride, padding, dilation, groups, dtype, math = self.params
+        if dtype not in conv_backend.DTYPES:
+            return []
+        try:
+            return conv_backend.candidates(handle, direction, x_shape, w_shape, self.y_shape, stride, padding,
+                                           dilation, dtype, math, algos.deterministic(), groups=groups)
+        except CudnnError:
+            return []  # the legacy algorithms remain
 
+
+# Per argument set (_setup) and per (direction, shape, determinism, handle) (backend_plans); lookups without a
+# lock, insertions under one, at most PLAN_LIMIT entries each (the oldest dropped first).
+PLAN_LIMIT = 1024
 _plans: dict = {}
 _engines: dict = {}  # see _Plan.backend_plans
+_plans_lock, _engines_lock = threading.Lock(), threading.Lock()
 
 
-def _plan_info(direction, algo, key, ws_bytes) -> dict:
-    """What a trace shows for a backend plan's cudnnBackendExecute (the legacy calls carry their algorithm)."""
-    if algo < BACKEND:
-        return {}
-    return {"algo": algos.algo_name(direction, algo, (direction,) + key), "workspace_bytes": ws_bytes}
+def _annotate(direction, algo, key, ws_bytes, dtype, **shapes) -> None:
+    """Name shapes, dtype and math mode on the call the trace records next; for a backend plan's
+    cudnnBackendExecute also the plan and its workspace (the legacy calls carry their algorithm)."""
+    plan = {} if algo < BACKEND else {"algo": algos.algo_name(direction, algo, (direction,) + key),
+                                       "workspace_bytes": ws_bytes}
+    hooks.annotate(**shapes, dtype=dtype.name, math=config.math_mode(), **plan)
 
 
 def _exact(v) -> bool:
@@ -66,13 +76,18 @@ def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b
     """Validate once per argument set (with the bias, or the gradient's shape for a backward); build the
     descriptors. Other spellings (lists, floats) are validated every call instead of cached."""
     math = config.math_mode()
-    raw = plan = None
+    raw = None
     # Only exact ints are cached: 1.0 and True hash like 1 but must still be refused by the checks below.
     if _exact(stride) and _exact(padding) and _exact(dilation) and type(groups) is int:
         raw = (opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math)
         plan = _plans.get(raw)
         if plan is not None:
             return plan
+    plan = _new_plan(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math)
+    return plan if raw is None else cache_insert(_plans, raw, lambda: plan, _plans_lock, PLAN_LIMIT)
+
+
+def _new_plan(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math) -> _Plan:
     if dy_shape is None:
         stride, padding, dilation, groups, y_shape = _check.conv_params(
             opname, x_shape, w_shape, b_shape, stride, padding, dilation, groups)
@@ -87,8 +102,6 @@ def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b
     plan.xd, plan.wd = D.tensor(tuple(x_shape), dtype), D.filt(tuple(w_shape), dtype)
     plan.yd = D.tensor(y_shape, dtype)
     plan.bd = D.tensor((1, y_shape[1], 1, 1), dtype)
-    if raw is not None:
-        _plans[raw] = plan
     return plan
 
 
@@ -112,10 +125,8 @@ def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     try:
         algo, ws_bytes = algos.choose(("fwd",) + key, "fwd", h, (xd, wd, cdesc, yd), run, x._device,
                                       plans=lambda: plan.backend_plans("fwd", h))
-        if TRACING:  # name shapes, dtype and math mode on the call the trace records next
-            from .. import trace
-            trace.annotate(x=x._shape, w=w._shape, dtype=dtype.name, math=config.math_mode(),
-                           **_plan_info("fwd", algo, key, ws_bytes))
+        if TRACING:
+            _annotate("fwd", algo, key, ws_bytes, dtype, x=x._shape, w=w._shape)
         run(algo, *workspace(x._device, ws_bytes))
         if b is not None:
             L.cudnnAddTensor(h, one, plan.bd, b._ptr, one, yd, y._ptr)
@@ -160,9 +171,7 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
                                       only=(1,),  # CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
                                       plans=lambda: plan.backend_plans("fwd_bias_relu", h))
         if TRACING:
-            from .. import trace
-            trace.annotate(x=x._shape, w=w._shape, dtype=dtype.name, math=config.math_mode(),
-                           **_plan_info("fwd_bias_relu", algo, key, ws_bytes))
+            _annotate("fwd_bias_relu", algo, key, ws_bytes, dtype, x=x._shape, w=w._shape)
         run(algo, *workspace(x._device, ws_bytes))
     except CudnnError as exc:
         raise with_context(exc, op="conv_bias_relu_forward", x=x._shape, w=w._shape) from None
@@ -191,10 +200,8 @@ def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1
     try:
         algo, ws_bytes = algos.choose(("bwd_data",) + key, "bwd_data", h, (wd, dyd, cdesc, dxd), run, w._device,
                                       plans=lambda: plan.backend_plans("bwd_data", h))
-        if TRACING:  # name shapes, dtype and math mode on the call the trace records next
-            from .. import trace
-            trace.annotate(w=w._shape, dy=dy._shape, dtype=dtype.name, math=config.math_mode(),
-                           **_plan_info("bwd_data", algo, key, ws_bytes))
+        if TRACING:
+            _annotate("bwd_data", algo, key, ws_bytes, dtype, w=w._shape, dy=dy._shape)
         run(algo, *workspace(w._device, ws_bytes))
     except CudnnError as exc:
         raise with_context(exc, op="conv_backward_data", w=w._shape, dy=dy._shape, x_shape=x_shape) from None
@@ -223,10 +230,8 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
     try:
         algo, ws_bytes = algos.choose(("bwd_filter",) + key, "bwd_filter", h, (xd, dyd, cdesc, dwd), run,
                                       x._device, plans=lambda: plan.backend_plans("bwd_filter", h))
-        if TRACING:  # name shapes, dtype and math mode on the call the trace records next
-            from .. import trace
-            trace.annotate(x=x._shape, dy=dy._shape, dtype=dtype.name, math=config.math_mode(),
-                           **_plan_info("bwd_filter", algo, key, ws_bytes))
+        if TRACING:
+            _annotate("bwd_filter", algo, key, ws_bytes, dtype, x=x._shape, dy=dy._shape)
         run(algo, *workspace(x._device, ws_bytes))
     except CudnnError as exc:
         raise with_context(exc, op="conv_backward_filter", x=x._shape, dy=dy._shape, w_shape=w_shape) from None
@@ -248,6 +253,8 @@ def conv_backward_bias(dy):
 def _target(out, shape, dtype, device, opname):
     if out is None:
         return out_like(shape, dtype, device)
+    if not isinstance(out, NDArray):
+        raise TypeError(f"{opname}: out must be a dnnbind NDArray (written in place), got {type(out).__name__}")
     if out._shape != tuple(shape) or out._dtype != dtype or out._device is not device:
         raise ValueError(f"{opname}: out has shape {out._shape}, {out._dtype} on {out._device}; expected "
                          f"{tuple(shape)}, {dtype} on {device}")
@@ -260,10 +267,7 @@ def conv_backward_bias_gemv(dy, out=None):
     NOTE: cudnnConvolutionBackwardBias is slow at MNIST sizes (FACTS.md); the training path (nd.Convolution's
     backward) uses this instead. GPU NDArrays only.
     """
-    from ..runtime.array import empty
-    from .blas import ones_vector, row_sums_into, sum_rows_into
-    from ._common import blas
-    dtype = float_dtype("conv_backward_bias", (np.dtype(np.float32), np.dtype(np.float64)), dy=dy)
+    dtype = float_dtype("conv_backward_bias", _check.FLOAT32_64, dy=dy)
     n, k, p, q = dy._shape
     hw = p * q
     h = blas(dy)

@@ -1,18 +1,22 @@
-"""Layer 2 (ops): cuDNN descriptors as owned, cached Python objects. Imports _lib and runtime.
+"""Layer 2 (ops): cuDNN descriptors as owned, cached Python objects. Imports _lib and ops._common.
 
 A descriptor is built once per key (shape, dtype, params, math mode), frees itself when the cache drops it
-(weakref.finalize), and passes straight into ctypes through ``_as_parameter_``. Caches are plain dicts so
-the hot path is one lookup; a training run touches a few dozen keys.
+and nothing else holds it (weakref.finalize), and passes straight into ctypes through ``_as_parameter_``. The
+cache is a plain dict so the hot path is one lookup without a lock; insertions take a lock, and beyond
+CACHE_LIMIT entries the oldest is dropped (a training run touches a few dozen keys; a stream of new shapes
+must not grow it forever).
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 import weakref
 
 import numpy as np
 
 from .._lib import cudnn
+from ._common import cache_insert
 
 L = cudnn.lib
 
@@ -133,16 +137,19 @@ class PoolingDesc(_Descriptor):
                                       padding[0], padding[1], stride[0], stride[1])
 
 
+CACHE_LIMIT = 4096
 _cache: dict = {}
+_lock = threading.Lock()
+
+
+def _insert(key: tuple, make):
+    return cache_insert(_cache, key, make, _lock, CACHE_LIMIT)
 
 
 def tensor(shape: tuple, dtype) -> TensorDesc:
     """A 4-D NCHW descriptor for ``shape``: (N, C) -> (N, C, 1, 1); 1-D (C,) -> (1, C, 1, 1)."""
     key = ("t", shape, dtype)
-    d = _cache.get(key)
-    if d is None:
-        d = _cache[key] = TensorDesc(as4d(shape), dtype)
-    return d
+    return _cache.get(key) or _insert(key, lambda: TensorDesc(as4d(shape), dtype))
 
 
 def as4d(shape: tuple) -> tuple:
@@ -161,34 +168,22 @@ def as4d(shape: tuple) -> tuple:
 
 def filt(shape: tuple, dtype) -> FilterDesc:
     key = ("f", shape, dtype)
-    d = _cache.get(key)
-    if d is None:
-        d = _cache[key] = FilterDesc(shape, dtype)
-    return d
+    return _cache.get(key) or _insert(key, lambda: FilterDesc(shape, dtype))
 
 
 def conv(padding, stride, dilation, groups, dtype, math: str) -> ConvDesc:
     key = ("c", padding, stride, dilation, groups, dtype, math)
-    d = _cache.get(key)
-    if d is None:
-        d = _cache[key] = ConvDesc(padding, stride, dilation, groups, dtype, math)
-    return d
+    return _cache.get(key) or _insert(key, lambda: ConvDesc(padding, stride, dilation, groups, dtype, math))
 
 
 def activation(mode: str, coef: float) -> ActivationDesc:
     key = ("a", mode, coef)
-    d = _cache.get(key)
-    if d is None:
-        d = _cache[key] = ActivationDesc(mode, coef)
-    return d
+    return _cache.get(key) or _insert(key, lambda: ActivationDesc(mode, coef))
 
 
 def pooling(mode: str, window, padding, stride) -> PoolingDesc:
     key = ("p", mode, window, padding, stride)
-    d = _cache.get(key)
-    if d is None:
-        d = _cache[key] = PoolingDesc(mode, window, padding, stride)
-    return d
+    return _cache.get(key) or _insert(key, lambda: PoolingDesc(mode, window, padding, stride))
 
 
 def conv_output_dim(x_shape, w_shape, padding, stride, dilation, groups, dtype) -> tuple:

@@ -20,7 +20,7 @@ _LABELS = (np.dtype(np.int32), np.dtype(np.int64))
 
 
 def _labels(opname, scores, labels, dloss=None, scores_name="logits"):
-    dtype = float_dtype(opname, (np.dtype(np.float32), np.dtype(np.float64)), **{scores_name: scores})
+    dtype = float_dtype(opname, _check.FLOAT32_64, **{scores_name: scores})
     c = _check.loss_params(opname, scores, labels, dloss, scores_name)
     if labels._dtype not in _LABELS:
         raise TypeError(f"{opname}: labels must be int32 or int64 on the GPU, got {labels._dtype}; "

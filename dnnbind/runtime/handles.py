@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import threading
 
 from .._lib import cublas, cudnn
 from . import config
@@ -62,14 +63,25 @@ class CublasHandle:
 
 _cudnn: dict = {}
 _cublas: dict = {}
+# Creation is locked, lookups are not (the hot path): two threads asking for a new stream's handle at once must
+# not both create one (the loser's would never be destroyed). As runtime.stream does for default streams.
+_lock = threading.Lock()
+
+
+def _create(table: dict, cls, device: Device, stream: Stream):
+    with _lock:
+        h = table.get(stream)
+        if h is None:
+            _register_exit()
+            h = table[stream] = cls(device, stream)
+    return h
 
 
 def cudnn_handle(device: Device, stream: Stream | None = None) -> int:
     stream = stream or current_stream(device)
     h = _cudnn.get(stream)
     if h is None:
-        _register_exit()
-        h = _cudnn[stream] = CudnnHandle(device, stream)
+        h = _create(_cudnn, CudnnHandle, device, stream)
     return h.handle
 
 
@@ -77,8 +89,7 @@ def cublas_handle(device: Device, stream: Stream | None = None) -> int:
     stream = stream or current_stream(device)
     h = _cublas.get(stream)
     if h is None:
-        _register_exit()
-        h = _cublas[stream] = CublasHandle(device, stream)
+        h = _create(_cublas, CublasHandle, device, stream)
     elif h.math_version != config.math_version():
         h.sync_math()
     return h.handle
@@ -98,10 +109,11 @@ def _register_exit() -> None:
 def _release_all() -> None:
     """atexit: destroy every handle (cudnnDestroy/cublasDestroy wait for their streams' work themselves).
     Errors are swallowed: at exit a failing destroy must never mask the program's own result."""
-    for table in (_cudnn, _cublas):
-        for h in list(table.values()):
-            try:
-                h.close()
-            except Exception:
-                pass
-        table.clear()
+    with _lock:
+        for table in (_cudnn, _cublas):
+            for h in list(table.values()):
+                try:
+                    h.close()
+                except Exception:
+                    pass
+            table.clear()

@@ -9,9 +9,11 @@ and what lets allocations happen inside CUDA graph capture.
 from __future__ import annotations
 
 import atexit
+import warnings
 
 from .._lib import cudart
-from .._lib.cfunc import RECORDING
+from .._lib.errors import CudaError
+from .._lib.hooks import RECORDING
 from .device import Device
 from .stream import Stream, current_stream
 
@@ -55,10 +57,14 @@ class DeviceBuffer:
     # NOTE: __del__ rather than weakref.finalize: a training step makes ~30 buffers and finalize costs
     # microseconds each. The buffer holds its stream, so the stream outlives every buffer made on it.
     def __del__(self):
-        self.free()
+        ptr = getattr(self, "ptr", 0)  # 0 also when __init__ failed before allocating
+        self.ptr = 0
+        if ptr:
+            _free(ptr, self.stream, raising=False)  # an exception in __del__ would only be printed
 
     def free(self) -> None:
-        ptr = getattr(self, "ptr", 0)  # 0 also when __init__ failed before allocating
+        """Free now (stream-ordered); raises CudaError if CUDA refuses."""
+        ptr = getattr(self, "ptr", 0)
         self.ptr = 0
         if ptr:
             _free(ptr, self.stream)
@@ -67,7 +73,8 @@ class DeviceBuffer:
         return f"DeviceBuffer(0x{self.ptr:x}, {self.nbytes} bytes, {self.device!r})"
 
 
-def _free(ptr: int, stream: Stream) -> None:
+def _free(ptr: int, stream: Stream, raising: bool = True) -> None:
+    """cudaFreeAsync, its status checked: CudaError, or where raising is impossible (``__del__``) a warning."""
     if _shutting_down:
         return  # at exit the driver frees everything; CUDA may already be torn down
     if _holds or _pinned:  # a recorded step may still use this memory: its Hold frees it (see Hold)
@@ -76,11 +83,26 @@ def _free(ptr: int, stream: Stream) -> None:
         if owner is not None:
             owner.deferred[ptr] = stream
             return
-    try:
-        cudart.rt().cudaFreeAsync(ptr, stream.handle)
-    except Exception:
-        pass
+    # NOTE: cuda-python directly, not cudart.call: this runs for every buffer freed.
+    result = cudart.rt().cudaFreeAsync(ptr, stream.handle)
+    err = result[0] if type(result) is tuple else result
+    if err:  # cudaSuccess is 0
+        exc = CudaError(int(err), "cudaFreeAsync", f"{getattr(err, 'name', err)} - {cudart.error_string(err)}",
+                        f"freeing {ptr:#x} on {stream!r}")
+        if raising:
+            raise exc
+        _warn_once(exc)
 
+
+_warned: list = []
+
+
+def _warn_once(exc: CudaError) -> None:
+    """A failed free inside __del__ (or a garbage collection) cannot raise: say so once per process."""
+    if not _warned:
+        _warned.append(exc)
+        warnings.warn(f"{exc} (device memory may leak; later failures of cudaFreeAsync are not reported)",
+                      RuntimeWarning, stacklevel=2)
 
 
 _shutting_down = False
@@ -119,14 +141,19 @@ class Hold:
             if not _pinned[p]:
                 del _pinned[p]
         deferred, self.deferred = self.deferred, {}
+        failed = None
         for p, stream in deferred.items():
-            _free(p, stream)  # passed on to another Hold if one still pins it
+            try:
+                _free(p, stream)  # passed on to another Hold if one still pins it
+            except CudaError as exc:  # free the rest, then report the first failure
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 def _at_exit() -> None:
     global _shutting_down
     _shutting_down = True
-
 
 
 def memcpy(dst: int, src: int, nbytes: int, kind: int, stream: Stream) -> None:

@@ -1,4 +1,4 @@
-"""Convolution and pooling layers (``mxnet.gluon.nn``). Layer: gluon; imports nd, gluon.block.
+"""Convolution and pooling layers (``mxnet.gluon.nn``). Layer: gluon; imports nd, ops._check, gluon.block.
 
 Conv2D keeps MXNet's weight layout (channels, in_channels/groups, kh, kw), NCHW only: that is cuDNN's
 filter layout, so ``nd.Convolution`` hands the weight to cudnnConvolutionForward unchanged.
@@ -8,18 +8,11 @@ filter layout, so ``nd.Convolution`` hands the weight to cudnnConvolutionForward
 from __future__ import annotations
 
 from ... import nd
+from ...ops._check import as_tuple
 from ..block import Block
 from .basic_layers import Activation
 
 __all__ = ["AvgPool2D", "Conv2D", "GlobalAvgPool2D", "GlobalMaxPool2D", "MaxPool2D"]
-
-
-def _pair(v, name: str) -> tuple:
-    if isinstance(v, (tuple, list)):
-        if len(v) != 2:
-            raise ValueError(f"{name} must be an int or a pair (h, w), got {v!r}")
-        return tuple(int(d) for d in v)
-    return (int(v), int(v))
 
 
 class Conv2D(Block):
@@ -36,9 +29,10 @@ class Conv2D(Block):
         if channels % groups:
             raise ValueError(f"Conv2D: channels {channels} is not divisible by groups {groups}")
         self._channels, self._in_channels, self._groups = int(channels), int(in_channels), int(groups)
-        self._kernel = _pair(kernel_size, "kernel_size")
-        self._strides, self._padding = _pair(strides, "strides"), _pair(padding, "padding")
-        self._dilation = _pair(dilation, "dilation")
+        self._kernel = as_tuple(kernel_size, 2, "Conv2D", "kernel_size", 1)
+        self._strides = as_tuple(strides, 2, "Conv2D", "strides", 1)
+        self._padding = as_tuple(padding, 2, "Conv2D", "padding", 0)
+        self._dilation = as_tuple(dilation, 2, "Conv2D", "dilation", 1)
         with self.name_scope():
             wshape = (channels, in_channels // groups) + self._kernel
             self.weight = self.params.get("weight", shape=wshape, init=weight_initializer, allow_deferred_init=True)
@@ -102,9 +96,10 @@ class _Pool2D(Block):
             raise ValueError(f"{type(self).__name__}: only layout='NCHW' is supported, got {layout!r}")
         if ceil_mode:
             raise ValueError(f"{type(self).__name__}: ceil_mode=True is not supported (cuDNN pools with floor)")
-        self._size = _pair(pool_size, "pool_size")
-        self._strides = _pair(strides if strides is not None else pool_size, "strides")
-        self._padding = _pair(padding, "padding")
+        name = type(self).__name__
+        self._size = as_tuple(pool_size, 2, name, "pool_size", 1)
+        self._strides = as_tuple(strides if strides is not None else pool_size, 2, name, "strides", 1)
+        self._padding = as_tuple(padding, 2, name, "padding", 0)
         self._global, self._count_include_pad = global_pool, count_include_pad
 
     def _alias(self) -> str:

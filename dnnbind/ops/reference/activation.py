@@ -24,7 +24,7 @@ def activation_forward(x: np.ndarray, mode: str = "relu", coef: float = 0.0) -> 
     """relu, sigmoid, tanh, clipped_relu (min(max(x, 0), coef)), elu (x if x > 0 else coef*(exp(x) - 1))."""
     x = np.asarray(x)
     op = "activation_forward"
-    _check.check_dtype(op, _check.FLOAT_DTYPES, x=x)
+    _check.check_dtype(op, _check.FLOAT32_64, x=x)
     mode, coef = _check.activation_mode(op, mode, coef)
     if mode == "relu":
         return np.maximum(x, 0)
@@ -42,7 +42,7 @@ def activation_backward(y: np.ndarray, dy: np.ndarray, x: np.ndarray, mode: str 
     """dx = dy * f'(x)."""
     y, dy, x = np.asarray(y), np.asarray(dy), np.asarray(x)
     op = "activation_backward"
-    _check.check_dtype(op, _check.FLOAT_DTYPES, y=y, dy=dy, x=x)
+    _check.check_dtype(op, _check.FLOAT32_64, y=y, dy=dy, x=x)
     _check.check_same_shape(op, y=y, dy=dy, x=x)
     mode, coef = _check.activation_mode(op, mode, coef)
     if mode == "relu":
@@ -67,7 +67,7 @@ def softmax_forward(x: np.ndarray, algorithm: str = "accurate", mode: str = "ins
     """Softmax (or log-softmax) over C*H*W per sample (instance) or over C per pixel (channel)."""
     x = np.asarray(x)
     op = "softmax_forward"
-    _check.check_dtype(op, _check.FLOAT_DTYPES, x=x)
+    _check.check_dtype(op, _check.FLOAT32_64, x=x)
     algorithm, mode = _check.softmax_params(op, x.shape, algorithm, mode)
     v = _softmax_view(x, mode)
     shifted = v - v.max(axis=1, keepdims=True)
@@ -82,7 +82,7 @@ def softmax_backward(y: np.ndarray, dy: np.ndarray, algorithm: str = "accurate",
     """accurate: dx = y * (dy - sum(dy * y)); log: dx = dy - exp(y) * sum(dy); sums over the softmax axis."""
     y, dy = np.asarray(y), np.asarray(dy)
     op = "softmax_backward"
-    _check.check_dtype(op, _check.FLOAT_DTYPES, y=y, dy=dy)
+    _check.check_dtype(op, _check.FLOAT32_64, y=y, dy=dy)
     _check.check_same_shape(op, y=y, dy=dy)
     algorithm, mode = _check.softmax_params(op, y.shape, algorithm, mode)
     yv, dyv = _softmax_view(y, mode), _softmax_view(dy, mode)

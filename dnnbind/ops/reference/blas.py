@@ -16,7 +16,7 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, trans_a: boo
     a, b = np.asarray(a), np.asarray(b)
     c = None if c is None else np.asarray(c)
     op = "gemm"
-    dtype = _check.check_dtype(op, _check.FLOAT_DTYPES, a=a, b=b, c=c)
+    dtype = _check.check_dtype(op, _check.FLOAT32_64, a=a, b=b, c=c)
     alpha = _check.scalar(op, "alpha", alpha)
     beta = _check.scalar(op, "beta", beta)
     _check.gemm_params(op, a.shape, b.shape, None if c is None else c.shape, trans_a, trans_b, beta)
@@ -34,7 +34,7 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) ->
     x, w = np.asarray(x), np.asarray(w)
     b = None if b is None else np.asarray(b)
     op = "linear_forward"
-    _check.check_dtype(op, _check.FLOAT_DTYPES, x=x, w=w, b=b)
+    _check.check_dtype(op, _check.FLOAT32_64, x=x, w=w, b=b)
     _check.linear_params(op, x.shape, w.shape, None if b is None else b.shape)
     y = x @ w.T
     if b is not None:
@@ -47,7 +47,7 @@ def linear_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, bias: bool = T
     """(dx, dw, db) = (dy @ w, dy.T @ x, dy summed over rows, or None when bias is False)."""
     x, w, dy = np.asarray(x), np.asarray(w), np.asarray(dy)
     op = "linear_backward"
-    _check.check_dtype(op, _check.FLOAT_DTYPES, x=x, w=w, dy=dy)
+    _check.check_dtype(op, _check.FLOAT32_64, x=x, w=w, dy=dy)
     _check.linear_grad_params(op, x.shape, w.shape, dy.shape)
     return dy @ w, dy.T @ x, (dy.sum(axis=0) if bias else None)
 
@@ -63,7 +63,7 @@ def axpy(alpha: float, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     op = "axpy"
     x, y = np.asarray(x), _target(op, "y", y)
     alpha = _check.scalar(op, "alpha", alpha)
-    dtype = _check.check_dtype(op, _check.FLOAT_DTYPES, x=x, y=y)
+    dtype = _check.check_dtype(op, _check.FLOAT32_64, x=x, y=y)
     _check.check_same_shape(op, x=x, y=y)
     y += dtype.type(alpha) * x
     return y
@@ -74,7 +74,7 @@ def scal(alpha: float, x: np.ndarray) -> np.ndarray:
     op = "scal"
     x = _target(op, "x", x)
     alpha = _check.scalar(op, "alpha", alpha)
-    dtype = _check.check_dtype(op, _check.FLOAT_DTYPES, x=x)
+    dtype = _check.check_dtype(op, _check.FLOAT32_64, x=x)
     x *= dtype.type(alpha)
     return x
 
@@ -84,7 +84,7 @@ def fill(x: np.ndarray, value: float) -> np.ndarray:
     op = "fill"
     x = _target(op, "x", x)
     value = _check.scalar(op, "value", value)
-    _check.check_dtype(op, _check.FLOAT_DTYPES, x=x)
+    _check.check_dtype(op, _check.FLOAT32_64, x=x)
     x[...] = value
     return x
 
@@ -93,7 +93,7 @@ def copy(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """dst[...] = src in place (same shape and dtype); returns dst."""
     op = "copy"
     src, dst = np.asarray(src), _target(op, "dst", dst)
-    _check.check_dtype(op, _check.FLOAT_DTYPES, src=src, dst=dst)
+    _check.check_dtype(op, _check.FLOAT32_64, src=src, dst=dst)
     _check.check_same_shape(op, src=src, dst=dst)
     dst[...] = src
     return dst

@@ -63,7 +63,7 @@ def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stri
     """y[n, k] = sum over c in k's group, r, s of x_padded[n, c, p*sh + r*dh, q*sw + s*dw] * w[k, c, r, s] + b[k]."""
     x, w = np.asarray(x), np.asarray(w)
     b = None if b is None else np.asarray(b)
-    _check.check_dtype("conv_forward", _check.FLOAT_DTYPES, x=x, w=w, b=b)
+    _check.check_dtype("conv_forward", _check.FLOAT32_64, x=x, w=w, b=b)
     stride, padding, dilation, groups, y_shape = _check.conv_params(
         "conv_forward", x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
     n, k, p, q = y_shape
@@ -81,7 +81,7 @@ def conv_backward_data(w: np.ndarray, dy: np.ndarray, x_shape, stride=1, padding
     """dx = the adjoint of conv_forward in x, applied to dy."""
     w, dy = np.asarray(w), np.asarray(dy)
     op = "conv_backward_data"
-    _check.check_dtype(op, _check.FLOAT_DTYPES, w=w, dy=dy)
+    _check.check_dtype(op, _check.FLOAT32_64, w=w, dy=dy)
     x_shape = _check.check_shape_arg(op, "x_shape", x_shape)
     stride, padding, dilation, groups, _ = _check.conv_grad_params(
         op, x_shape, w.shape, dy.shape, stride, padding, dilation, groups)
@@ -97,7 +97,7 @@ def conv_backward_filter(x: np.ndarray, dy: np.ndarray, w_shape, stride=1, paddi
     """dw[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] * x_padded[n, c, p*sh + r*dh, q*sw + s*dw]."""
     x, dy = np.asarray(x), np.asarray(dy)
     op = "conv_backward_filter"
-    _check.check_dtype(op, _check.FLOAT_DTYPES, x=x, dy=dy)
+    _check.check_dtype(op, _check.FLOAT32_64, x=x, dy=dy)
     w_shape = _check.check_shape_arg(op, "w_shape", w_shape)
     stride, padding, dilation, groups, _ = _check.conv_grad_params(
         op, x.shape, w_shape, dy.shape, stride, padding, dilation, groups)
@@ -111,7 +111,7 @@ def conv_backward_filter(x: np.ndarray, dy: np.ndarray, w_shape, stride=1, paddi
 def conv_backward_bias(dy: np.ndarray) -> np.ndarray:
     """db[k] = sum of dy[:, k]."""
     dy = np.asarray(dy)
-    _check.check_dtype("conv_backward_bias", _check.FLOAT_DTYPES, dy=dy)
+    _check.check_dtype("conv_backward_bias", _check.FLOAT32_64, dy=dy)
     _check.conv_bias_params("conv_backward_bias", dy.shape)
     return dy.sum(axis=(0, 2, 3))
 
@@ -119,6 +119,6 @@ def conv_backward_bias(dy: np.ndarray) -> np.ndarray:
 def add_tensor(x: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x + b, b (C,) broadcast over x (N, C, ...) or b the same shape as x. Returns a new array."""
     x, b = np.asarray(x), np.asarray(b)
-    _check.check_dtype("add_tensor", _check.FLOAT_DTYPES, x=x, b=b)
+    _check.check_dtype("add_tensor", _check.FLOAT32_64, x=x, b=b)
     b_shape = _check.add_tensor_params("add_tensor", x.shape, b.shape)
     return x + b.reshape(b_shape)

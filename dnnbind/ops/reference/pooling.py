@@ -60,7 +60,7 @@ def pooling_forward(x: np.ndarray, mode: str = "max", window=2, stride=None, pad
     """y (N, C, P, Q) with P = floor((H + 2*pad - window) / stride) + 1, like cuDNN."""
     x = np.asarray(x)
     op = "pooling_forward"
-    _check.check_dtype(op, _check.FLOAT_DTYPES, x=x)
+    _check.check_dtype(op, _check.FLOAT32_64, x=x)
     mode = _check.pooling_mode(op, mode)
     window, stride, padding, (_, _, p, q) = _check.pool_params(op, x.shape, mode, window, stride, padding)
     if mode == "max":
@@ -77,7 +77,7 @@ def pooling_backward(y: np.ndarray, dy: np.ndarray, x: np.ndarray, mode: str = "
     """dx: max routes each window's dy to the window's first maximal x; avg spreads dy / divisor evenly."""
     y, dy, x = np.asarray(y), np.asarray(dy), np.asarray(x)
     op = "pooling_backward"
-    _check.check_dtype(op, _check.FLOAT_DTYPES, y=y, dy=dy, x=x)
+    _check.check_dtype(op, _check.FLOAT32_64, y=y, dy=dy, x=x)
     mode = _check.pooling_mode(op, mode)
     window, stride, padding, (_, _, p, q) = _check.pool_grad_params(
         op, x.shape, y.shape, dy.shape, mode, window, stride, padding)
