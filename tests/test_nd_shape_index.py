@@ -331,3 +331,20 @@ def test_trace_names_every_table_op_forward_and_backward():
     # backward: sum -> broadcast_to, exp -> multiply, add -> the broadcast b's gradient summed back (sum)
     assert ops[3:] == ["broadcast_to", "multiply", "sum"], ops
     assert_close(b.grad, np.exp(a.numpy() + b.numpy()).sum(axis=0), 1e-6, 0)
+
+
+def test_random_seed_repeats_initialization_dropout_and_draws():
+    from dnnbind import gluon
+
+    def run(seed=7):
+        nd.random.seed(seed)
+        net = gluon.nn.Dense(4, in_units=3)
+        net.initialize()
+        x = nd.random.normal(shape=(2, 3))
+        with autograd.train_mode():
+            y = nd.Dropout(net(x), p=0.5)
+        return net.weight.data().numpy(), y.numpy()
+
+    (w1, y1), (w2, y2), (w3, y3) = run(), run(), run(8)
+    assert (w1 == w2).all() and (y1 == y2).all()
+    assert not (w1 == w3).all() and not (y1 == y3).all()

@@ -14,8 +14,10 @@ from ..runtime.array import NDArray
 from . import _indexing, _linalg, _shape, _sort, _table  # noqa: F401  (each registers its ops)
 from ._creation import (arange, array, empty, eye, full, linspace, ones, ones_like, zeros,  # noqa: F401
                         zeros_like)
-from ._layers import (Activation, Convolution, Dropout, Flatten, FullyConnected, Pooling,  # noqa: F401
-                      log_softmax, pick_nll, softmax, softmax_cross_entropy, waitall)
+from ._layers import (Activation, Convolution, Dropout, Flatten, FullyConnected, Pooling, add_n,  # noqa: F401
+                      log_softmax, pick_nll, reshape_like, softmax, softmax_cross_entropy, waitall)
+
+ElementWiseSum = add_n
 from ._registry import REGISTRY, Op, call, invoke  # noqa: F401
 from . import random  # noqa: E402,F401
 
@@ -93,6 +95,6 @@ _methods.install(globals())
 
 __all__ = sorted({*_generated, "arange", "array", "empty", "eye", "full", "linspace", "ones", "ones_like",
                   "zeros", "zeros_like", "Activation", "Convolution", "Dropout", "Flatten", "FullyConnected",
-                  "Pooling", "log_softmax", "pick_nll", "softmax", "softmax_cross_entropy", "waitall", "save",
+                  "Pooling", "add_n", "ElementWiseSum", "reshape_like", "log_softmax", "pick_nll", "softmax", "softmax_cross_entropy", "waitall", "save",
                   "load", "load_frombuffer", "concatenate", "NDArray", "random"})
 np  # noqa: B018

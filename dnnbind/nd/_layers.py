@@ -20,8 +20,8 @@ from ..ops.conv import conv_backward_bias_gemv
 from ..ops._common import blas
 from ..runtime.array import empty
 
-__all__ = ["Activation", "Convolution", "Dropout", "Flatten", "FullyConnected", "Pooling", "log_softmax",
-           "pick_nll", "softmax", "softmax_cross_entropy", "waitall"]
+__all__ = ["Activation", "Convolution", "Dropout", "Flatten", "FullyConnected", "Pooling", "add_n", "log_softmax",
+           "pick_nll", "reshape_like", "softmax", "softmax_cross_entropy", "waitall"]
 
 
 def _pair(v):
@@ -118,11 +118,19 @@ def _linear_backward(x, w, b, dy):
 _ACT = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "elu": "elu", "clipped_relu": "clipped_relu"}
 
 
-def Activation(data, act_type="relu", coef=0.0):
-    """cudnnActivationForward; backward cudnnActivationBackward(y, dy, x)."""
+_TABLE_ACT = ("relu", "sigmoid", "tanh", "softrelu", "softsign")
+
+
+def Activation(data, act_type="relu", coef=0.0, **_ignored):
+    """MXNet's Activation: relu, sigmoid, tanh (cudnnActivationForward/Backward through the table's entries),
+    softrelu, softsign (generated kernels); elu and clipped_relu (with ``coef``) call cuDNN directly."""
+    if act_type in _TABLE_ACT and not coef:
+        from ._registry import call
+        return call(act_type, data)
     mode = _ACT.get(act_type)
     if mode is None:
-        raise ValueError(f"Activation: unknown act_type {act_type!r}; expected one of {', '.join(_ACT)}")
+        raise ValueError(f"Activation: unknown act_type {act_type!r}; expected one of "
+                         f"{', '.join(_TABLE_ACT + ('elu', 'clipped_relu'))}")
     y = ops.activation_forward(data, mode, coef)
     if is_recording():
         record_op("Activation", y, (data,), lambda dy: (ops.activation_backward(y, dy, data, mode, coef),))
@@ -202,6 +210,20 @@ def pick_nll(logp, labels):
     if is_recording():
         record_op("nll_loss", loss, (logp, None), lambda dl: (ops.nll_loss_backward(logp, labels, dl), None))
     return loss
+
+
+def add_n(*args, **_ignored):
+    """Sum of several same-shape arrays (MXNet's add_n / ElementWiseSum): a chain of table adds."""
+    if not args:
+        raise ValueError("add_n: needs at least one array")
+    out = args[0]
+    for a in args[1:]:
+        out = out + a
+    return out
+
+
+def reshape_like(lhs, rhs):
+    return lhs.reshape(rhs.shape)
 
 
 def Flatten(data):

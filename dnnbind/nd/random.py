@@ -25,11 +25,15 @@ _state = {"seed": int(np.random.SeedSequence().entropy % (1 << 62)), "offset": 0
 
 
 def seed(seed_state: int, ctx="all") -> None:
-    """``mx.random.seed(n)``: reset dnnbind's random state (both devices: ``ctx`` is accepted and ignored)."""
-    if not isinstance(seed_state, (int, np.integer)):
+    """``mx.random.seed(n)``: reset dnnbind's random state (both devices: ``ctx`` is accepted and ignored).
+
+    Also seeds numpy's global generator, which dnnbind's initializers and the DataLoader's shuffling draw
+    from (as MXNet's initializers draw from mx.random), so one call makes a whole run repeatable."""
+    if not isinstance(seed_state, (int, np.integer)) or isinstance(seed_state, bool):
         raise TypeError(f"random.seed: seed must be an int, got {type(seed_state).__name__}")
     with _lock:
         _state["seed"], _state["offset"], _state["rng"] = int(seed_state) % (1 << 62), 0, None
+    np.random.seed(int(seed_state) % (1 << 32))
 
 
 def _take(n: int) -> tuple[int, int]:
