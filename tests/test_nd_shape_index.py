@@ -12,7 +12,7 @@ import pytest
 import dnnbind
 from dnnbind import autograd, nd
 
-from _helpers import assert_close, numerical_grad
+from _helpers import assert_close, nd_gradcheck
 
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 RNG = np.random.default_rng(11)
@@ -23,19 +23,7 @@ def _x(shape, device, dtype="float32"):
     return host, nd.array(host, ctx=device, dtype=dtype)
 
 
-def _gradcheck(fn, arrays, device):
-    xs = [nd.array(a, ctx=device, dtype="float64") for a in arrays]
-    for x in xs:
-        x.attach_grad()
-    with autograd.record():
-        y = fn(*xs)
-    w = RNG.uniform(0.5, 1.5, y.shape)
-    y.backward(nd.array(w, ctx=device, dtype="float64"))
-    for i, a in enumerate(arrays):
-        def f(v, i=i):
-            return fn(*[nd.array(v if j == i else arrays[j], ctx=device, dtype="float64")
-                        for j in range(len(arrays))]).numpy()
-        assert_close(xs[i].grad, numerical_grad(f, a, w), 1e-5, 1e-6, name=f"grad {i}")
+_gradcheck = nd_gradcheck
 
 
 @pytest.mark.parametrize("device", DEVICES)

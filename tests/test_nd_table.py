@@ -14,7 +14,7 @@ import pytest
 from dnnbind import autograd, nd
 from dnnbind.nd import REGISTRY
 
-from _helpers import assert_close, numerical_grad
+from _helpers import assert_close, nd_gradcheck
 
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -118,21 +118,7 @@ def test_integer_dtypes(name, device):
         np.testing.assert_array_equal(got.numpy(), np.asarray(op.numpy(*args)).astype(dtype))
 
 
-def _gradcheck(fn, arrays, device, rtol=1e-5, atol=1e-6):
-    """Autograd through ``fn`` (nd ops, float64) against central differences of the same function."""
-    rng = np.random.default_rng(3)
-    xs = [nd.array(a, ctx=device, dtype="float64") for a in arrays]
-    for x in xs:
-        x.attach_grad()
-    with autograd.record():
-        y = fn(*xs)
-    w = rng.uniform(0.5, 1.5, y.shape)
-    y.backward(nd.array(w, ctx=device, dtype="float64"))
-    for i, a in enumerate(arrays):
-        def f(v, i=i):
-            vals = [nd.array(v if j == i else arrays[j], ctx=device, dtype="float64") for j in range(len(arrays))]
-            return fn(*vals).numpy()
-        assert_close(xs[i].grad, numerical_grad(f, a, w), rtol=rtol, atol=atol, name=f"grad of input {i}")
+_gradcheck = nd_gradcheck
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,9 +8,7 @@ the registry; the hand-written layer ops (``Convolution``, ``FullyConnected``, `
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..runtime.array import NDArray
+from ..runtime.array import NDArray  # noqa: F401  (nd.NDArray)
 from . import _indexing, _linalg, _shape, _sort, _table  # noqa: F401  (each registers its ops)
 from ._creation import (arange, array, empty, eye, full, linspace, ones, ones_like, zeros,  # noqa: F401
                         zeros_like)
@@ -20,9 +18,6 @@ from ._layers import (Activation, Convolution, Dropout, Flatten, FullyConnected,
 ElementWiseSum = add_n
 from ._registry import REGISTRY, Op, call, invoke  # noqa: F401
 from . import random  # noqa: E402,F401
-
-_MISSING = object()
-
 
 def _make_function(op: Op, nd_name: str):
     names = op.params
@@ -54,8 +49,7 @@ def _build_namespace(ns: dict) -> list:
     made = []
     for op in REGISTRY.values():
         for nd_name in op.nd_names:
-            if nd_name in ns and not getattr(ns[nd_name], "_generated", False) and nd_name not in ("sum", "max",
-                                                                                                    "min", "abs"):
+            if nd_name in ns and not getattr(ns[nd_name], "_generated", False):
                 raise RuntimeError(f"nd.{nd_name} is defined twice (table op {op.name!r} and a function)")
             fn = _make_function(op, nd_name)
             fn._generated = True
@@ -97,4 +91,3 @@ __all__ = sorted({*_generated, "arange", "array", "empty", "eye", "full", "linsp
                   "zeros", "zeros_like", "Activation", "Convolution", "Dropout", "Flatten", "FullyConnected",
                   "Pooling", "add_n", "ElementWiseSum", "reshape_like", "log_softmax", "pick_nll", "softmax", "softmax_cross_entropy", "waitall", "save",
                   "load", "load_frombuffer", "concatenate", "NDArray", "random"})
-np  # noqa: B018

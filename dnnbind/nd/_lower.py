@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from ..runtime.array import NDArray, empty
+from ..runtime.array import NDArray, contiguous_strides, empty
 from ..runtime.stream import current_stream
 
 _strided = None
@@ -26,14 +26,6 @@ def strided():
         from ..kernels import strided as mod
         _strided = mod
     return _strided
-
-
-def contiguous_strides(shape: tuple) -> tuple:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
 
 
 def broadcast_strides(shape: tuple, out_shape: tuple) -> tuple:

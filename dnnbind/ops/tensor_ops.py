@@ -26,7 +26,7 @@ import numpy as np
 
 from .._lib import cublas, cudnn
 from .._lib.errors import CublasError, CudnnError
-from ..runtime.array import NDArray, empty
+from ..runtime.array import NDArray, contiguous_strides, empty
 from ..runtime.memory import D2D, DeviceBuffer, memcpy
 from ..runtime.stream import current_stream
 from . import _check
@@ -163,12 +163,7 @@ def _span(shape: tuple, strides: tuple) -> int:
     return sum((d - 1) * abs(s) for d, s in zip(shape, strides))
 
 
-def _contiguous(shape: tuple) -> tuple:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
+_contiguous = contiguous_strides
 
 
 def _op_desc(op: str, dtype) -> OpTensorDesc:

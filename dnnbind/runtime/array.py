@@ -279,6 +279,15 @@ def _order_for_consumer(device: Device, consumer_stream: int) -> None:
     cudart.call("cudaStreamWaitEvent", consumer_stream, ev._obj, 0)
 
 
+def contiguous_strides(shape: tuple) -> tuple:
+    """Element strides of a C-contiguous array of ``shape``."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
 def _infer_shape(old: tuple, new: tuple) -> tuple:
     size = math.prod(old)
     out = [old[i] if d == 0 and i < len(old) else int(d) for i, d in enumerate(new)]
