@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -12,6 +14,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Conv algorithm choices persist on disk (ops.algo_cache); tests keep theirs out of the user's ~/.cache.
 os.environ["DNNBIND_CACHE_DIR"] = tempfile.mkdtemp(prefix="dnnbind-test-cache-")
+atexit.register(shutil.rmtree, os.environ["DNNBIND_CACHE_DIR"], ignore_errors=True)
 
 
 def _gpu_count() -> tuple[int, str]:
