@@ -280,20 +280,25 @@ def _map_general(op: Op, args, params):
 
 def _map_run(op: Op, args, params, shape, out_dtype, dev):
     if dev.kind == "cpu":
-        def run():
-            vals = [a._data if isinstance(a, NDArray) else a for a in args]
-            r = np.asarray(op.numpy(*vals, **params))
-            if r.dtype != out_dtype or r.shape != shape:
-                r = np.broadcast_to(r, shape).astype(out_dtype)
-            return NDArray._from_numpy(np.asarray(r, order="C"))
         if TRACING:
             from .._lib import hooks
-            return hooks.timed_numpy(op.name, lambda: run())
-        return run()
+            return hooks.timed_numpy(op.name, _map_cpu, op, args, params, shape, out_dtype)
+        return _map_cpu(op, args, params, shape, out_dtype)
     if TRACING:
         with _scope(op.name):
             return _map_gpu(op, args, params, shape, out_dtype, dev)
     return _map_gpu(op, args, params, shape, out_dtype, dev)
+
+
+def _map_cpu(op: Op, args, params, shape, out_dtype):
+    vals = [a._data if type(a) is NDArray else a for a in args]
+    with np.errstate(all="ignore"):  # NaN/inf results without warnings, as on the GPU (and in MXNet)
+        r = op.numpy(*vals, **params)
+    if type(r) is not np.ndarray or r.dtype != out_dtype or r.shape != shape:
+        r = np.broadcast_to(np.asarray(r), shape).astype(out_dtype)
+    elif not r.flags.c_contiguous:
+        r = np.ascontiguousarray(r)
+    return NDArray._from_numpy(r)
 
 
 def _map_gpu(op: Op, args, params, shape, out_dtype, dev):
@@ -344,8 +349,9 @@ def _reduce(op: Op, x, params):
     out_dtype = x._dtype if op.out_dtype is None else np.dtype(op.out_dtype(x._dtype))
     if x._device.kind == "cpu":
         def run():
-            r = np.asarray(op.numpy(x._data, axes, **{k: v for k, v in params.items()
-                                                      if k not in ("axis", "keepdims", "exclude")}))
+            with np.errstate(all="ignore"):
+                r = np.asarray(op.numpy(x._data, axes, **{k: v for k, v in params.items()
+                                                          if k not in ("axis", "keepdims", "exclude")}))
             return NDArray._from_numpy(np.asarray(r.reshape(out_shape).astype(out_dtype, copy=False), order="C"))
         if TRACING:
             from .._lib import hooks
