@@ -352,7 +352,34 @@ _TABLE = {
     #     void *indices, size_t indicesSizeInBytes, void *workspace, size_t workspaceSizeInBytes,
     #     const void *alpha, aDesc, const void *A, const void *beta, cDesc, void *C)
     "cudnnReduceTensor": (STATUS, [vp, vp, vp, size_t, vp, size_t, vp, vp, vp, vp, vp, vp]),
+    # --- batch normalization (ops.batchnorm), cudnn_ops_v9.h; deprecated since 9.0, exported by every 9.x ----
+    # cudnnStatus_t cudnnDeriveBNTensorDescriptor(cudnnTensorDescriptor_t derivedBnDesc,
+    #     const cudnnTensorDescriptor_t xDesc, cudnnBatchNormMode_t mode)
+    "cudnnDeriveBNTensorDescriptor": (STATUS, [vp, vp, i32]),
+    # cudnnStatus_t cudnnBatchNormalizationForwardTraining(handle, cudnnBatchNormMode_t mode, const void *alpha,
+    #     const void *beta, xDesc, const void *x, yDesc, void *y, bnScaleBiasMeanVarDesc, const void *bnScale,
+    #     const void *bnBias, double exponentialAverageFactor, void *resultRunningMean,
+    #     void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance)
+    "cudnnBatchNormalizationForwardTraining": (
+        STATUS, [vp, i32, vp, vp, vp, vp, vp, vp, vp, vp, vp, f64, vp, vp, f64, vp, vp]),
+    # cudnnStatus_t cudnnBatchNormalizationForwardInference(handle, cudnnBatchNormMode_t mode,
+    #     const void *alpha, const void *beta, xDesc, const void *x, yDesc, void *y, bnScaleBiasMeanVarDesc,
+    #     const void *bnScale, const void *bnBias, const void *estimatedMean, const void *estimatedVariance,
+    #     double epsilon)
+    "cudnnBatchNormalizationForwardInference": (STATUS, [vp, i32, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, f64]),
+    # cudnnStatus_t cudnnBatchNormalizationBackward(handle, cudnnBatchNormMode_t mode, const void *alphaDataDiff,
+    #     const void *betaDataDiff, const void *alphaParamDiff, const void *betaParamDiff, xDesc, const void *x,
+    #     dyDesc, const void *dy, dxDesc, void *dx, dBnScaleBiasDesc, const void *bnScale, void *dBnScaleResult,
+    #     void *dBnBiasResult, double epsilon, const void *savedMean, const void *savedInvVariance)
+    "cudnnBatchNormalizationBackward": (
+        STATUS, [vp, i32, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, f64, vp, vp]),
 }
+
+# cudnnBatchNormMode_t (cudnn_ops_v9.h) and CUDNN_BN_MIN_EPSILON (0.0 since cuDNN 7.5; a #define)
+CUDNN_BATCHNORM_PER_ACTIVATION, CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_SPATIAL_PERSISTENT = 0, 1, 2
+CUDNN_BN_MIN_EPSILON = 0.0
+# cudnnBatchNormOps_t (for the *Ex calls, not bound yet)
+CUDNN_BATCHNORM_OPS_BN, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION = 0, 1, 2
 
 
 def error_string(status: int) -> str:

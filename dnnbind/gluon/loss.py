@@ -1,43 +1,55 @@
 """Losses (``mxnet.gluon.loss``). Layer: gluon; imports nd, runtime, gluon.block.
 
-Every loss returns one value per sample, shape (N,), as MXNet does. ``loss.backward()`` then seeds ones
-(the sum over the batch) and ``Trainer.step(batch_size)`` divides by the batch size: the seed's loop.
+MXNet 1.x semantics (python/mxnet/gluon/loss.py at v1.9.x is the specification): the element-wise loss is
+scaled by ``sample_weight`` (broadcast against it) and the scalar ``weight``, then averaged (KLDivLoss: summed)
+over every axis but ``batch_axis``, so every loss returns one value per sample. ``loss.backward()`` then seeds
+ones (the sum over the batch) and ``Trainer.step(batch_size)`` divides by the batch size: the seed's loop.
 
-Reductions over a row (dense labels, L2) are a FullyConnected against a constant (1, C) weight, so they are
-one recorded cuBLAS call on the GPU with a backward for free, instead of a host round trip.
+All math is composed of nd ops, so every loss has a gradient and runs on the arrays' device. The common
+classification case (sparse labels, 2-D logits, class axis last) keeps a fused path: cuDNN's log-softmax and a
+gather kernel in one recorded op.
 """
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from .. import nd
-from ..runtime.array import NDArray, array, full
+from ..runtime.array import NDArray, array
 from .block import Block
 
-__all__ = ["L2Loss", "Loss", "NLLLoss", "SoftmaxCELoss", "SoftmaxCrossEntropyLoss"]
+__all__ = ["HingeLoss", "HuberLoss", "KLDivLoss", "L1Loss", "L2Loss", "LogisticLoss", "Loss", "NLLLoss",
+           "SigmoidBCELoss", "SigmoidBinaryCrossEntropyLoss", "SoftmaxCELoss", "SoftmaxCrossEntropyLoss",
+           "SquaredHingeLoss"]
 
-_row_weights: dict = {}
+
+def _as_nd(v, like: NDArray, what: str, dtype=None) -> NDArray:
+    """``v`` as an NDArray on ``like``'s device (numpy arrays, lists and numbers are uploaded)."""
+    if not isinstance(v, NDArray):
+        v = array(np.asarray(v, dtype=dtype or like.dtype), device=like.device)
+    elif v.device is not like.device:
+        v = v.as_in_context(like.device)
+    if dtype is not None and v.dtype != np.dtype(dtype):
+        v = v.astype(dtype)
+    return v
 
 
-def _row_reduce(x: NDArray, scale: float) -> NDArray:
-    """(N, ...) -> (N,): scale * the sum of each row, recorded."""
-    n = x.shape[0]
-    x2 = x.reshape((n, -1))
-    cols = x2.shape[1]
-    if cols == 1 and scale == 1.0:
-        return x2.reshape((n,))
-    key = (cols, scale, x.device, x.dtype)
-    w = _row_weights.get(key)
-    if w is None:
-        w = _row_weights[key] = full((1, cols), scale, x.dtype, x.device)
-    return nd.FullyConnected(x2, w, None, num_hidden=1, no_bias=True).reshape((n,))
+def _reshape_like(label, pred: NDArray, op: str) -> NDArray:
+    """The label viewed in pred's shape and dtype (MXNet's ``_reshape_like``)."""
+    label = _as_nd(label, pred, "label", pred.dtype)
+    if label.size != pred.size:
+        raise ValueError(f"{op}: label shape {label.shape} does not match pred shape {pred.shape}")
+    return label if label.shape == pred.shape else label.reshape(pred.shape)
 
 
 def _as_labels(label, n: int, device) -> NDArray:
     """Class ids as an (N,) int32 NDArray on ``device``; (N, 1) labels are flattened."""
     if not isinstance(label, NDArray):
         host = np.asarray(label)
+        if host.size != n:
+            raise ValueError(f"loss: expected {n} class labels (shape ({n},) or ({n}, 1)), got shape {host.shape}")
         return array(host.reshape(n).astype(np.int32, copy=False), device=device)
     if label.shape != (n,):
         if label.size != n:
@@ -46,41 +58,110 @@ def _as_labels(label, n: int, device) -> NDArray:
     if label.device is not device:
         label = label.as_in_context(device)
     if label.dtype.kind not in "iu":
-        # NOTE: float labels (e.g. from a float32 dataset) go through the host once: the gather kernels
-        # read integer ids. Give int32 labels to keep the step on the device.
+        # NOTE: float labels (e.g. from a float32 dataset) are converted once: the gather kernels read integer
+        # ids. Give int32 labels to skip the conversion.
         label = label.astype(np.int32)
     return label
 
 
 class Loss(Block):
-    """Base class: ``weight`` scales the loss, ``batch_axis`` must be 0 (per-sample output)."""
+    """Base class: ``weight`` (a number) scales the loss; the result has one value per ``batch_axis`` entry."""
 
     def __init__(self, weight=None, batch_axis: int = 0, prefix=None, params=None):
+        if weight is not None and not isinstance(weight, numbers.Number):
+            raise TypeError(f"{type(self).__name__}: weight must be a number, got {type(weight).__name__}")
+        if not isinstance(batch_axis, numbers.Integral):
+            raise TypeError(f"{type(self).__name__}: batch_axis must be an int, got {batch_axis!r}")
         super().__init__(prefix=prefix, params=params)
-        if batch_axis != 0:
-            raise ValueError(f"{type(self).__name__}: only batch_axis=0 is supported, got {batch_axis}")
-        self._weight, self._batch_axis = weight, batch_axis
+        self._weight, self._batch_axis = weight, int(batch_axis)
 
-    def _weighting(self, loss: NDArray, sample_weight=None) -> NDArray:
+    def _weighting(self, loss: NDArray, sample_weight=None, weight=None) -> NDArray:
+        """loss * sample_weight (broadcast) * weight, MXNet's ``_apply_weighting``."""
         if sample_weight is not None:
-            if not isinstance(sample_weight, NDArray):
-                sample_weight = array(np.broadcast_to(np.asarray(sample_weight, dtype=loss.dtype), loss.shape),
-                                      device=loss.device)
-            loss = loss * sample_weight.reshape(loss.shape)
-        if self._weight is not None:
-            loss = loss * float(self._weight)
+            loss = loss * _as_nd(sample_weight, loss, "sample_weight", loss.dtype)
+        weight = self._weight if weight is None else weight
+        if weight is not None:
+            loss = loss * float(weight)
         return loss
+
+    def _per_sample(self, loss: NDArray, reduce: str = "mean") -> NDArray:
+        """Mean (or sum) over every axis but the batch axis: shape (N,)."""
+        axis = self._batch_axis + loss.ndim if self._batch_axis < 0 else self._batch_axis
+        if not 0 <= axis < loss.ndim:
+            raise ValueError(f"{type(self).__name__}: batch_axis {self._batch_axis} is out of range for a loss of "
+                             f"shape {loss.shape}")
+        if loss.size == loss.shape[axis]:  # nothing to reduce: a view, no kernel
+            return loss.reshape((loss.shape[axis],))
+        fn = nd.mean if reduce == "mean" else nd.sum
+        return fn(loss, axis=axis, exclude=True)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(batch_axis={self._batch_axis}, w={self._weight})"
 
 
-class SoftmaxCrossEntropyLoss(Loss):
-    """-log softmax(pred)[label] per sample (cuDNN log-softmax + a gather kernel).
+class L2Loss(Loss):
+    """(weight / 2) * (pred - label)^2, averaged over all but the batch axis."""
 
-    ``sparse_label=True``: labels are class ids (N,) or (N, 1). ``sparse_label=False``: labels are
-    distributions (N, C) and the loss is -sum(label * log_softmax(pred)). ``from_logits=True``: ``pred`` is
-    already log-probabilities (the loss is the NLL).
+    def __init__(self, weight=1.0, batch_axis: int = 0, prefix=None, params=None):
+        super().__init__(weight, batch_axis, prefix=prefix, params=params)
+
+    def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
+        label = _reshape_like(label, pred, "L2Loss")
+        loss = nd.square(label - pred)
+        half = None if self._weight is None else self._weight / 2
+        loss = self._weighting(loss, sample_weight, half)
+        return self._per_sample(loss)
+
+
+class L1Loss(Loss):
+    """|pred - label|, averaged over all but the batch axis."""
+
+    def __init__(self, weight=None, batch_axis: int = 0, prefix=None, params=None):
+        super().__init__(weight, batch_axis, prefix=prefix, params=params)
+
+    def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
+        label = _reshape_like(label, pred, "L1Loss")
+        return self._per_sample(self._weighting(nd.abs(label - pred), sample_weight))
+
+
+class SigmoidBinaryCrossEntropyLoss(Loss):
+    """Binary cross-entropy on logits (``from_sigmoid=False``, the stable max(x,0) - x*z + log(1 + exp(-|x|))
+    form) or on probabilities; ``pos_weight`` (broadcast to pred) weighs the positive term."""
+
+    def __init__(self, from_sigmoid: bool = False, weight=None, batch_axis: int = 0, prefix=None, params=None):
+        super().__init__(weight, batch_axis, prefix=prefix, params=params)
+        self._from_sigmoid = from_sigmoid
+
+    def forward(self, pred: NDArray, label, sample_weight=None, pos_weight=None) -> NDArray:
+        label = _reshape_like(label, pred, type(self).__name__)
+        if pos_weight is not None:
+            pos_weight = _as_nd(pos_weight, pred, "pos_weight", pred.dtype)
+        if not self._from_sigmoid:
+            soft = nd.softrelu(-nd.abs(pred))
+            if pos_weight is None:
+                loss = nd.relu(pred) - pred * label + soft
+            else:
+                log_weight = (pos_weight - 1.0) * label + 1.0
+                loss = pred - pred * label + log_weight * (soft + nd.relu(-pred))
+        else:
+            eps = 1e-12
+            pos = nd.log(pred + eps) * label
+            if pos_weight is not None:
+                pos = pos * pos_weight
+            loss = -(pos + nd.log(1.0 - pred + eps) * (1.0 - label))
+        return self._per_sample(self._weighting(loss, sample_weight))
+
+
+SigmoidBCELoss = SigmoidBinaryCrossEntropyLoss
+
+
+class SoftmaxCrossEntropyLoss(Loss):
+    """-log softmax(pred)[label] per sample.
+
+    ``sparse_label=True``: labels are class ids (pred's shape without ``axis``, or with it as 1).
+    ``sparse_label=False``: labels are distributions of pred's shape and the loss is -sum(label * log_softmax).
+    ``from_logits=True``: ``pred`` is already log-probabilities. The result is averaged over all remaining
+    axes but the batch axis. 2-D pred with sparse labels over the last axis takes the fused path.
     """
 
     def __init__(self, axis: int = -1, sparse_label: bool = True, from_logits: bool = False, weight=None,
@@ -89,21 +170,26 @@ class SoftmaxCrossEntropyLoss(Loss):
         self._axis, self._sparse_label, self._from_logits = axis, sparse_label, from_logits
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
-        if pred.ndim != 2 or self._axis not in (-1, 1):
-            raise ValueError(f"{type(self).__name__}: expects pred of shape (N, C) with axis=-1 or 1, got "
-                             f"shape {pred.shape} and axis={self._axis}")
-        if self._sparse_label:
+        name = type(self).__name__
+        if not isinstance(pred, NDArray):
+            raise TypeError(f"{name}: pred must be an NDArray, got {type(pred).__name__}")
+        if not -pred.ndim <= self._axis < pred.ndim:
+            raise ValueError(f"{name}: axis {self._axis} is out of range for pred of shape {pred.shape}")
+        axis = self._axis % pred.ndim
+        if self._sparse_label and pred.ndim == 2 and axis == 1 and self._batch_axis in (0, -2):
             labels = _as_labels(label, pred.shape[0], pred.device)
             loss = nd.pick_nll(pred, labels) if self._from_logits else nd.softmax_cross_entropy(pred, labels)
+            if sample_weight is None and self._weight is None:
+                return loss
+            return self._per_sample(self._weighting(loss.reshape((pred.shape[0], 1)), sample_weight))
+        logp = pred if self._from_logits else nd.log_softmax(pred, axis=axis)
+        if self._sparse_label:
+            label = _as_nd(label, pred, "label")
+            loss = -nd.pick(logp, label, axis=axis, keepdims=True)
         else:
-            if not isinstance(label, NDArray):
-                label = array(np.asarray(label, dtype=pred.dtype), device=pred.device)
-            if label.shape != pred.shape:
-                raise ValueError(f"{type(self).__name__}(sparse_label=False): label shape {label.shape} must equal "
-                                 f"pred shape {pred.shape}")
-            logp = pred if self._from_logits else nd.log_softmax(pred, axis=-1)
-            loss = _row_reduce(logp * label, -1.0)
-        return self._weighting(loss, sample_weight)
+            label = _reshape_like(label, pred, f"{name}(sparse_label=False)")
+            loss = -nd.sum(logp * label, axis=axis, keepdims=True)
+        return self._per_sample(self._weighting(loss, sample_weight))
 
 
 SoftmaxCELoss = SoftmaxCrossEntropyLoss
@@ -116,18 +202,71 @@ class NLLLoss(SoftmaxCrossEntropyLoss):
         super().__init__(axis, True, True, weight, batch_axis, prefix=prefix, params=params)
 
 
-class L2Loss(Loss):
-    """0.5 * (pred - label)^2, averaged over all but the batch axis: shape (N,)."""
+class KLDivLoss(Loss):
+    """label * (log(label + 1e-12) - pred), summed over all but the batch axis (MXNet 1.9 sums here).
+    ``from_logits=True`` (the default): pred is log-probabilities; else log_softmax(pred, axis) is taken."""
 
-    def __init__(self, weight=1.0, batch_axis: int = 0, prefix=None, params=None):
+    def __init__(self, from_logits: bool = True, axis: int = -1, weight=None, batch_axis: int = 0, prefix=None,
+                 params=None):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
+        self._from_logits, self._axis = from_logits, axis
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
-        if not isinstance(label, NDArray):
-            label = array(np.asarray(label, dtype=pred.dtype), device=pred.device)
-        if label.size != pred.size:
-            raise ValueError(f"L2Loss: label shape {label.shape} does not match pred shape {pred.shape}")
-        diff = pred - label.reshape(pred.shape)
-        per_row = int(np.prod(pred.shape[1:], dtype=np.int64)) if pred.ndim > 1 else 1
-        loss = _row_reduce(diff * diff, 0.5 / per_row)
-        return self._weighting(loss, sample_weight)
+        if not self._from_logits:
+            pred = nd.log_softmax(pred, axis=self._axis)
+        label = _as_nd(label, pred, "label", pred.dtype)
+        loss = label * (nd.log(label + 1e-12) - pred)
+        return self._per_sample(self._weighting(loss, sample_weight), "sum")
+
+
+class HuberLoss(Loss):
+    """|d| - rho/2 where |d| > rho, else d^2 / (2 rho), for d = pred - label; averaged per sample."""
+
+    def __init__(self, rho: float = 1, weight=None, batch_axis: int = 0, prefix=None, params=None):
+        super().__init__(weight, batch_axis, prefix=prefix, params=params)
+        if rho <= 0:
+            raise ValueError(f"HuberLoss: rho must be positive, got {rho}")
+        self._rho = float(rho)
+
+    def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
+        d = nd.abs(_reshape_like(label, pred, "HuberLoss") - pred)
+        loss = nd.where(d > self._rho, d - 0.5 * self._rho, nd.square(d) * (0.5 / self._rho))
+        return self._per_sample(self._weighting(loss, sample_weight))
+
+
+class HingeLoss(Loss):
+    """max(0, margin - pred * label) for labels in {-1, 1}; averaged per sample."""
+
+    def __init__(self, margin: float = 1, weight=None, batch_axis: int = 0, prefix=None, params=None):
+        super().__init__(weight, batch_axis, prefix=prefix, params=params)
+        self._margin = float(margin)
+
+    def _hinge(self, pred, label):
+        return nd.relu(self._margin - pred * _reshape_like(label, pred, type(self).__name__))
+
+    def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
+        return self._per_sample(self._weighting(self._hinge(pred, label), sample_weight))
+
+
+class SquaredHingeLoss(HingeLoss):
+    """max(0, margin - pred * label)^2 for labels in {-1, 1}; averaged per sample."""
+
+    def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
+        return self._per_sample(self._weighting(nd.square(self._hinge(pred, label)), sample_weight))
+
+
+class LogisticLoss(Loss):
+    """log(1 + exp(-pred * label)) for ``label_format='signed'`` ({-1, 1}) or 'binary' ({0, 1})."""
+
+    def __init__(self, weight=None, batch_axis: int = 0, label_format: str = "signed", prefix=None, params=None):
+        if label_format not in ("signed", "binary"):
+            raise ValueError(f"LogisticLoss: label_format must be 'signed' or 'binary', got {label_format!r}")
+        super().__init__(weight, batch_axis, prefix=prefix, params=params)
+        self._label_format = label_format
+
+    def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
+        label = _reshape_like(label, pred, "LogisticLoss")
+        if self._label_format == "signed":
+            label = (label + 1.0) * 0.5
+        loss = nd.relu(pred) - pred * label + nd.softrelu(-nd.abs(pred))
+        return self._per_sample(self._weighting(loss, sample_weight))

@@ -12,10 +12,12 @@ from ..runtime.array import NDArray  # noqa: F401  (nd.NDArray)
 from . import _indexing, _linalg, _shape, _sort, _table  # noqa: F401  (each registers its ops)
 from ._creation import (arange, array, empty, eye, full, linspace, ones, ones_like, zeros,  # noqa: F401
                         zeros_like)
+from ._layers import BatchNorm  # noqa: F401
 from ._layers import (Activation, Convolution, Dropout, Flatten, FullyConnected, Pooling, add_n,  # noqa: F401
                       log_softmax, pick_nll, reshape_like, softmax, softmax_cross_entropy, waitall)
 
 ElementWiseSum = add_n
+from ._nn_extra import Embedding, LeakyReLU  # noqa: F401,E402
 from ._registry import REGISTRY, Op, call, invoke  # noqa: F401
 from . import random  # noqa: E402,F401
 
@@ -88,6 +90,6 @@ from . import _methods  # noqa: E402  (installs the NDArray methods and operator
 _methods.install(globals())
 
 __all__ = sorted({*_generated, "arange", "array", "empty", "eye", "full", "linspace", "ones", "ones_like",
-                  "zeros", "zeros_like", "Activation", "Convolution", "Dropout", "Flatten", "FullyConnected",
+                  "zeros", "zeros_like", "Activation", "BatchNorm", "Convolution", "Dropout", "Flatten", "FullyConnected",
                   "Pooling", "add_n", "ElementWiseSum", "reshape_like", "log_softmax", "pick_nll", "softmax", "softmax_cross_entropy", "waitall", "save",
-                  "load", "load_frombuffer", "concatenate", "NDArray", "random"})
+                  "load", "load_frombuffer", "Embedding", "LeakyReLU", "concatenate", "NDArray", "random"})

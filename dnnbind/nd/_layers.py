@@ -139,9 +139,12 @@ def Activation(data, act_type="relu", coef=0.0, **_ignored):
 
 def Pooling(data, kernel=(1, 1), pool_type="max", stride=None, pad=(0, 0), global_pool=False,
             pooling_convention="valid", count_include_pad=True, **_ignored):
-    """cudnnPoolingForward; backward cudnnPoolingBackward. MXNet arguments."""
-    if pooling_convention != "valid":
-        raise ValueError("Pooling: only pooling_convention='valid' (floor, cuDNN's rule) is supported")
+    """cudnnPoolingForward; backward cudnnPoolingBackward. MXNet arguments. 1-D input and
+    ``pooling_convention='full'`` (ceil) go through ``_nn_extra.pooling_ext``, which calls back here."""
+    if pooling_convention != "valid" or data.ndim != 4:
+        from ._nn_extra import pooling_ext
+        return pooling_ext(Pooling, data, kernel, pool_type, stride, pad, global_pool, pooling_convention,
+                           count_include_pad)
     if global_pool:
         kernel, stride, pad = data.shape[2:], data.shape[2:], (0, 0)
     mode = {"max": "max", "avg": "avg" if count_include_pad else "avg_exclude_pad"}.get(pool_type)
@@ -250,3 +253,74 @@ def waitall():
     from ..runtime.device import num_gpus, gpu
     for i in range(num_gpus()):
         synchronize(gpu(i))
+
+
+# -- batch normalization --------------------------------------------------------------------------------------
+
+from ..ops import batchnorm as _bn
+from ..ops.blas import fill as _fill
+from ..ops.reference.batchnorm import bn_shapes as _bn_shapes
+from ..runtime.array import zeros as _zeros
+
+
+def BatchNorm(data, gamma, beta, moving_mean, moving_var, eps=1e-3, momentum=0.9, fix_gamma=True,
+              use_global_stats=False, output_mean_var=False, axis=1, cudnn_off=False, **_ignored):
+    """MXNet 1.x's ``BatchNorm`` operator (defaults from src/operator/nn/batch_norm-inl.h: eps 1e-3,
+    momentum 0.9, fix_gamma True). Spatial batch norm over ``axis`` (any axis; not 1 goes through a transpose).
+
+    - Training (``autograd.is_training()`` and not ``use_global_stats``): batch statistics,
+      cudnnBatchNormalizationForwardTraining on a GPU; ``moving_mean``/``moving_var`` are updated IN PLACE,
+      ``moving = momentum * moving + (1 - momentum) * batch`` with the biased batch variance (MXNet's kernels).
+      NOTE: MXNet's CPU/CUDA kernels update them in the backward pass, its cuDNN path in the forward; dnnbind
+      updates in the forward (so also under ``train_mode()`` without ``record()``). After forward + backward
+      the values agree with MXNet's.
+    - Otherwise: the moving statistics (cudnnBatchNormalizationForwardInference; composed of table ops when
+      recording, so the gradient is the plain affine one).
+    - ``fix_gamma``: gamma is set to 1 IN PLACE (as MXNet does) and its gradient is 0.
+    - ``output_mean_var``: also returns the mean and the INVERSE standard deviation used (MXNet's outputs).
+    Needs > 1 value per channel for batch statistics (MXNet would then normalize with variance 0).
+    ``cudnn_off`` is accepted and ignored.
+    """
+    from ._registry import as_array, call, norm_axes
+    data = as_array("BatchNorm", "data", data)
+    ax = norm_axes("BatchNorm", data.ndim, axis)[0] if data.ndim else axis
+    perm = None
+    if ax != 1 and data.ndim >= 2:  # channels to axis 1, and back afterwards (the transposes have gradients)
+        perm = [i for i in range(data.ndim) if i != ax]
+        perm.insert(1, ax)
+        data = call("transpose", data, axes=tuple(perm))
+    _bn_shapes("BatchNorm", data.shape, gamma=gamma.shape, beta=beta.shape, moving_mean=moving_mean.shape,
+               moving_var=moving_var.shape)
+    if fix_gamma:
+        _fill(gamma, 1.0)
+    if is_training() and not use_global_stats:
+        y, mean, inv_std = _bn.batchnorm_forward_training(data, gamma, beta, moving_mean, moving_var, momentum, eps)
+        if is_recording():
+            x = data
+
+            def backward(dy):
+                dx, dgamma, dbeta = _bn.batchnorm_backward(x, dy, gamma, mean, inv_std, eps)
+                if fix_gamma:
+                    dgamma = _zeros(dgamma.shape, dgamma.dtype, dgamma.device)
+                return dx, dgamma, dbeta
+
+            record_op("BatchNorm", y, (x, gamma, beta), backward)
+    else:
+        inv_std = None
+        if is_recording() and any(needs_grad(a) for a in (data, gamma, beta)):
+            bshape = (1, data.shape[1]) + (1,) * (data.ndim - 2)
+            inv_std = call("rsqrt", moving_var + float(eps))
+            g = gamma * 0.0 + 1.0 if fix_gamma else gamma  # fix_gamma: gamma's gradient is 0, like MXNet's
+            y = (data - moving_mean.reshape(bshape)) * (g * inv_std).reshape(bshape) + beta.reshape(bshape)
+        else:
+            y = _bn.batchnorm_forward_inference(data, gamma, beta, moving_mean, moving_var, eps)
+        if output_mean_var:
+            mean = moving_mean.copy()
+            if inv_std is None:
+                inv_std = call("rsqrt", moving_var + float(eps))
+    if perm is not None:
+        y = call("transpose", y, axes=tuple(int(i) for i in np.argsort(perm)))
+    return (y, mean, inv_std) if output_mean_var else y
+
+
+__all__.append("BatchNorm")

@@ -158,6 +158,9 @@ register(Op("where", "map", lambda c, x, y: np.where(c != 0, x, y), expr="a != 0
 register(Op("clip", "map", lambda x, a_min, a_max: np.clip(x, a_min, a_max),
             expr="a < a_min ? a_min : (a > a_max ? a_max : a)", ints=True, methods=("clip",), params=("a_min", "a_max"),
             grad=lambda g, y, a, a_min, a_max: g * ((a >= a_min) * (a <= a_max))))
+# LeakyReLU's 'leaky' mode (nd.LeakyReLU, gluon.nn.LeakyReLU) in one kernel; the other modes compose ops.
+register(Op("_leaky_relu", "map", lambda x, slope=0.25: np.where(x > 0, x, x * slope), expr="a > 0 ? a : slope * a",
+            grad=lambda g, y, a, slope=0.25: g * ((a > 0) * (1.0 - slope) + slope), params=("slope",), nd=()))
 register(Op("smooth_l1", "map", lambda x, scalar=1.0: np.where(np.abs(x) < 1 / scalar ** 2, 0.5 * (scalar * x) ** 2,
                                                                   np.abs(x) - 0.5 / scalar ** 2),
             expr="(a < 0 ? -a : a) < 1 / (scalar * scalar) ? 0.5 * scalar * scalar * a * a "

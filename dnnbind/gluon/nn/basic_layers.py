@@ -1,4 +1,4 @@
-"""Basic layers (``mxnet.gluon.nn``): Sequential, Dense, Activation, Dropout, Flatten, Lambda.
+"""Basic layers (``mxnet.gluon.nn``): Sequential, Dense, Activation, Dropout, Flatten, Lambda, Embedding.
 Layer: gluon; imports nd, gluon.block, gluon.parameter.
 
 Dense keeps MXNet's weight layout (units, in_units) and calls ``nd.FullyConnected`` (one cuBLAS Sgemm plus a
@@ -14,6 +14,7 @@ __all__ = [
     "Activation",
     "Dense",
     "Dropout",
+    "Embedding",
     "Flatten",
     "HybridLambda",
     "HybridSequential",
@@ -113,10 +114,16 @@ class Dense(Block):
         return f"{type(self).__name__}({shape[1] or None} -> {shape[0]}, {act})"
 
 
+_ACTIVATIONS = ("relu", "sigmoid", "tanh", "softrelu", "softsign")
+
+
 class Activation(Block):
-    """``nd.Activation``: relu, sigmoid, tanh (cudnnActivationForward)."""
+    """``nd.Activation``: relu, sigmoid, tanh (cuDNN), softrelu, softsign (generated kernels)."""
 
     def __init__(self, activation: str, prefix=None, params=None):
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"Activation: unknown activation {activation!r}; MXNet accepts "
+                             f"{', '.join(_ACTIVATIONS)}")
         self._act_type = activation
         super().__init__(prefix=prefix, params=params)
 
@@ -167,6 +174,9 @@ class Lambda(Block):
             if not hasattr(nd, function):
                 raise ValueError(f"Lambda: dnnbind.nd has no function {function!r}")
             function = getattr(nd, function)
+        elif not callable(function):
+            raise ValueError(  # noqa: TRY004  (MXNet raises ValueError here)
+                f"Lambda: expected a function or an nd function name, got {type(function).__name__}")
         self._func = function
 
     def forward(self, *args):
@@ -176,4 +186,47 @@ class Lambda(Block):
         return f"{type(self).__name__}({getattr(self._func, '__name__', repr(self._func))})"
 
 
-HybridLambda = Lambda
+class HybridLambda(Block):
+    """Like Lambda, but the function is called as ``function(F, x, *args)`` with F = ``dnnbind.nd`` (MXNet's
+    HybridLambda); a string names an ``nd`` function, called without F."""
+
+    def __init__(self, function, prefix=None):
+        super().__init__(prefix=prefix)
+        if isinstance(function, str):
+            if not hasattr(nd, function):
+                raise ValueError(f"HybridLambda: dnnbind.nd has no function {function!r}")
+            name, impl = function, getattr(nd, function)
+            self._func = lambda F, *args: impl(*args)
+        elif callable(function):
+            name, self._func = getattr(function, "__name__", repr(function)), function
+        else:
+            raise ValueError(f"HybridLambda: expected a function or an nd function name, got "  # noqa: TRY004
+                             f"{type(function).__name__}")
+        self._func_name = name
+
+    def forward(self, x, *args):
+        return self._func(nd, x, *args)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._func_name})"
+
+
+class Embedding(Block):
+    """Index -> vector lookup: (d0, ..., dk) integer ids -> (d0, ..., dk, output_dim), ``nd.Embedding``.
+
+    The weight (input_dim, output_dim) gets a dense gradient (``sparse_grad`` is accepted and ignored).
+    """
+
+    def __init__(self, input_dim: int, output_dim: int, dtype="float32", weight_initializer=None,
+                 sparse_grad: bool = False, prefix=None, params=None):
+        super().__init__(prefix=prefix, params=params)
+        self._input_dim, self._output_dim, self._dtype = int(input_dim), int(output_dim), dtype
+        with self.name_scope():
+            self.weight = self.params.get("weight", shape=(self._input_dim, self._output_dim), dtype=dtype,
+                                          init=weight_initializer, allow_deferred_init=True)
+
+    def forward(self, x):
+        return nd.Embedding(x, self.weight.data(), self._input_dim, self._output_dim)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._input_dim} -> {self._output_dim}, {self._dtype})"

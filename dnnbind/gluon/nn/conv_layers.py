@@ -2,7 +2,10 @@
 
 Conv2D keeps MXNet's weight layout (channels, in_channels/groups, kh, kw), NCHW only: that is cuDNN's
 filter layout, so ``nd.Convolution`` hands the weight to cudnnConvolutionForward unchanged.
-``in_channels=0`` defers the weight's shape to the first forward pass.
+``in_channels=0`` defers the weight's shape to the first forward pass. The 1-D layers (Conv1D, MaxPool1D,
+AvgPool1D, GlobalMax/AvgPool1D; layout NCW) run the 2-D path on a view with H = 1 and keep MXNet's 1-D weight
+shape (channels, in_channels/groups, k), so their parameter files match MXNet's. ``ceil_mode=True`` is
+``nd.Pooling(pooling_convention='full')``.
 """
 
 from __future__ import annotations
@@ -12,27 +15,37 @@ from ...ops._check import as_tuple
 from ..block import Block
 from .basic_layers import Activation
 
-__all__ = ["AvgPool2D", "Conv2D", "GlobalAvgPool2D", "GlobalMaxPool2D", "MaxPool2D"]
+__all__ = ["AvgPool1D", "AvgPool2D", "Conv1D", "Conv2D", "GlobalAvgPool1D", "GlobalAvgPool2D", "GlobalAvgPool3D",
+           "GlobalMaxPool1D", "GlobalMaxPool2D", "GlobalMaxPool3D", "MaxPool1D", "MaxPool2D"]
+
+_LAYOUTS = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
 
 
-class Conv2D(Block):
-    """2-D convolution, NCHW. MXNet arguments (``strides``, ``padding``, ``dilation``, ``groups``)."""
+def _check_layout(name: str, dims: int, layout: str) -> None:
+    if layout != _LAYOUTS[dims]:
+        raise NotImplementedError(f"{name}: only layout={_LAYOUTS[dims]!r} is supported (cuDNN's native layout), "
+                                  f"got {layout!r}")
 
-    def __init__(self, channels: int, kernel_size, strides=(1, 1), padding=(0, 0), dilation=(1, 1),
-                 groups: int = 1, layout: str = "NCHW", activation: str | None = None, use_bias: bool = True,
+
+class _Conv(Block):
+    """Convolution over ``_dims`` spatial axes (1 or 2), channels first."""
+    _dims = 2
+
+    def __init__(self, channels: int, kernel_size, strides=1, padding=0, dilation=1, groups: int = 1,
+                 layout: str | None = None, activation: str | None = None, use_bias: bool = True,
                  weight_initializer=None, bias_initializer=None, in_channels: int = 0, prefix=None, params=None):
-        super().__init__(prefix=prefix, params=params)
-        if layout != "NCHW":
-            raise ValueError(f"Conv2D: only layout='NCHW' is supported (cuDNN's native layout), got {layout!r}")
+        name, dims = type(self).__name__, self._dims
+        _check_layout(name, dims, layout if layout is not None else _LAYOUTS[dims])
         if in_channels and in_channels % groups:
-            raise ValueError(f"Conv2D: in_channels {in_channels} is not divisible by groups {groups}")
+            raise ValueError(f"{name}: in_channels {in_channels} is not divisible by groups {groups}")
         if channels % groups:
-            raise ValueError(f"Conv2D: channels {channels} is not divisible by groups {groups}")
+            raise ValueError(f"{name}: channels {channels} is not divisible by groups {groups}")
+        super().__init__(prefix=prefix, params=params)
         self._channels, self._in_channels, self._groups = int(channels), int(in_channels), int(groups)
-        self._kernel = as_tuple(kernel_size, 2, "Conv2D", "kernel_size", 1)
-        self._strides = as_tuple(strides, 2, "Conv2D", "strides", 1)
-        self._padding = as_tuple(padding, 2, "Conv2D", "padding", 0)
-        self._dilation = as_tuple(dilation, 2, "Conv2D", "dilation", 1)
+        self._kernel = as_tuple(kernel_size, dims, name, "kernel_size", 1)
+        self._strides = as_tuple(strides, dims, name, "strides", 1)
+        self._padding = as_tuple(padding, dims, name, "padding", 0)
+        self._dilation = as_tuple(dilation, dims, name, "dilation", 1)
         with self.name_scope():
             wshape = (channels, in_channels // groups) + self._kernel
             self.weight = self.params.get("weight", shape=wshape, init=weight_initializer, allow_deferred_init=True)
@@ -49,8 +62,9 @@ class Conv2D(Block):
     def _infer(self, x) -> None:
         """First forward: take in_channels from the input, then finish the deferred initialization."""
         if not self.weight._shape_known():
-            if x.ndim != 4:
-                raise ValueError(f"{self.name}: Conv2D expects NCHW input (4-D), got shape {x.shape}")
+            if x.ndim != self._dims + 2:
+                raise ValueError(f"{self.name}: {type(self).__name__} expects {_LAYOUTS[self._dims]} input "
+                                 f"({self._dims + 2}-D), got shape {x.shape}")
             if x.shape[1] % self._groups:
                 raise ValueError(f"{self.name}: input channels {x.shape[1]} not divisible by groups {self._groups}")
             self._in_channels = x.shape[1]
@@ -62,20 +76,31 @@ class Conv2D(Block):
     def forward(self, x):
         if self.weight._data is None:
             self._infer(x)
+        if x.ndim != self._dims + 2:
+            raise ValueError(f"{self.name}: {type(self).__name__} expects {_LAYOUTS[self._dims]} input "
+                             f"({self._dims + 2}-D), got shape {x.shape}")
         b = self.bias.data() if self.bias is not None else None
+        w = self.weight.data()
+        kernel, strides, padding, dilation = self._kernel, self._strides, self._padding, self._dilation
+        if self._dims == 1:  # (N, C, W) as (N, C, 1, W); the weight viewed as (O, I, 1, k)
+            n, c, width = x.shape
+            x, w = x.reshape((n, c, 1, width)), w.reshape(w.shape[:2] + (1,) + w.shape[2:])
+            kernel, strides, padding, dilation = (1,) + kernel, (1,) + strides, (0,) + padding, (1,) + dilation
         # A ReLU activation is fused into the convolution (one cuDNN call on the GPU); others run after it.
         fuse = self.act is not None and self.act._act_type == "relu"
-        y = nd.Convolution(x, self.weight.data(), b, kernel=self._kernel, stride=self._strides, pad=self._padding,
-                           dilate=self._dilation, num_filter=self._channels, num_group=self._groups,
-                           no_bias=b is None, act_type="relu" if fuse else None)
+        y = nd.Convolution(x, w, b, kernel=kernel, stride=strides, pad=padding, dilate=dilation,
+                           num_filter=self._channels, num_group=self._groups, no_bias=b is None,
+                           act_type="relu" if fuse else None)
+        if self._dims == 1:
+            y = y.reshape((y.shape[0], y.shape[1], y.shape[3]))
         return self.act(y) if self.act is not None and not fuse else y
 
     def __repr__(self) -> str:
         in_ch = self.weight.shape[1] * self._groups or None
         s = f"{type(self).__name__}({in_ch} -> {self._channels}, kernel_size={self._kernel}, stride={self._strides}"
-        if self._padding != (0, 0):
+        if any(self._padding):
             s += f", padding={self._padding}"
-        if self._dilation != (1, 1):
+        if any(d != 1 for d in self._dilation):
             s += f", dilation={self._dilation}"
         if self._groups != 1:
             s += f", groups={self._groups}"
@@ -86,44 +111,69 @@ class Conv2D(Block):
         return s + ")"
 
 
-class _Pool2D(Block):
-    _pool_type = "max"
+class Conv2D(_Conv):
+    """2-D convolution, NCHW. MXNet arguments (``strides``, ``padding``, ``dilation``, ``groups``)."""
 
-    def __init__(self, pool_size=(2, 2), strides=None, padding=0, layout: str = "NCHW", ceil_mode: bool = False,
+    def __init__(self, channels: int, kernel_size, strides=(1, 1), padding=(0, 0), dilation=(1, 1),
+                 groups: int = 1, layout: str = "NCHW", activation: str | None = None, use_bias: bool = True,
+                 weight_initializer=None, bias_initializer=None, in_channels: int = 0, prefix=None, params=None):
+        super().__init__(channels, kernel_size, strides, padding, dilation, groups, layout, activation, use_bias,
+                         weight_initializer, bias_initializer, in_channels, prefix, params)
+
+
+class Conv1D(_Conv):
+    """1-D convolution, NCW, through the 2-D path (H = 1); weight (channels, in_channels/groups, k)."""
+    _dims = 1
+
+    def __init__(self, channels: int, kernel_size, strides=1, padding=0, dilation=1, groups: int = 1,
+                 layout: str = "NCW", activation: str | None = None, use_bias: bool = True,
+                 weight_initializer=None, bias_initializer=None, in_channels: int = 0, prefix=None, params=None):
+        super().__init__(channels, kernel_size, strides, padding, dilation, groups, layout, activation, use_bias,
+                         weight_initializer, bias_initializer, in_channels, prefix, params)
+
+
+class _Pool(Block):
+    """Max/avg pooling over ``_dims`` spatial axes (1 or 2) by ``nd.Pooling``."""
+    _pool_type = "max"
+    _dims = 2
+
+    def __init__(self, pool_size=2, strides=None, padding=0, layout: str | None = None, ceil_mode: bool = False,
                  global_pool: bool = False, count_include_pad: bool = True, prefix=None, params=None):
+        name, dims = type(self).__name__, self._dims
+        _check_layout(name, dims, layout if layout is not None else _LAYOUTS[dims])
+        self._size = as_tuple(pool_size, dims, name, "pool_size", 1)
+        self._strides = as_tuple(strides if strides is not None else pool_size, dims, name, "strides", 1)
+        self._padding = as_tuple(padding, dims, name, "padding", 0)
         super().__init__(prefix=prefix, params=params)
-        if layout != "NCHW":
-            raise ValueError(f"{type(self).__name__}: only layout='NCHW' is supported, got {layout!r}")
-        if ceil_mode:
-            raise ValueError(f"{type(self).__name__}: ceil_mode=True is not supported (cuDNN pools with floor)")
-        name = type(self).__name__
-        self._size = as_tuple(pool_size, 2, name, "pool_size", 1)
-        self._strides = as_tuple(strides if strides is not None else pool_size, 2, name, "strides", 1)
-        self._padding = as_tuple(padding, 2, name, "padding", 0)
-        self._global, self._count_include_pad = global_pool, count_include_pad
+        self._global, self._count_include_pad, self._ceil = bool(global_pool), bool(count_include_pad), bool(ceil_mode)
 
     def _alias(self) -> str:
         return "pool"
 
     def forward(self, x):
+        if x.ndim != self._dims + 2:
+            raise ValueError(f"{self.name}: {type(self).__name__} expects {_LAYOUTS[self._dims]} input "
+                             f"({self._dims + 2}-D), got shape {x.shape}")
         return nd.Pooling(x, kernel=self._size, pool_type=self._pool_type, stride=self._strides, pad=self._padding,
-                          global_pool=self._global, count_include_pad=self._count_include_pad)
+                          global_pool=self._global, pooling_convention="full" if self._ceil else "valid",
+                          count_include_pad=self._count_include_pad)
 
     def __repr__(self) -> str:
+        layout = _LAYOUTS[self._dims]
         if self._global:
-            return f"{type(self).__name__}(global_pool=True, pool_type={self._pool_type}, layout=NCHW)"
+            return f"{type(self).__name__}(global_pool=True, pool_type={self._pool_type}, layout={layout})"
         return (f"{type(self).__name__}(size={self._size}, stride={self._strides}, padding={self._padding}, "
-                f"ceil_mode=False, global_pool=False, pool_type={self._pool_type}, layout=NCHW)")
+                f"ceil_mode={self._ceil}, global_pool=False, pool_type={self._pool_type}, layout={layout})")
 
 
-class MaxPool2D(_Pool2D):
+class MaxPool2D(_Pool):
     """Max pooling (cudnnPoolingForward, CUDNN_POOLING_MAX); ``strides`` defaults to ``pool_size``."""
 
     def __init__(self, pool_size=(2, 2), strides=None, padding=0, layout="NCHW", ceil_mode=False, **kwargs):
         super().__init__(pool_size, strides, padding, layout, ceil_mode, **kwargs)
 
 
-class AvgPool2D(_Pool2D):
+class AvgPool2D(_Pool):
     """Average pooling; padded zeros count unless ``count_include_pad=False`` (MXNet's default: they count)."""
     _pool_type = "avg"
 
@@ -133,16 +183,82 @@ class AvgPool2D(_Pool2D):
                          **kwargs)
 
 
-class GlobalMaxPool2D(_Pool2D):
+class MaxPool1D(_Pool):
+    """Max pooling over W of (N, C, W), the 2-D path with H = 1."""
+    _dims = 1
+
+    def __init__(self, pool_size=2, strides=None, padding=0, layout="NCW", ceil_mode=False, **kwargs):
+        super().__init__(pool_size, strides, padding, layout, ceil_mode, **kwargs)
+
+
+class AvgPool1D(_Pool):
+    """Average pooling over W of (N, C, W), the 2-D path with H = 1."""
+    _pool_type = "avg"
+    _dims = 1
+
+    def __init__(self, pool_size=2, strides=None, padding=0, layout="NCW", ceil_mode=False,
+                 count_include_pad=True, **kwargs):
+        super().__init__(pool_size, strides, padding, layout, ceil_mode, count_include_pad=count_include_pad,
+                         **kwargs)
+
+
+class GlobalMaxPool2D(_Pool):
     """(N, C, H, W) -> (N, C, 1, 1) by max."""
 
     def __init__(self, layout="NCHW", **kwargs):
-        super().__init__((1, 1), None, 0, layout, global_pool=True, **kwargs)
+        super().__init__(1, None, 0, layout, global_pool=True, **kwargs)
 
 
-class GlobalAvgPool2D(_Pool2D):
+class GlobalAvgPool2D(_Pool):
     """(N, C, H, W) -> (N, C, 1, 1) by mean."""
     _pool_type = "avg"
 
     def __init__(self, layout="NCHW", **kwargs):
-        super().__init__((1, 1), None, 0, layout, global_pool=True, **kwargs)
+        super().__init__(1, None, 0, layout, global_pool=True, **kwargs)
+
+
+class GlobalMaxPool1D(_Pool):
+    """(N, C, W) -> (N, C, 1) by max."""
+    _dims = 1
+
+    def __init__(self, layout="NCW", **kwargs):
+        super().__init__(1, None, 0, layout, global_pool=True, **kwargs)
+
+
+class GlobalAvgPool1D(_Pool):
+    """(N, C, W) -> (N, C, 1) by mean."""
+    _pool_type = "avg"
+    _dims = 1
+
+    def __init__(self, layout="NCW", **kwargs):
+        super().__init__(1, None, 0, layout, global_pool=True, **kwargs)
+
+
+class _GlobalPool3D(Block):
+    """(N, C, D, H, W) -> (N, C, 1, 1, 1): a reduction over the three spatial axes (cuDNN's pooling is 2-D)."""
+    _pool_type = "max"
+
+    def __init__(self, layout="NCDHW", prefix=None, params=None):
+        _check_layout(type(self).__name__, 3, layout)
+        super().__init__(prefix=prefix, params=params)
+
+    def _alias(self) -> str:
+        return "pool"
+
+    def forward(self, x):
+        if x.ndim != 5:
+            raise ValueError(f"{self.name}: {type(self).__name__} expects NCDHW input (5-D), got shape {x.shape}")
+        reduce = nd.max if self._pool_type == "max" else nd.mean
+        return reduce(x, axis=(2, 3, 4), keepdims=True)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(global_pool=True, pool_type={self._pool_type}, layout=NCDHW)"
+
+
+class GlobalMaxPool3D(_GlobalPool3D):
+    """(N, C, D, H, W) -> (N, C, 1, 1, 1) by max."""
+
+
+class GlobalAvgPool3D(_GlobalPool3D):
+    """(N, C, D, H, W) -> (N, C, 1, 1, 1) by mean."""
+    _pool_type = "avg"

@@ -1,0 +1,161 @@
+"""Normalization layers (``mxnet.gluon.nn``): BatchNorm, LayerNorm, InstanceNorm.
+Layer: gluon; imports nd, gluon.block, gluon.parameter.
+
+BatchNorm follows MXNet 1.9's python/mxnet/gluon/nn/basic_layers.py ``_BatchNorm``: Parameters ``gamma``,
+``beta``, ``running_mean``, ``running_var`` (the running ones with grad_req 'null', never trained), shape
+``(in_channels,)`` deferred to the first forward when in_channels=0, and ``nd.BatchNorm`` with
+``fix_gamma = not scale``. Training mode (``autograd.record()`` or ``autograd.train_mode()``) normalizes with
+the batch statistics and updates the running ones in place; predict mode uses the running statistics.
+
+LayerNorm and InstanceNorm are compositions of nd reductions (mean over axes), so their gradients come from
+the op table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import nd
+from ..block import Block
+
+__all__ = ["BatchNorm", "InstanceNorm", "LayerNorm"]
+
+
+def _norm_axis(layer: str, axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{layer}: axis {axis} is out of range for input with {ndim} axes")
+    return axis % ndim
+
+
+class BatchNorm(Block):
+    """Batch normalization (Ioffe and Szegedy, 2014) over ``axis`` with MXNet's constructor and defaults."""
+
+    def __init__(self, axis: int = 1, momentum: float = 0.9, epsilon: float = 1e-5, center: bool = True,
+                 scale: bool = True, use_global_stats: bool = False, beta_initializer="zeros",
+                 gamma_initializer="ones", running_mean_initializer="zeros", running_variance_initializer="ones",
+                 in_channels: int = 0, prefix=None, params=None):
+        super().__init__(prefix=prefix, params=params)
+        if not 0 <= momentum <= 1:
+            raise ValueError(f"BatchNorm: momentum must be in [0, 1], got {momentum}")
+        if not epsilon >= 0:
+            raise ValueError(f"BatchNorm: epsilon must be >= 0, got {epsilon}")
+        self._axis = int(axis)
+        # nd.BatchNorm's arguments, in MXNet's order (also what __repr__ prints)
+        self._kwargs = {"axis": self._axis, "eps": float(epsilon), "momentum": float(momentum),
+                        "fix_gamma": not scale, "use_global_stats": bool(use_global_stats)}
+        self.in_channels = int(in_channels)
+        shape = (int(in_channels),)
+        with self.name_scope():
+            self.gamma = self.params.get("gamma", grad_req="write" if scale else "null", shape=shape,
+                                         init=gamma_initializer, allow_deferred_init=True, differentiable=scale)
+            self.beta = self.params.get("beta", grad_req="write" if center else "null", shape=shape,
+                                        init=beta_initializer, allow_deferred_init=True, differentiable=center)
+            self.running_mean = self.params.get("running_mean", grad_req="null", shape=shape,
+                                                init=running_mean_initializer, allow_deferred_init=True,
+                                                differentiable=False)
+            self.running_var = self.params.get("running_var", grad_req="null", shape=shape,
+                                               init=running_variance_initializer, allow_deferred_init=True,
+                                               differentiable=False)
+
+    def _alias(self) -> str:
+        return "batchnorm"
+
+    def _params4(self) -> tuple:
+        return self.gamma, self.beta, self.running_mean, self.running_var
+
+    def _infer(self, x) -> None:
+        """First forward: the channel count from the input, then finish the deferred initialization."""
+        if not self.gamma._shape_known():
+            if x.ndim < 2:
+                raise ValueError(f"{self.name}: BatchNorm expects input with at least 2 axes, got shape {x.shape}")
+            c = x.shape[_norm_axis(self.name, self._axis, x.ndim)]
+            for p in self._params4():
+                p.shape = (c,)
+            self.in_channels = c
+        for p in self._params4():
+            p._finish_deferred_init()
+
+    def cast(self, dtype) -> None:
+        # MXNet keeps BatchNorm's parameters in float32 when the network is cast to float16.
+        super().cast("float32" if np.dtype(dtype) == np.float16 else dtype)
+
+    def forward(self, x):
+        if any(p._data is None for p in self._params4()):
+            self._infer(x)
+        return nd.BatchNorm(x, self.gamma.data(), self.beta.data(), self.running_mean.data(),
+                            self.running_var.data(), **self._kwargs)
+
+    def __repr__(self) -> str:
+        content = ", ".join(f"{k}={v!r}" for k, v in self._kwargs.items())
+        c = self.gamma.shape[0] if self.gamma.shape else 0
+        return f"{type(self).__name__}({content}, in_channels={c or None})"
+
+
+class _AxisNorm(Block):
+    """Shared by LayerNorm and InstanceNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta, the statistics
+    over the axes ``_reduce_axes`` gives, gamma and beta of shape (in_channels,) along ``axis``."""
+
+    def __init__(self, axis, epsilon, center, scale, beta_initializer, gamma_initializer, in_channels, prefix,
+                 params):
+        super().__init__(prefix=prefix, params=params)
+        if not epsilon >= 0:
+            raise ValueError(f"{type(self).__name__}: epsilon must be >= 0, got {epsilon}")
+        self._axis, self._eps, self._center, self._scale = int(axis), float(epsilon), center, scale
+        shape = (int(in_channels),)
+        with self.name_scope():
+            self.gamma = self.params.get("gamma", grad_req="write" if scale else "null", shape=shape,
+                                         init=gamma_initializer, allow_deferred_init=True, differentiable=scale)
+            self.beta = self.params.get("beta", grad_req="write" if center else "null", shape=shape,
+                                        init=beta_initializer, allow_deferred_init=True, differentiable=center)
+
+    def _reduce_axes(self, ndim: int, axis: int) -> tuple:
+        raise NotImplementedError
+
+    def forward(self, x):
+        axis = _norm_axis(type(self).__name__, self._axis, x.ndim)
+        if self.gamma._data is None or self.beta._data is None:
+            if not self.gamma._shape_known():
+                self.gamma.shape = self.beta.shape = (x.shape[axis],)
+            self.gamma._finish_deferred_init()
+            self.beta._finish_deferred_init()
+        axes = self._reduce_axes(x.ndim, axis)
+        mean = nd.mean(x, axis=axes, keepdims=True)
+        centered = x - mean
+        var = nd.mean(nd.square(centered), axis=axes, keepdims=True)
+        y = centered * nd.rsqrt(var + self._eps)
+        shape = tuple(x.shape[i] if i == axis else 1 for i in range(x.ndim))
+        # Like MXNet, gamma and beta always apply; scale/center=False only stop training them (grad_req 'null').
+        return y * self.gamma.data().reshape(shape) + self.beta.data().reshape(shape)
+
+    def __repr__(self) -> str:
+        c = self.gamma.shape[0] if self.gamma.shape else 0
+        return (f"{type(self).__name__}(axis={self._axis}, eps={self._eps!r}, center={self._center}, "
+                f"scale={self._scale}, in_channels={c or None})")
+
+
+class LayerNorm(_AxisNorm):
+    """Layer normalization over ``axis`` (default the last) per sample: MXNet's nn.LayerNorm."""
+
+    def __init__(self, axis: int = -1, epsilon: float = 1e-5, center: bool = True, scale: bool = True,
+                 beta_initializer="zeros", gamma_initializer="ones", in_channels: int = 0, prefix=None, params=None):
+        super().__init__(axis, epsilon, center, scale, beta_initializer, gamma_initializer, in_channels, prefix,
+                         params)
+
+    def _reduce_axes(self, ndim: int, axis: int) -> tuple:
+        return (axis,)
+
+
+class InstanceNorm(_AxisNorm):
+    """Instance normalization: per sample and channel (``axis``), over the remaining axes except the batch
+    axis 0: MXNet's nn.InstanceNorm (scale=False by default, as there)."""
+
+    def __init__(self, axis: int = 1, epsilon: float = 1e-5, center: bool = True, scale: bool = False,
+                 beta_initializer="zeros", gamma_initializer="ones", in_channels: int = 0, prefix=None, params=None):
+        super().__init__(axis, epsilon, center, scale, beta_initializer, gamma_initializer, in_channels, prefix,
+                         params)
+
+    def _reduce_axes(self, ndim: int, axis: int) -> tuple:
+        if axis == 0 or ndim < 3:
+            raise ValueError(f"{type(self).__name__}: needs input (N, C, ...) with at least 3 axes and the "
+                             f"channel axis not 0, got {ndim} axes and axis {axis}")
+        return tuple(i for i in range(1, ndim) if i != axis)

@@ -1,0 +1,130 @@
+"""Layer 2 (ops): spatial batch normalization through cuDNN's legacy BN calls. Imports _lib, runtime and ops.
+
+x is (N, C), (N, C, L), (N, C, H, W) or (N, C, D, H, W), channels on axis 1 (descriptors.as4d views it as
+NCHW; spatial mode normalizes over everything but C). float32 and float64, with gamma, beta and the
+statistics in x's dtype (cuDNN wants double parameters for double data, float otherwise; float16 data with
+float32 parameters is not offered here). Other channel axes are nd.BatchNorm's business (a transpose).
+
+Semantics are MXNet 1.x's (see ops/reference/batchnorm.py): running = momentum * running + (1 - momentum) *
+batch, with the BIASED batch variance. NOTE: cuDNN's resultRunningVariance averages the UNBIASED variance
+(Bessel's m / (m - 1), m = N * spatial size); MXNet's own kernels (batch_norm.cc, batch_norm.cu, the MKLDNN
+one) store the biased one, only its cuDNN path the unbiased one. dnnbind stores the biased one on both
+backends: cuDNN averages into a scratch copy of running_var scaled by m / (m - 1), which is scaled back by
+(m - 1) / m afterwards; the result is (1 - f) * running_var + f * biased_var exactly, f = 1 - momentum.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from .._lib import cudnn
+from .._lib.errors import CudnnError
+from . import _check
+from . import descriptors as D
+from ._common import dnn, float_dtype, out_like, with_context
+from ._dispatch import op
+from .reference import batchnorm as reference
+from .reference.batchnorm import bn_scalars, bn_shapes, items_per_channel
+
+L = cudnn.lib
+SPATIAL = cudnn.CUDNN_BATCHNORM_SPATIAL
+
+__all__ = ["batchnorm_backward", "batchnorm_forward_inference", "batchnorm_forward_training"]
+
+
+class _BNDesc(D.TensorDesc):
+    """The (1, C, 1, 1) descriptor cuDNN derives from x's for spatial mode (cudnnDeriveBNTensorDescriptor)."""
+    __slots__ = ()
+
+    def __init__(self, x_desc, dtype):  # an empty descriptor, then derived from x's
+        D._Descriptor.__init__(self)
+        L.cudnnDeriveBNTensorDescriptor(self, x_desc, SPATIAL)
+
+
+def _descs(x_shape: tuple, dtype) -> tuple:
+    """(x descriptor, derived parameter descriptor), cached with the other descriptors."""
+    xd = D.tensor(x_shape, dtype)
+    key = ("bn", x_shape, dtype)
+    bnd = D._cache.get(key) or D._insert(key, lambda: _BNDesc(xd, dtype))
+    return xd, bnd
+
+
+def _scalar(value: float, dtype) -> ctypes._SimpleCData:
+    """A host scalar of the compute type (double for double data); the caller keeps it alive over the call."""
+    return (ctypes.c_double if np.dtype(dtype) == np.float64 else ctypes.c_float)(value)
+
+
+@op(reference.batchnorm_forward_training, "x", "gamma", "beta", "running_mean", "running_var")
+def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, momentum=0.9, eps=1e-5):
+    """Batch statistics: ``cudnnBatchNormalizationForwardTraining`` (spatial). Updates running_mean and
+    running_var IN PLACE with MXNet's convention; returns (y, save_mean, save_inv_std)."""
+    name = "batchnorm_forward_training"
+    dtype = float_dtype(name, _check.FLOAT32_64, x=x, gamma=gamma, beta=beta, running_mean=running_mean,
+                        running_var=running_var)
+    c = bn_shapes(name, x._shape, gamma=gamma._shape, beta=beta._shape, running_mean=running_mean._shape,
+                  running_var=running_var._shape)
+    eps, momentum = bn_scalars(name, eps, momentum)
+    m = items_per_channel(name, x._shape)
+    y = out_like(x._shape, dtype, x._device)
+    save_mean, save_inv_std = out_like((c,), dtype, x._device), out_like((c,), dtype, x._device)
+    scratch = out_like((c,), dtype, x._device)
+    xd, bnd = _descs(x._shape, dtype)
+    h = dnn(x)
+    one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+    up, down = _scalar(m / (m - 1), dtype), _scalar((m - 1) / m, dtype)
+    try:
+        # scratch = running_var * m / (m - 1): cuDNN's unbiased average into it is the biased one scaled.
+        L.cudnnTransformTensor(h, ctypes.addressof(up), bnd, running_var._ptr, zero, bnd, scratch._ptr)
+        L.cudnnBatchNormalizationForwardTraining(h, SPATIAL, one, zero, xd, x._ptr, xd, y._ptr, bnd, gamma._ptr,
+                                                 beta._ptr, 1.0 - momentum, running_mean._ptr, scratch._ptr, eps,
+                                                 save_mean._ptr, save_inv_std._ptr)
+        L.cudnnTransformTensor(h, ctypes.addressof(down), bnd, scratch._ptr, zero, bnd, running_var._ptr)
+    except CudnnError as exc:
+        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
+    return y, save_mean, save_inv_std
+
+
+@op(reference.batchnorm_forward_inference, "x", "gamma", "beta", "mean", "var")
+def batchnorm_forward_inference(x, gamma, beta, mean, var, eps=1e-5):
+    """Given statistics: ``cudnnBatchNormalizationForwardInference`` (spatial)."""
+    name = "batchnorm_forward_inference"
+    dtype = float_dtype(name, _check.FLOAT32_64, x=x, gamma=gamma, beta=beta, mean=mean, var=var)
+    bn_shapes(name, x._shape, gamma=gamma._shape, beta=beta._shape, mean=mean._shape, var=var._shape)
+    eps, _ = bn_scalars(name, eps)
+    y = out_like(x._shape, dtype, x._device)
+    if not x.size:
+        return y
+    xd, bnd = _descs(x._shape, dtype)
+    try:
+        L.cudnnBatchNormalizationForwardInference(dnn(x), SPATIAL, D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype),
+                                                  xd, x._ptr, xd, y._ptr, bnd, gamma._ptr, beta._ptr, mean._ptr,
+                                                  var._ptr, eps)
+    except CudnnError as exc:
+        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
+    return y
+
+
+@op(reference.batchnorm_backward, "x", "dy", "gamma", "save_mean", "save_inv_std")
+def batchnorm_backward(x, dy, gamma, save_mean, save_inv_std, eps=1e-5):
+    """Gradients of the training-mode forward: ``cudnnBatchNormalizationBackward`` (spatial) with the saved
+    statistics; returns (dx, dgamma, dbeta)."""
+    name = "batchnorm_backward"
+    dtype = float_dtype(name, _check.FLOAT32_64, x=x, dy=dy, gamma=gamma, save_mean=save_mean,
+                        save_inv_std=save_inv_std)
+    _check.check_same_shape(name, x=x, dy=dy)
+    c = bn_shapes(name, x._shape, gamma=gamma._shape, save_mean=save_mean._shape, save_inv_std=save_inv_std._shape)
+    eps, _ = bn_scalars(name, eps)
+    items_per_channel(name, x._shape)
+    dx = out_like(x._shape, dtype, x._device)
+    dgamma, dbeta = out_like((c,), dtype, x._device), out_like((c,), dtype, x._device)
+    xd, bnd = _descs(x._shape, dtype)
+    one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+    try:
+        L.cudnnBatchNormalizationBackward(dnn(x), SPATIAL, one, zero, one, zero, xd, x._ptr, xd, dy._ptr, xd,
+                                          dx._ptr, bnd, gamma._ptr, dgamma._ptr, dbeta._ptr, eps, save_mean._ptr,
+                                          save_inv_std._ptr)
+    except CudnnError as exc:
+        raise with_context(exc, op=name, x=x._shape, dy=dy._shape, dtype=dtype.name) from None
+    return dx, dgamma, dbeta
