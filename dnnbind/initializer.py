@@ -1,12 +1,14 @@
 """Weight initializers with MXNet's semantics (``mxnet.init``). Layer: gluon support; imports numpy and runtime.
 
 An initializer is called as ``init(desc, arr)``: ``desc`` is an :class:`InitDesc` (the Parameter's name plus
-attributes such as ``fan_in``) and ``arr`` the NDArray to fill in place. As in MXNet, the name picks the
-rule: names ending in ``weight`` get ``_init_weight``, ``bias``/``beta``/``moving_mean`` get ``_init_bias``
-(zeros unless overridden), ``gamma``/``moving_var`` ones. So a global ``Uniform(0.07)`` (MXNet's default),
-``Xavier`` or ``Constant`` leaves biases at zero, as MXNet's layers do with their ``bias_initializer='zeros'``,
-while ``TorchDefault`` overrides ``_init_bias`` to match PyTorch's Conv2d/Linear. An initializer given to one
-Parameter (``bias_initializer=...``) is applied with ``_init_weight`` whatever the name, as in MXNet.
+attributes such as ``fan_in``) and ``arr`` the NDArray to fill in place. As in MXNet's
+``Initializer.__call__``, the name's suffix picks the rule: ``weight`` -> ``_init_weight``, ``bias`` ->
+``_init_bias`` (zeros), ``gamma`` -> ``_init_gamma`` (ones), ``beta`` -> ``_init_beta`` (zeros), running/moving
+means ``_init_zero``, variances ``_init_one``. So a global ``Uniform(0.07)`` (MXNet's default), ``Xavier`` or
+``Constant`` leaves biases at zero, as MXNet's layers do with their ``bias_initializer='zeros'``, while
+``TorchDefault`` overrides ``_init_bias`` to match PyTorch's Conv2d/Linear. An initializer given to one
+Parameter (``bias_initializer=...``, or ``desc.attrs['__init__']``) is applied with ``_init_weight`` whatever
+the name, as in MXNet. Unlike MXNet, any other name is initialized like a weight rather than refused.
 
 Values are drawn on the host with numpy's global RNG (``np.random.seed`` makes runs repeatable) and copied
 into the array once: initialization runs once per parameter, never on a training step.
@@ -14,17 +16,23 @@ into the array once: initialization runs once per parameter, never on a training
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import re
 
 import numpy as np
 
 __all__ = [
+    "Bilinear",
     "Constant",
     "InitDesc",
     "Initializer",
     "MSRAPrelu",
+    "Mixed",
     "Normal",
     "One",
+    "Orthogonal",
     "TorchDefault",
     "Uniform",
     "Xavier",
@@ -34,6 +42,7 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, type] = {}
+_log = logging.getLogger(__name__)
 
 
 def register(cls):
@@ -53,34 +62,79 @@ class InitDesc(str):
 
 
 class Initializer:
-    """Base class: dispatch on the parameter name, fill ``arr`` in place."""
+    """Base class: dispatch on the parameter name (MXNet's ``Initializer.__call__``), fill ``arr`` in place.
+
+    Subclasses override ``_init_weight(desc, arr)`` (and, if they like, ``_init_bias``, ``_init_gamma``,
+    ``_init_beta``); ``arr`` is an NDArray, so ``arr[:] = nd.random.uniform(...)`` works as in MXNet.
+    """
 
     def __init__(self, **kwargs):
         self._kwargs = kwargs
+        self._verbose, self._print_func = False, None
 
     def __call__(self, desc, arr) -> None:
         if not isinstance(desc, InitDesc):
             desc = InitDesc(str(desc))
+        if desc.global_init is None:
+            desc.global_init = self
+        explicit = desc.attrs.get("__init__")
         name = str(desc)
-        if name.endswith("weight"):
+        if explicit:  # a Parameter's own initializer applies whatever the name, as in MXNet
+            create(explicit)._init_weight(desc, arr)
+        elif name.endswith("weight"):
             self._init_weight(desc, arr)
-        elif name.endswith(("bias", "beta", "moving_mean", "running_mean")):
+        elif name.endswith("bias"):
             self._init_bias(desc, arr)
-        elif name.endswith(("gamma", "moving_var", "running_var")):
-            _fill(arr, np.ones(arr.shape))
+        elif name.endswith("gamma"):
+            self._init_gamma(desc, arr)
+        elif name.endswith("beta"):
+            self._init_beta(desc, arr)
+        elif name.endswith(("moving_mean", "running_mean", "moving_inv_var", "moving_avg", "min")):
+            self._init_zero(desc, arr)
+        elif name.endswith(("moving_var", "running_var", "max")):
+            self._init_one(desc, arr)
         else:
             self._init_default(desc, arr)
+        if self._verbose and self._print_func:
+            _log.info("Initialized %s: %s", name, self._print_func(arr))
 
     def _init_weight(self, desc, arr) -> None:
-        raise NotImplementedError(f"{type(self).__name__} does not initialize weights")
+        raise NotImplementedError(f"{type(self).__name__} must override _init_weight(name, arr)")
 
     def _init_bias(self, desc, arr) -> None:
         _fill(arr, np.zeros(arr.shape))
+
+    def _init_gamma(self, desc, arr) -> None:
+        _fill(arr, np.ones(arr.shape))
+
+    def _init_beta(self, desc, arr) -> None:
+        _fill(arr, np.zeros(arr.shape))
+
+    def _init_zero(self, desc, arr) -> None:
+        _fill(arr, np.zeros(arr.shape))
+
+    def _init_one(self, desc, arr) -> None:
+        _fill(arr, np.ones(arr.shape))
 
     def _init_default(self, desc, arr) -> None:
         # MXNet raises for unknown names; a user-created Parameter named e.g. 'scale' is common, so treat
         # anything else like a weight (what MXNet does for names given an explicit init).
         self._init_weight(desc, arr)
+
+    def set_verbosity(self, verbose: bool = False, print_func=None) -> Initializer:
+        """Log each initialized array with ``print_func(arr)`` (default: its root mean square)."""
+        self._verbose = verbose
+        self._print_func = print_func or (lambda x: str(float(np.sqrt(np.mean(np.square(x.numpy()))))))
+        return self
+
+    def dumps(self) -> str:
+        """``'["name", {kwargs}]'``, MXNet's JSON description of an initializer."""
+        return json.dumps([type(self).__name__.lower(), self._kwargs])
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and self._kwargs == other._kwargs
+
+    __hash__ = object.__hash__
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self._kwargs.items())
@@ -203,6 +257,74 @@ class TorchDefault(Initializer):
                              "(a Parameter created outside Dense/Conv2D needs attrs={'fan_in': n})")
         bound = 1.0 / math.sqrt(fan_in)
         _fill(arr, np.random.uniform(-bound, bound, arr.shape))
+
+
+@register
+class Orthogonal(Initializer):
+    """Weight = ``scale`` times an orthonormal factor of a random (nout, prod(shape[1:])) matrix (Saxe et al.).
+
+    The rows (nout <= nin) or columns (nout > nin) of the result are orthonormal before scaling: the SVD
+    ``u, _, v = svd(a)`` of the random matrix gives ``u`` when it has the matrix's shape, else ``v`` (MXNet's
+    rule). ``rand_type`` 'uniform' draws U(-1, 1), 'normal' N(0, 1).
+    """
+
+    def __init__(self, scale: float = 1.414, rand_type: str = "uniform"):
+        super().__init__(scale=scale, rand_type=rand_type)
+        if rand_type not in ("uniform", "normal"):
+            raise ValueError(f"Orthogonal: rand_type must be 'uniform' or 'normal', got {rand_type!r}")
+        self.scale, self.rand_type = scale, rand_type
+
+    def _init_weight(self, desc, arr):
+        if len(arr.shape) < 2:
+            raise ValueError(f"Orthogonal: `{desc}` has shape {tuple(arr.shape)}; it needs at least 2 dimensions")
+        nout, nin = arr.shape[0], int(np.prod(arr.shape[1:]))
+        if self.rand_type == "uniform":
+            a = np.random.uniform(-1.0, 1.0, (nout, nin))
+        else:
+            a = np.random.normal(0.0, 1.0, (nout, nin))
+        u, _, v = np.linalg.svd(a, full_matrices=False)
+        _fill(arr, self.scale * (u if u.shape == a.shape else v))
+
+
+@register
+class Bilinear(Initializer):
+    """Bilinear-interpolation kernels for upsampling (a Conv2DTranspose weight (C, 1 or C, k, k))."""
+
+    def _init_weight(self, desc, arr):
+        if len(arr.shape) != 4:
+            raise ValueError(f"Bilinear: `{desc}` has shape {tuple(arr.shape)}; it needs 4 dimensions")
+        h, w = arr.shape[2], arr.shape[3]
+        f = math.ceil(w / 2.0)
+        c = (2 * f - 1 - f % 2) / (2.0 * f)
+        x, y = np.arange(w), np.arange(h)
+        kernel = np.outer(1 - np.abs(y / f - c), 1 - np.abs(x / f - c))
+        _fill(arr, np.broadcast_to(kernel, arr.shape))
+
+
+class Mixed(Initializer):
+    """The first initializer whose regular expression matches the start of the Parameter's name (re.match).
+
+    ``Mixed(['bias', '.*'], [Zero(), Uniform(0.1)])``; a name matching no pattern raises ValueError.
+    """
+
+    def __init__(self, patterns: list, initializers: list):
+        if len(patterns) != len(initializers):
+            raise ValueError(f"Mixed: {len(patterns)} patterns but {len(initializers)} initializers")
+        super().__init__()
+        self.map = [(re.compile(p), create(i)) for p, i in zip(patterns, initializers)]
+
+    def __call__(self, desc, arr) -> None:
+        for prog, init in self.map:
+            if prog.match(str(desc)):
+                init(desc, arr)
+                return
+        raise ValueError(f"Mixed: Parameter name {str(desc)!r} did not match any pattern; add a '.*' pattern at "
+                         "the end with a default initializer")
+
+    _init_weight = __call__
+
+    def __repr__(self) -> str:
+        return f"Mixed({[(p.pattern, i) for p, i in self.map]})"
 
 
 # MXNet's lower-case aliases used as strings: weight_initializer='zeros', bias_initializer='ones'.

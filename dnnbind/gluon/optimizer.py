@@ -1,23 +1,33 @@
-"""Optimizers (``mxnet.optimizer``): SGD with momentum and weight decay, Adam. Layer: gluon; imports ops, runtime.
+"""Optimizers (``mxnet.optimizer``): the base class, SGD, Adam and ``create``; NAG, AdaGrad, RMSProp and
+AdaDelta live in gluon/_adaptive.py and register here. Layer: gluon; imports nd, ops, runtime.
 
 An optimizer updates *flat* views: the Trainer packs all Parameters of one (lr_mult, wd_mult) group into
-one contiguous data buffer and one gradient buffer, so an update is a handful of cuBLAS calls (axpy/scal) or
-one fused kernel (Adam) over the whole model rather than one call per tensor. State buffers (momentum, Adam
-moments) are flat too and laid out like the data.
+one contiguous data buffer and one gradient buffer, so an update is a handful of cuBLAS calls (axpy/scal),
+one fused kernel (Adam) or a few nd element-wise ops over the whole model rather than one call per tensor.
+State buffers (momentum, moments, histories) are flat too and laid out like the data.
 
-Update rules are MXNet's, with ``g = rescale_grad * grad + wd * weight``:
+Update rules are MXNet 1.9's (python/mxnet/optimizer/optimizer.py and src/operator/optimizer_op-inl.h), with
+``r = rescale_grad`` and ``clip(x) = min(max(x, -c), c)`` when ``clip_gradient = c`` is set:
 
-* SGD: ``mom = momentum * mom - lr * g; weight += mom`` (no momentum: ``weight -= lr * g``). With a
-  constant lr this is PyTorch's ``buf = momentum * buf + g; weight -= lr * buf`` with ``mom = -lr * buf``.
-* Adam: ``m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; weight -= lr_t m / (sqrt(v) + eps)`` with the bias
-  correction folded into ``lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t)``.
+* SGD (SGDKernel/SGDMomKernel): ``mom = momentum*mom - lr*wd*weight - lr*clip(r*grad); weight += mom``
+  (no momentum: ``weight = (1 - lr*wd)*weight - lr*clip(r*grad)``). wd is NOT clipped. With a constant lr
+  this is PyTorch's ``buf = momentum*buf + g; weight -= lr*buf`` with ``mom = -lr*buf``.
+* Adam (AdamUpdateKernel): ``g = clip(r*grad + wd*weight)`` (wd inside the clip), ``m = b1 m + (1-b1) g;
+  v = b2 v + (1-b2) g^2; weight -= lr_t m / (sqrt(v) + eps)``, ``lr_t = lr sqrt(1 - b2^t) / (1 - b1^t)``.
+
+``multi_precision`` is accepted: it keeps float32 master weights for float16 Parameters, which is a no-op for
+the float32 Parameters the Trainer packs (mixed precision is a later issue).
+
+Custom optimizers subclass :class:`Optimizer` and define MXNet's ``create_state(index, weight)`` and
+``update(index, weight, grad, state)`` (using ``_update_count``, ``_get_lr``, ``_get_wd``); the Trainer then
+runs them one Parameter at a time (a host loop, as MXNet does for every optimizer).
 """
 
 from __future__ import annotations
 
 import math
 
-from .. import ops
+from .. import nd, ops
 from ..runtime.array import NDArray, zeros
 
 __all__ = ["SGD", "Adam", "Optimizer", "create", "register"]
@@ -26,6 +36,7 @@ _REGISTRY: dict[str, type] = {}
 
 
 def register(cls):
+    """Make ``cls`` creatable by its lower-case class name (``create('sgd')``), like ``mx.optimizer.register``."""
     _REGISTRY[cls.__name__.lower()] = cls
     return cls
 
@@ -35,23 +46,31 @@ class Optimizer:
 
     n_states = 0
 
-    def __init__(self, learning_rate: float = 0.01, wd: float = 0.0, rescale_grad: float = 1.0,
-                 clip_gradient=None, lr_scheduler=None, multi_precision: bool = False, begin_num_update: int = 0,
-                 param_dict=None, **kwargs):
+    def __init__(self, learning_rate: float | None = None, wd: float = 0.0, rescale_grad: float = 1.0,
+                 clip_gradient: float | None = None, lr_scheduler=None, multi_precision: bool = False,
+                 begin_num_update: int = 0, param_dict=None, param_idx2name=None, sym=None, **kwargs):
         if kwargs:
             raise TypeError(f"{type(self).__name__}: unknown arguments {sorted(kwargs)}")
-        if clip_gradient is not None and clip_gradient > 0:
-            raise ValueError(f"{type(self).__name__}: clip_gradient is not supported (it needs a clip kernel over "
-                             "the flat gradient); leave it None")
-        if multi_precision:
-            raise ValueError(f"{type(self).__name__}: multi_precision is not supported; use float32 Parameters")
+        if clip_gradient is not None and not clip_gradient >= 0:
+            raise ValueError(f"{type(self).__name__}: clip_gradient must be >= 0 or None, got {clip_gradient}")
+        # MXNet: no lr and no scheduler -> 0.01; an explicit lr overrides the scheduler's base_lr.
+        if learning_rate is None and lr_scheduler is None:
+            learning_rate = 0.01
+        if lr_scheduler is not None and learning_rate is not None and hasattr(lr_scheduler, "base_lr"):
+            lr_scheduler.base_lr = float(learning_rate)
+        if learning_rate is None:
+            learning_rate = getattr(lr_scheduler, "base_lr", 0.01)
         self.lr = float(learning_rate)
         self.wd = float(wd)
         self.rescale_grad = float(rescale_grad)
+        self.clip_gradient = None if clip_gradient is None else float(clip_gradient)
         self.lr_scheduler = lr_scheduler
+        self.multi_precision = bool(multi_precision)
+        self.begin_num_update = int(begin_num_update)
         self.num_update = int(begin_num_update)
-        if lr_scheduler is not None and hasattr(lr_scheduler, "base_lr"):
-            lr_scheduler.base_lr = self.lr
+        self.param_dict = dict(param_dict or {})
+        self.idx2name = dict(param_idx2name or {})
+        self._index_update_count: dict = {}
 
     @property
     def learning_rate(self) -> float:
@@ -63,13 +82,60 @@ class Optimizer:
                                "be overridden by it. Change the scheduler instead.")
         self.lr = float(lr)
 
+    # -- the flat interface the Trainer drives -----------------------------------------------------------
     def create_state_flat(self, size: int, dtype, device) -> tuple:
         """Zeroed flat state buffers for ``size`` elements."""
         return tuple(zeros((size,), dtype, device) for _ in range(self.n_states))
 
     def update_flat(self, weight: NDArray, grad: NDArray, states: tuple, lr: float, wd: float, t: int) -> None:
         """Update ``weight`` in place from ``grad`` (flat views); ``t`` is this slice's 1-based step count."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} defines neither update_flat nor update")
+
+    def _clipped(self, g, zero_clips: bool = False):
+        """``g`` clipped to [-clip_gradient, clip_gradient] (an nd expression), or ``g`` when unset.
+
+        MXNet's fused ops (sgd, nag, adam, rmsprop) skip a falsy clip_gradient, so 0 means "off" there, while
+        AdaGrad/AdaDelta clip whenever it is not None (``zero_clips=True``)."""
+        c = self.clip_gradient
+        return g if c is None or (c == 0 and not zero_clips) else nd.clip(g, -c, c)
+
+    # -- MXNet's per-array interface (custom optimizers, mx.optimizer.get_updater-style use) ------------
+    def _update_count(self, index) -> None:
+        for i in index if isinstance(index, (list, tuple)) else [index]:
+            self._index_update_count[i] = self._index_update_count.get(i, self.begin_num_update) + 1
+            self.num_update = max(self._index_update_count[i], self.num_update)
+
+    def _get_lr(self, index) -> float:
+        p = self.param_dict.get(index)
+        return self.learning_rate * (p.lr_mult if p is not None else 1.0)
+
+    def _get_wd(self, index) -> float:
+        p = self.param_dict.get(index)
+        return self.wd * (p.wd_mult if p is not None else 1.0)
+
+    def create_state(self, index, weight: NDArray):
+        """MXNet's per-weight state: None, one array, or a tuple of arrays shaped like ``weight``."""
+        states = tuple(zeros(weight.shape, weight.dtype, weight.context) for _ in range(self.n_states))
+        return None if not states else states[0] if len(states) == 1 else states
+
+    def create_state_multi_precision(self, index, weight: NDArray):
+        return self.create_state(index, weight)
+
+    def update(self, index, weight: NDArray, grad: NDArray, state) -> None:
+        """One update of one weight in place (the built-in optimizers run their flat rule on it)."""
+        self._update_count(index)
+        states = () if state is None else tuple(state) if isinstance(state, (list, tuple)) else (state,)
+        flat = [a.reshape((-1,)) for a in (weight, grad, *states)]
+        self.update_flat(flat[0], flat[1], tuple(flat[2:]), self._get_lr(index), self._get_wd(index),
+                         self._index_update_count[index])
+
+    def update_multi_precision(self, index, weight, grad, state) -> None:
+        self.update(index, weight, grad, state)
+
+    @property
+    def per_parameter(self) -> bool:
+        """True for a custom optimizer written against MXNet's ``update(index, ...)``: no flat rule."""
+        return type(self).update_flat is Optimizer.update_flat
 
     def hyperparams(self) -> dict:
         return {"learning_rate": self.lr, "wd": self.wd}
@@ -83,13 +149,25 @@ class Optimizer:
 class SGD(Optimizer):
     """SGD with optional momentum and weight decay (MXNet's form; see the module docstring)."""
 
-    def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0, lazy_update: bool = False, **kwargs):
+    def __init__(self, learning_rate: float | None = None, momentum: float = 0.0, lazy_update: bool = True,
+                 **kwargs):
         super().__init__(learning_rate=learning_rate, **kwargs)
         self.momentum = float(momentum)
+        self.lazy_update = lazy_update
         self.n_states = 1 if self.momentum != 0.0 else 0
 
     def update_flat(self, weight, grad, states, lr, wd, t):
         r = self.rescale_grad
+        if self.clip_gradient:
+            # Clipping needs an element-wise min/max: nd ops over the flat views (the cuBLAS path cannot).
+            step = self._clipped(grad * r) * lr
+            if self.momentum == 0.0:
+                weight[:] = weight * (1.0 - lr * wd) - step
+            else:
+                mom = states[0]
+                mom[:] = mom * self.momentum - weight * (lr * wd) - step
+                weight[:] = weight + mom
+            return
         if self.momentum == 0.0:
             # weight = (1 - lr*wd) weight - lr*r grad: MXNet's sgd_update, two cuBLAS calls.
             if wd:
@@ -121,14 +199,20 @@ class Adam(Optimizer):
     def update_flat(self, weight, grad, states, lr, wd, t):
         lr_t = lr * math.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
         m, v = states
-        ops.adam_update(weight, grad, m, v, lr_t, self.beta1, self.beta2, self.epsilon, self.rescale_grad, wd)
+        if not self.clip_gradient:
+            ops.adam_update(weight, grad, m, v, lr_t, self.beta1, self.beta2, self.epsilon, self.rescale_grad, wd)
+            return
+        g = self._clipped(grad * self.rescale_grad + weight * wd)
+        m[:] = m * self.beta1 + g * (1.0 - self.beta1)
+        v[:] = v * self.beta2 + g * g * (1.0 - self.beta2)
+        weight[:] = weight - m * lr_t / (nd.sqrt(v) + self.epsilon)
 
     def hyperparams(self) -> dict:
         return {**super().hyperparams(), "beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon}
 
 
 def create(name, **kwargs) -> Optimizer:
-    """An Optimizer from an instance or a registered name ('sgd', 'adam') and its arguments."""
+    """An Optimizer from an instance or a registered name ('sgd', 'adam', 'nag', ...) and its arguments."""
     if isinstance(name, Optimizer):
         if kwargs:
             raise ValueError("optimizer_params must be empty when an Optimizer instance is given")
@@ -137,3 +221,11 @@ def create(name, **kwargs) -> Optimizer:
     if cls is None:
         raise ValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(_REGISTRY))}")
     return cls(**kwargs)
+
+
+Optimizer.register = staticmethod(register)  # MXNet spells it both ways: @mx.optimizer.Optimizer.register
+
+# The nd-composed optimizers register themselves on import (after register/Optimizer exist).
+from ._adaptive import NAG, AdaDelta, AdaGrad, RMSProp
+
+__all__ += ["NAG", "AdaDelta", "AdaGrad", "RMSProp"]

@@ -68,8 +68,11 @@ class Trainer:
                 self._names.append(name)
                 self._params.append(p)
         self._optimizer = opt.create(optimizer, **(optimizer_params or {}))
+        self._optimizer.param_dict = dict(enumerate(self._params))  # lr_mult/wd_mult for custom optimizers
         self._scale = self._optimizer.rescale_grad
-        self._counts = np.zeros(len(self._params), np.int64)  # per-Parameter update count (Adam's t)
+        # Per-Parameter update count (Adam's t), starting at begin_num_update as MXNet's _update_count does.
+        self._counts = np.full(len(self._params), self._optimizer.begin_num_update, np.int64)
+        self._custom_states: dict[int, object] = {}  # state of a custom (per-Parameter) optimizer, by index
         self._layout = None  # set by _pack: what each Parameter must still be for the packing to hold
         self._carried_fresh: set[int] = set()
         if all(p._data is not None for p in self._params):
@@ -197,6 +200,9 @@ class Trainer:
                 "call step with ignore_stale_grad=True to suppress this warning and skip updating of Parameters "
                 "with stale gradient")
         o = self._optimizer
+        if o.per_parameter:
+            self._update_custom(fresh)
+            return
         if fresh:
             o.num_update = max(o.num_update, int(self._counts[fresh].max()) + 1)
         lr, wd = o.learning_rate, o.wd
@@ -218,11 +224,27 @@ class Trainer:
             autograd.clear_fresh(params[i]._data)
         self._carried_fresh.clear()
 
+    def _update_custom(self, fresh: list[int]) -> None:
+        """A custom optimizer (MXNet's ``update(index, weight, grad, state)``): one Parameter at a time."""
+        o, params = self._optimizer, self._params
+        for i in fresh:
+            p = params[i]
+            if i not in self._custom_states:
+                self._custom_states[i] = o.create_state_multi_precision(i, p.data())
+            o.update_multi_precision(i, p.data(), p.grad(), self._custom_states[i])
+            self._counts[i] += 1
+        for i in self._trainable():
+            autograd.clear_fresh(params[i]._data)
+        self._carried_fresh.clear()
+
     # -- checkpoints --------------------------------------------------------------------------------------
     def save_states(self, fname) -> None:
         """Optimizer state (momentum / Adam moments per Parameter), step counts and lr; atomic."""
         self._ensure_packed()
         o = self._optimizer
+        if any(s is not None for s in self._custom_states.values()):
+            raise ValueError(f"save_states({fname!r}): the state of the custom optimizer {type(o).__name__} "
+                             "cannot be saved (only built-in optimizers' flat state is)")
         meta = {"optimizer": type(o).__name__, "n_states": len(self._states), "num_update": o.num_update,
                 "lr": o.lr, "names": self._names, "counts": self._counts.tolist()}
         arrays = {"__meta__": np.array(json.dumps(meta))}
