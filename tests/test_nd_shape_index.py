@@ -336,3 +336,19 @@ def test_random_seed_repeats_initialization_dropout_and_draws():
     (w1, y1), (w2, y2), (w3, y3) = run(), run(), run(8)
     assert (w1 == w2).all() and (y1 == y2).all()
     assert not (w1 == w3).all() and not (y1 == y3).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_setitem_takes_a_size_one_array_for_an_element(device):
+    """d2l's corr2d: Y[i, j] = (X[i:i+h, j:j+w] * K).sum(), where sum() has shape (1,) as in MXNet 1.x."""
+    x = nd.array(RNG.normal(size=(3, 3)), ctx=device)
+    k = nd.array([[1.0, -1.0], [0.5, 2.0]], ctx=device)
+    y = nd.zeros((2, 2), ctx=device)
+    for i in range(2):
+        for j in range(2):
+            y[i, j] = (x[i:i + 2, j:j + 2] * k).sum()
+    h = x.numpy()
+    want = [[(h[i:i + 2, j:j + 2] * k.numpy()).sum() for j in range(2)] for i in range(2)]
+    assert_close(y, want, 1e-6, 1e-6)
+    y[0] = nd.array([[7.0, 8.0]], ctx=device)
+    assert_close(y[0], [7, 8], 0, 0)

@@ -211,13 +211,23 @@ def _lower_flat(x):
     return x.reshape((x.size,))
 
 
+def _drop_leading_ones(v: np.ndarray, ndim: int) -> np.ndarray:
+    """MXNet accepts a value with extra leading size-1 dims (``y[i, j] = x.sum()``, a shape-(1,) array)."""
+    while v.ndim > ndim and v.shape[0] == 1:
+        v = v.reshape(v.shape[1:])
+    return v
+
+
 def setitem(x: NDArray, key, value) -> None:
     if isinstance(value, NDArray) and value.device is not x.device:
         value = value.as_in_context(x.device)
     if x._data is not None:
+        k = key if is_basic(key) else _index_arrays(key)
+        v = value._data if isinstance(value, NDArray) else value
         try:
-            x._data[key if is_basic(key) else _index_arrays(key)] = value._data if isinstance(value, NDArray) \
-                else value
+            if isinstance(v, (np.ndarray, list, tuple)):
+                v = _drop_leading_ones(np.asarray(v), x._data[k].ndim)
+            x._data[k] = v
         except IndexError as exc:
             raise NDIndexError(f"setitem: {exc} (shape {x.shape})") from None
         except ValueError as exc:
@@ -225,7 +235,9 @@ def setitem(x: NDArray, key, value) -> None:
         return
     if not is_basic(key):
         host = x.numpy()  # GPU write through an advanced index: via the host (see module docstring)
-        host[_index_arrays(key)] = value.numpy() if isinstance(value, NDArray) else value
+        k = _index_arrays(key)
+        v = value.numpy() if isinstance(value, NDArray) else value
+        host[k] = _drop_leading_ones(np.asarray(v), host[k].ndim) if not np.isscalar(v) else v
         x.copy_(host)
         return
     off, strides, shape = basic_index("setitem", x.shape, key)

@@ -1,0 +1,127 @@
+"""CPU tests of scripts/d2l_check.py's own logic (cell extraction, magic skipping, per-cell failure reporting) on
+small notebooks written here; the d2l corpus itself is not needed (CI has no network and no d2l checkout)."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "d2l_check.py")
+_spec = importlib.util.spec_from_file_location("d2l_check", _PATH)
+d2l_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(d2l_check)
+
+NOTEBOOK = """# Title
+
+Some text.
+
+```{.python .input}
+%matplotlib inline
+import math
+x = 1
+```
+
+```python
+not_a_cell = 1
+```
+
+```{.python .input  n=3}
+y = x + 1
+print('%d'
+      % y)
+```
+
+```eval_rst
+.. not python
+```
+
+```{.python .input  n=12}
+%config InlineBackend.figure_format = 'svg'
+```
+"""
+
+
+def test_extract_cells_finds_input_fences_only():
+    cells = d2l_check.extract_cells(NOTEBOOK)
+    assert [c["index"] for c in cells] == [1, 2, 3]
+    assert cells[0]["source"] == "\nimport math\nx = 1"  # magic line blanked: line numbers kept
+    assert cells[0]["magics"] == ["%matplotlib inline"]
+    assert cells[0]["md_line"] == 5  # the opening fence, 1-based
+    assert cells[1]["source"] == "y = x + 1\nprint('%d'\n      % y)" and cells[1]["magics"] == []
+    assert cells[2]["source"] == "" and cells[2]["magics"] == ["%config InlineBackend.figure_format = 'svg'"]
+
+
+def _fake_repo(tmp_path, text):
+    chapter = tmp_path / "chapter_fake"
+    chapter.mkdir()
+    (chapter / "nb.md").write_text(text)
+    (chapter / "index.md").write_text("# no code here\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "value.txt").write_text("41")
+    return tmp_path
+
+
+FAILING = """
+```{.python .input}
+%matplotlib inline
+with open('../data/value.txt') as f:
+    v = int(f.read())
+```
+
+```{.python .input}
+w = v + 1
+raise NotImplementedError(f'feature {w} missing')
+```
+
+```{.python .input}
+never = 1
+```
+"""
+
+
+def test_second_cell_failure_is_reported(tmp_path):
+    repo = _fake_repo(tmp_path, FAILING)
+    notebooks = d2l_check.find_notebooks(str(repo), ["chapter_fake"])
+    assert [rel for rel, _ in notebooks] == ["chapter_fake/nb.md"]  # index.md has no code cell
+    rel, cells = notebooks[0]
+    home = tmp_path / "home"
+    home.mkdir()
+    r = d2l_check.run_notebook(str(repo), rel, cells, str(home), 120, "cpu", str(tmp_path))
+    assert (r["status"], r["ran"], r["cells"], r["at_cell"]) == ("error", 1, 3, 2)
+    assert r["error"]["type"] == "NotImplementedError"
+    assert r["error"]["message"] == "feature 42 missing"  # cell 1 read ../data from the chapter folder
+    assert r["error"]["cell_line"] == 2 and r["error"]["line"].startswith("raise NotImplementedError")
+    assert r["magics_skipped"] == ["%matplotlib inline"]
+    line = d2l_check.format_result(r)
+    assert line.startswith("chapter_fake/nb.md: 1/3 cells, stopped at cell 2: NotImplementedError: feature 42")
+
+
+def test_timeout_names_the_running_cell(tmp_path):
+    repo = _fake_repo(tmp_path, "```{.python .input}\nx = 1\n```\n```{.python .input}\nimport time\n"
+                                "time.sleep(60)\n```\n")
+    rel, cells = d2l_check.find_notebooks(str(repo), ["chapter_fake"])[0]
+    r = d2l_check.run_notebook(str(repo), rel, cells, str(tmp_path), 8, "cpu", str(tmp_path))
+    assert (r["status"], r["ran"], r["at_cell"]) == ("timeout", 1, 2)
+    assert "timed out at cell 2" in d2l_check.format_result(r)
+
+
+def test_main_runs_mxnet_cells_and_writes_json(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    text = ("```{.python .input}\nfrom mxnet import nd\nx = nd.ones((2, 3))\nx.sum()\n```\n"
+            "```{.python .input}\nimport os\nassert os.path.isfile(os.path.expanduser("
+            "'~/.mxnet/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz'))\n```\n")
+    repo = _fake_repo(tmp_path, text)
+    mnist = tmp_path / "mnist"
+    mnist.mkdir()
+    for name in d2l_check.IDX_FILES:
+        (mnist / name).write_bytes(b"fake")
+    out = tmp_path / "out.json"
+    rc = d2l_check.main(["--repo", str(repo), "--chapters", "chapter_fake", "--mnist-dir", str(mnist),
+                         "--json", str(out), "--timeout", "120"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert "chapter_fake/nb.md: 2/2 cells, all ran" in printed
+    assert "linked the MNIST digit IDX files" in printed
+    data = json.loads(out.read_text())
+    assert data["summary"]["ok"] == 1 and data["results"][0]["ran"] == 2
