@@ -632,3 +632,26 @@ def test_fashion_mnist_reads_its_own_folder_only(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "nohome"))
     with pytest.raises(FileNotFoundError, match="Fashion-MNIST .*fashion-mnist.*does not download"):
         FashionMNIST(train=False)
+
+
+def test_resize_bilinear_nearest_keep_ratio_and_batches():
+    from dnnbind.gluon.data.vision import transforms as T
+    rng = np.random.default_rng(1)
+    img = rng.uniform(0, 255, (6, 8, 3)).astype(np.float32)
+    half = T.Resize((4, 3))(img)  # exact halving: each output pixel is the mean of a 2x2 block (pixel centres)
+    want = img.reshape(3, 2, 4, 2, 3).mean(axis=(1, 3))
+    np.testing.assert_allclose(half, want, rtol=1e-6)
+    assert T.Resize(5, interpolation=0)(img).shape == (5, 5, 3)
+    np.testing.assert_array_equal(T.Resize((4, 3), interpolation=0)(img), img[::2, ::2])
+    assert T.Resize(3, keep_ratio=True)(img).shape == (3, 4, 3)  # shorter side 3, ratio kept
+    u8 = rng.integers(0, 256, (7, 5, 1)).astype(np.uint8)
+    up = T.Resize(14)(u8)
+    assert up.dtype == np.uint8 and up.shape == (14, 14, 1)
+    batch = np.stack([u8, u8[::-1]])
+    np.testing.assert_array_equal(T.Resize(9)(batch), np.stack([T.Resize(9)(u8), T.Resize(9)(u8[::-1])]))
+    flat = np.full((4, 4, 1), 17, np.uint8)
+    assert (T.Resize(11)(flat) == 17).all()
+    with pytest.raises(ValueError, match="Resize"):
+        T.Resize((0, 3))
+    with pytest.raises(ValueError, match="Resize: expected"):
+        T.Resize(3)(np.zeros((4, 4)))

@@ -1,4 +1,4 @@
-"""Image transforms with MXNet Gluon semantics: ToTensor, Normalize, Cast, Compose.
+"""Image transforms with MXNet Gluon semantics: ToTensor, Normalize, Cast, Resize, Compose.
 
 Layer: gluon: data; imports numpy and dnnbind.runtime only (here: numpy only).
 
@@ -87,6 +87,69 @@ class Cast:
 
     def __repr__(self) -> str:
         return f"Cast({self.dtype})"
+
+
+def _axis_weights(n_out: int, n_in: int, nearest: bool):
+    """Source indices and weights along one axis (OpenCV's INTER_LINEAR / INTER_NEAREST pixel-centre rule)."""
+    scale = n_in / n_out
+    if nearest:
+        i0 = np.minimum((np.arange(n_out) * scale).astype(np.int64), n_in - 1)
+        return i0, i0, np.zeros(n_out, np.float32)
+    src = np.maximum((np.arange(n_out) + 0.5) * scale - 0.5, 0.0)
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    return i0, i1, (src - i0).astype(np.float32)
+
+
+class Resize:
+    """Resize an (H, W, C) image or an (N, H, W, C) batch to ``size`` = (width, height) or an int (a square, or
+    with ``keep_ratio`` the shorter side). ``interpolation`` 0 is nearest, anything else bilinear with OpenCV's
+    pixel-centre rule (MXNet resizes with OpenCV; uint8 results may differ from it by one level of rounding).
+    The dtype is kept (uint8 is rounded back)."""
+
+    batchable = True
+
+    def __init__(self, size: int | Sequence[int], keep_ratio: bool = False, interpolation: int = 1) -> None:
+        if isinstance(size, (int, np.integer)):
+            size = int(size)
+            if size <= 0:
+                raise ValueError(f"Resize: size must be positive, got {size}")
+        else:
+            size = tuple(int(v) for v in size)
+            if len(size) != 2 or min(size) <= 0:
+                raise ValueError(f"Resize: size must be an int or (width, height) with positive values, got {size}")
+        self.size, self.keep_ratio, self.interpolation = size, bool(keep_ratio), int(interpolation)
+
+    def _target(self, h: int, w: int) -> tuple[int, int]:
+        if isinstance(self.size, tuple):
+            return self.size[1], self.size[0]
+        if not self.keep_ratio:
+            return self.size, self.size
+        if h < w:
+            return self.size, max(1, int(round(w * self.size / h)))
+        return max(1, int(round(h * self.size / w))), self.size
+
+    def __call__(self, x: Any) -> np.ndarray:
+        x = _host(x)
+        if x.ndim not in (3, 4):
+            raise ValueError(f"Resize: expected an image (H, W, C) or a batch (N, H, W, C), got shape {x.shape}")
+        h, w = x.shape[-3], x.shape[-2]
+        oh, ow = self._target(h, w)
+        if (oh, ow) == (h, w):
+            return x.copy()
+        nearest = self.interpolation == 0
+        r0, r1, fr = _axis_weights(oh, h, nearest)
+        c0, c1, fc = _axis_weights(ow, w, nearest)
+        xf = x.astype(np.float32, copy=False)
+        top = xf[..., r0, :, :] * (1 - fr)[:, None, None] + xf[..., r1, :, :] * fr[:, None, None]
+        out = top[..., c0, :] * (1 - fc)[:, None] + top[..., c1, :] * fc[:, None]
+        if x.dtype.kind in "ui":
+            info = np.iinfo(x.dtype)
+            return np.clip(np.rint(out), info.min, info.max).astype(x.dtype)
+        return out.astype(x.dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"Resize(size={self.size}, keep_ratio={self.keep_ratio}, interpolation={self.interpolation})"
 
 
 class Compose:
