@@ -532,3 +532,28 @@ def test_seed_simplecnn_training_loop_loss_falls():
     assert len(losses) == 32
     assert abs(losses[0] - np.log(10)) < 0.05
     assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.15, np.round(losses, 3)
+
+
+def test_get_constant_as_the_model_construction_chapter_uses_it():
+    """d2l's FancyMLP: a constant random weight from params.get_constant, used with nd.dot in forward."""
+    from dnnbind import gluon, nd
+    import numpy as np
+
+    class Fancy(gluon.nn.Block):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.rand_weight = self.params.get_constant("rand_weight", nd.random.uniform(shape=(4, 4)))
+            self.dense = gluon.nn.Dense(4, activation="relu")
+
+        def forward(self, x):
+            return nd.relu(nd.dot(self.dense(x), self.rand_weight.data()) + 1)
+
+    net = Fancy()
+    net.initialize()
+    x = nd.random.uniform(shape=(2, 4))
+    y = net(x)
+    assert y.shape == (2, 4) and net.rand_weight.grad_req == "null"
+    w = net.rand_weight.data().numpy()
+    d = net.dense(x).numpy()
+    np.testing.assert_allclose(y.numpy(), np.maximum(d @ w + 1, 0), rtol=1e-5)
+    assert net.params.get_constant("rand_weight") is net.rand_weight

@@ -398,6 +398,16 @@ class ParameterDict:
         self._params[full] = param
         return param
 
+    def get_constant(self, name: str, value=None) -> Parameter:
+        """The Constant ``prefix + name``, created from ``value`` if absent (MXNet 1.x ``params.get_constant``)."""
+        full = self._prefix + name
+        param = self._params.get(full)
+        if param is None:
+            if value is None:
+                raise KeyError(f"get_constant: no constant {full!r}; pass value= to create it")
+            param = self._params[full] = Constant(full, value)
+        return param
+
     def select(self, pattern: str | None) -> ParameterDict:
         if pattern is None:
             return self
