@@ -178,8 +178,10 @@ def test_bad_names_are_value_errors():
 # --- NVRTC compiles every template (no GPU needed) -----------------------------------------------------
 
 def _compile(key):
+    """Compile the generated source to PTX and check it defines the kernel as an entry point."""
     source, name, _ = generate(key)
-    compiler.Module(source, (name,), arch="compute_90")
+    ptx = compiler.Module(source, (name,), arch="compute_90").ptx
+    assert f".entry {name}(" in ptx, f"{name} is not an entry of the PTX for {key}"
 
 
 @needs_nvrtc

@@ -22,6 +22,7 @@ import pytest
 
 from dnnbind._lib import cublas, cudnn
 from dnnbind.ops import tensor_ops as T
+from dnnbind.ops import blas_tensor as B
 from dnnbind.runtime.array import NDArray
 from dnnbind.runtime.device import Device
 
@@ -267,7 +268,6 @@ def no_library(monkeypatch):
     """Fake GPU arrays; any path that reaches cuDNN, cuBLAS or device memory fails the test."""
     def reached(*args, **kwargs):
         raise AssertionError("validation let the call reach the library")
-    from dnnbind.ops import blas_tensor as B
     for mod, names in ((T, ("dnn", "blas", "memcpy", "workspace", "DeviceBuffer")), (B, ("blas", "gemm_into"))):
         for name in names:
             monkeypatch.setattr(mod, name, reached)
@@ -318,23 +318,23 @@ def _cases():
         (lambda: T.transpose(a, (0, 2)), ValueError, "transpose: axes"),
         (lambda: T.scale_tensor(fake((2,), np.int32), 2.0), TypeError, "scale_tensor: x has dtype int32"),
         (lambda: T.set_tensor(a, "1"), TypeError, "set_tensor: value must be a real number"),
-        (lambda: T.geam(fake((2, 3, 4))), ValueError, "geam: a must have 2 dims"),
-        (lambda: T.geam(a, fake((2, 3)), trans_b=True), ValueError, r"geam: op\(a\) is \(2, 3\) but op\(b\)"),
-        (lambda: T.geam(a, None, beta=1.0), ValueError, "geam: beta=1.0 needs b"),
-        (lambda: T.geam(fake((2, 3), F16)), TypeError, "geam: a has dtype float16"),
-        (lambda: T.geam(a, trans_a=True, out=fake((3, 2), ptr=a._ptr)), ValueError, "geam: out may share"),
-        (lambda: T.geam(a, trans_a=1), TypeError, "geam: trans_a must be a bool"),
-        (lambda: T.gemm_strided_batched(fake((2, 3, 4)), fake((3, 4, 5))), ValueError,
+        (lambda: B.geam(fake((2, 3, 4))), ValueError, "geam: a must have 2 dims"),
+        (lambda: B.geam(a, fake((2, 3)), trans_b=True), ValueError, r"geam: op\(a\) is \(2, 3\) but op\(b\)"),
+        (lambda: B.geam(a, None, beta=1.0), ValueError, "geam: beta=1.0 needs b"),
+        (lambda: B.geam(fake((2, 3), F16)), TypeError, "geam: a has dtype float16"),
+        (lambda: B.geam(a, trans_a=True, out=fake((3, 2), ptr=a._ptr)), ValueError, "geam: out may share"),
+        (lambda: B.geam(a, trans_a=1), TypeError, "geam: trans_a must be a bool"),
+        (lambda: B.gemm_strided_batched(fake((2, 3, 4)), fake((3, 4, 5))), ValueError,
          "gemm_strided_batched: op\\(a\\) is \\(2, 3, 4\\) but op\\(b\\) is \\(3, 4, 5\\)"),
-        (lambda: T.gemm_strided_batched(fake((2, 3, 4)), fake((2, 5, 5))), ValueError, "gemm_strided_batched"),
-        (lambda: T.gemm_strided_batched(fake((2, 3, 4)), fake((2, 4, 5)), beta=0.5), ValueError,
+        (lambda: B.gemm_strided_batched(fake((2, 3, 4)), fake((2, 5, 5))), ValueError, "gemm_strided_batched"),
+        (lambda: B.gemm_strided_batched(fake((2, 3, 4)), fake((2, 4, 5)), beta=0.5), ValueError,
          "gemm_strided_batched: beta=0.5"),
-        (lambda: T.gemm_strided_batched(a, fake((2, 3, 4))), ValueError, "gemm_strided_batched: a must have 3"),
-        (lambda: T.matmul2d(a, fake((2, 3))), ValueError, "matmul2d: inner dimensions differ"),
-        (lambda: T.matmul2d(a, fake((3, 2)), out=fake((3, 3))), ValueError, "matmul2d: out has shape"),
-        (lambda: T.dot(a, fake((7,))), ValueError, r"dot: x \(2, 3\) and y \(7,\) have different sizes"),
-        (lambda: T.dot(fake((3,), F64), fake((3,))), TypeError, "dot: dtypes differ"),
-        (lambda: T.nrm2(a, out=fake((2,))), ValueError, "nrm2: out must have one element"),
+        (lambda: B.gemm_strided_batched(a, fake((2, 3, 4))), ValueError, "gemm_strided_batched: a must have 3"),
+        (lambda: B.matmul2d(a, fake((2, 3))), ValueError, "matmul2d: inner dimensions differ"),
+        (lambda: B.matmul2d(a, fake((3, 2)), out=fake((3, 3))), ValueError, "matmul2d: out has shape"),
+        (lambda: B.dot(a, fake((7,))), ValueError, r"dot: x \(2, 3\) and y \(7,\) have different sizes"),
+        (lambda: B.dot(fake((3,), F64), fake((3,))), TypeError, "dot: dtypes differ"),
+        (lambda: B.nrm2(a, out=fake((2,))), ValueError, "nrm2: out must have one element"),
     ]
 
 
@@ -349,7 +349,7 @@ def test_empty_arrays_need_no_library(no_library):
     a = fake((0, 3))
     assert T.op_tensor("add", a, fake((1, 3))).shape == (0, 3)
     assert T.transpose(a).shape == (3, 0)
-    assert T.geam(a, trans_a=True).shape == (3, 0)
+    assert B.geam(a, trans_a=True).shape == (3, 0)
     assert T.reduce_tensor("sum", a, 1).shape == (0, 1)
     assert T.scale_tensor(a, 2.0) is a and T.set_tensor(a, 1.0) is a
 
@@ -554,12 +554,12 @@ def test_geam(trans_a, trans_b, dtype):
     a = rnd((n, m) if trans_a else (m, n), 1, dtype)
     b = rnd((n, m) if trans_b else (m, n), 2, dtype)
     op_a, op_b = (a.T if trans_a else a).astype(np.float64), (b.T if trans_b else b).astype(np.float64)
-    out = T.geam(g(a), g(b), 1.5, -0.25, trans_a, trans_b)
+    out = B.geam(g(a), g(b), 1.5, -0.25, trans_a, trans_b)
     check(out, 1.5 * op_a - 0.25 * op_b, dtype, 2 * (np.abs(op_a) + np.abs(op_b)))
-    at = T.geam(g(a), trans_a=not trans_a)  # b None: a one-call transpose (or copy)
+    at = B.geam(g(a), trans_a=not trans_a)  # b None: a one-call transpose (or copy)
     np.testing.assert_array_equal(at.numpy(), a if trans_a else a.T)
     a[0, 1] = np.inf  # beta 0 with b None: the stand-in b must not turn inf into nan
-    assert np.isinf(T.geam(g(a), trans_a=True).numpy()[1, 0])
+    assert np.isinf(B.geam(g(a), trans_a=True).numpy()[1, 0])
 
 
 @pytest.mark.gpu
@@ -573,12 +573,12 @@ def test_gemm_strided_batched_and_matmul2d(trans_a, trans_b, dtype):
     op_b = np.swapaxes(b, 1, 2) if trans_b else b
     expected = np.matmul(op_a.astype(np.float64), op_b.astype(np.float64))
     scale = np.matmul(np.abs(op_a).astype(np.float64), np.abs(op_b)) * np.sqrt(k)
-    check(T.gemm_strided_batched(g(a), g(b), trans_a, trans_b), expected, dtype, scale)
+    check(B.gemm_strided_batched(g(a), g(b), trans_a, trans_b), expected, dtype, scale)
     c = rnd((batch, m, n), 3, dtype)
-    out = T.gemm_strided_batched(g(a), g(b), trans_a, trans_b, alpha=-2.0, beta=0.5, out=g(c))
+    out = B.gemm_strided_batched(g(a), g(b), trans_a, trans_b, alpha=-2.0, beta=0.5, out=g(c))
     check(out, -2 * expected + 0.5 * c, dtype, 2 * scale + np.abs(c))
-    check(T.matmul2d(g(a[1]), g(b[1]), trans_a, trans_b), expected[1], dtype, scale[1])
-    out = T.matmul2d(g(a[2]), g(b[2]), trans_a, trans_b, out=g(c[2]), alpha=0.5, beta=2.0)
+    check(B.matmul2d(g(a[1]), g(b[1]), trans_a, trans_b), expected[1], dtype, scale[1])
+    out = B.matmul2d(g(a[2]), g(b[2]), trans_a, trans_b, out=g(c[2]), alpha=0.5, beta=2.0)
     check(out, 0.5 * expected[2] + 2 * c[2], dtype, scale[2] + 2 * np.abs(c[2]))
 
 
@@ -588,14 +588,14 @@ def test_gemm_strided_batched_and_matmul2d(trans_a, trans_b, dtype):
 def test_dot_and_nrm2_write_device_results_and_restore_the_pointer_mode(n, dtype):
     x, y = rnd((n,), 1, dtype), rnd((n,), 2, dtype)
     x64, y64 = x.astype(np.float64), y.astype(np.float64)
-    out = T.dot(g(x), g(y))
+    out = B.dot(g(x), g(y))
     assert out.shape == (1,)
     check(out, [x64 @ y64], dtype, np.sqrt(n) * np.linalg.norm(x64 * y64))
-    check(T.nrm2(g(x.reshape(1, -1))), [np.sqrt(x64 @ x64)], dtype, np.sqrt(n) * np.sqrt(x64 @ x64))
+    check(B.nrm2(g(x.reshape(1, -1))), [np.sqrt(x64 @ x64)], dtype, np.sqrt(n) * np.sqrt(x64 @ x64))
     mode = ctypes.c_int(-1)
     cublas.lib.cublasGetPointerMode_v2(T.blas(g(x)), ctypes.byref(mode))
     assert mode.value == cublas.CUBLAS_POINTER_MODE_HOST
     # host alpha/beta still work on the shared handle after the device-result calls
-    check(T.matmul2d(g(x.reshape(1, -1)), g(y.reshape(-1, 1))), [[x64 @ y64]], dtype,
+    check(B.matmul2d(g(x.reshape(1, -1)), g(y.reshape(-1, 1))), [[x64 @ y64]], dtype,
           np.sqrt(n) * np.linalg.norm(x64 * y64))
-    assert T.dot(g(x[:0]), g(y[:0])).numpy().tolist() == [0.0]
+    assert B.dot(g(x[:0]), g(y[:0])).numpy().tolist() == [0.0]

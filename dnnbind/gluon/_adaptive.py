@@ -28,7 +28,7 @@ none here either.
 from __future__ import annotations
 
 from .. import nd
-from .optimizer import Optimizer, register
+from ._optimizer_base import Optimizer, register
 
 __all__ = ["NAG", "AdaDelta", "AdaGrad", "RMSProp"]
 

@@ -109,8 +109,8 @@ def _bdot_gpu(meta, a, b, transpose_a=False, transpose_b=False, **_):
     shape, k = meta
     if k == 0 or 0 in shape:
         return zeros(shape, a.dtype, a.device)
-    from ..ops import tensor_ops
-    return tensor_ops.gemm_strided_batched(a, b, bool(transpose_a), bool(transpose_b))
+    from ..ops import blas_tensor
+    return blas_tensor.gemm_strided_batched(a, b, bool(transpose_a), bool(transpose_b))
 
 
 def _bdot_grad(g, y, a, b, transpose_a=False, transpose_b=False, **_):

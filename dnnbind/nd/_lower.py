@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 
@@ -41,8 +42,29 @@ def ref(x: NDArray, strides=None, offset: int = 0):
                          offset)
 
 
+_OPERANDS = ("a", "b", "c", "d", "e")
+
+
+def scalar_expr(op, args) -> tuple[str, tuple]:
+    """The op's C expression with scalar operands renamed to kernel arguments; cached per scalar pattern."""
+    mask = tuple(not isinstance(a, NDArray) for a in args)
+    expr = op._exprs.get(mask)
+    if expr is None:
+        expr = op.expr
+        arrays_seen = 0
+        renames = {}
+        for n, is_s in zip(_OPERANDS, mask):
+            if is_s:
+                renames[n] = "s_" + n
+            else:
+                renames[n] = _OPERANDS[arrays_seen]
+                arrays_seen += 1
+        expr = re.sub(r"\b([a-e])\b", lambda m: renames.get(m.group(1), m.group(1)), expr)
+        op._exprs[mask] = expr
+    return expr, mask
+
+
 def map_kernel(op, args, params, shape, out_dtype, dev) -> NDArray:
-    from ._registry import scalar_expr
     out = empty(shape, out_dtype, dev)
     if out.size == 0:
         return out

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from typing import Callable
 
 import numpy as np
@@ -308,25 +307,6 @@ def _map_gpu(op: Op, args, params, shape, out_dtype, dev):
         if out is not None:
             return out
     return _lower.map_kernel(op, args, params, shape, out_dtype, dev)
-
-
-def scalar_expr(op: Op, args) -> tuple[str, tuple]:
-    """The op's C expression with scalar operands renamed to kernel arguments; cached per scalar pattern."""
-    mask = tuple(not isinstance(a, NDArray) for a in args)
-    expr = op._exprs.get(mask)
-    if expr is None:
-        expr = op.expr
-        arrays_seen = 0
-        renames = {}
-        for n, is_s in zip(_NAMES, mask):
-            if is_s:
-                renames[n] = "s_" + n
-            else:
-                renames[n] = _NAMES[arrays_seen]
-                arrays_seen += 1
-        expr = re.sub(r"\b([a-e])\b", lambda m: renames.get(m.group(1), m.group(1)), expr)
-        op._exprs[mask] = expr
-    return expr, mask
 
 
 # reduce -------------------------------------------------------------------------------------------------------

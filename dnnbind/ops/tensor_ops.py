@@ -554,5 +554,4 @@ def set_tensor(x: NDArray, value: float) -> NDArray:
     return x
 
 
-# -- cuBLAS calls: in ops/blas_tensor.py, re-exported here so the table has one module to call ----------------
-from .blas_tensor import dot, gemm_strided_batched, geam, matmul2d, nrm2  # noqa: E402,F401
+# The cuBLAS calls (geam, gemm_strided_batched, matmul2d, dot, nrm2) are in ops/blas_tensor.py.
