@@ -23,6 +23,7 @@ import pytest
 from dnnbind._lib import cublas, cudnn
 from dnnbind.ops import tensor_ops as T
 from dnnbind.ops import blas_tensor as B
+from dnnbind.ops import tensor_layout as TL
 from dnnbind.runtime.array import NDArray
 from dnnbind.runtime.device import Device
 
@@ -148,18 +149,18 @@ def test_tensor_nd_strided_and_cached():
 
 
 def test_descriptor_cache_is_bounded_and_evicted_descriptors_stay_valid(monkeypatch):
-    monkeypatch.setattr(T, "_descs", {})
-    monkeypatch.setattr(T, "CACHE_CAP", 8)
+    monkeypatch.setattr(TL, "_descs", {})
+    monkeypatch.setattr(TL, "CACHE_CAP", 8)
     first = T.tensor_nd((1000, 3), np.float32)
     for i in range(40):
         T.tensor_nd((i + 1, 5), np.float32)
-        assert len(T._descs) <= 8
-    assert ("t", (1000, 3), F32, None) not in T._descs
+        assert len(TL._descs) <= 8
+    assert ("t", (1000, 3), F32, None) not in TL._descs
     assert _get_nd(first) == (0, (1000, 3, 1, 1), (3, 1, 1, 1))  # still alive: we hold it
 
 
 def test_descriptor_cache_is_thread_safe(monkeypatch):
-    monkeypatch.setattr(T, "_descs", {})
+    monkeypatch.setattr(TL, "_descs", {})
     got, barrier = [], threading.Barrier(8)
 
     def work():
