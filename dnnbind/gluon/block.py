@@ -21,7 +21,8 @@ from collections import OrderedDict
 from .. import nd, serialization
 from .._lib import hooks
 from .._lib.hooks import TRACING
-from .parameter import Parameter, ParameterDict, _load_into, _read_param_file
+from .param_files import _load_into, _read_param_file
+from .parameter import Parameter, ParameterDict
 
 __all__ = ["Block", "HybridBlock", "SymbolBlock"]
 
