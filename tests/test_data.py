@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import dnnbind
 from dnnbind.gluon import data as gdata
 from dnnbind.gluon.data import dataloader as dl
 from dnnbind.gluon.data import device_loader as dev
@@ -161,9 +162,13 @@ def test_mnist_root_flat_gz(isolated, tmp_path):
     ds = gdata.vision.datasets.MNIST(root=tmp_path / "d", train=True)
     assert len(ds) == 30 and ds.data.shape == (30, 28, 28, 1) and ds.data.dtype == np.uint8
     assert ds.label.dtype == np.int32 and np.array_equal(ds.label, labels)
-    x, y = ds[3]
-    assert x.shape == (28, 28, 1) and x.dtype == np.uint8 and np.array_equal(x[..., 0], images[3])
+    x, y = ds[3]  # as MXNet: the image a CPU NDArray (uint8, HWC), the label a numpy int32
+    assert isinstance(x, dnnbind.NDArray) and x.context == dnnbind.cpu()
+    assert x.shape == (28, 28, 1) and x.dtype == np.uint8 and np.array_equal(x.asnumpy()[..., 0], images[3])
     assert isinstance(y, np.int32) and y == labels[3]
+    xs, ys = ds[2:7]  # d2l's `X, y = mnist_train[0:9]` then `X.reshape(...).asnumpy()`
+    assert isinstance(xs, dnnbind.NDArray) and xs.shape == (5, 28, 28, 1)
+    assert np.array_equal(xs.reshape((5, 28, 28)).asnumpy(), images[2:7]) and np.array_equal(ys, labels[2:7])
     assert gdata.vision.MNIST is mnist.MNIST
     from dnnbind.gluon.data.vision.datasets import MNIST
     assert MNIST is mnist.MNIST

@@ -507,3 +507,20 @@ def test_gpu_probe_context_and_runner_on_a_gpu(tmp_path):
     r = _run(["-m", "dnnbind.mxnet", str(script)])
     assert r.returncode == 0, r.stdout + r.stderr
     assert f" gpu(0) {mx.context.num_gpus()} " in r.stdout  # d2l's probe found the GPU
+
+
+def test_alias_makes_cpu_the_default_context_and_uninstall_restores_it():
+    from dnnbind.runtime import device as device_mod
+    before = dnnbind.default_device()
+    mx = dnnbind.install_mxnet_alias()
+    try:
+        assert dnnbind.default_device() == dnnbind.cpu(0)
+        assert mx.nd.zeros((2,)).context == mx.cpu(0)  # MXNet: arrays made without ctx= live on cpu(0)
+        assert mx.context.current_context() == mx.cpu(0)
+        with dnnbind.gpu(0) if dnnbind.num_gpus() else dnnbind.cpu(0) as d:  # a with-block still wins
+            assert dnnbind.default_device() == d
+        assert dnnbind.default_device() == dnnbind.cpu(0)
+    finally:
+        _finder.uninstall_mxnet_alias()
+    assert dnnbind.default_device() == before
+    assert device_mod._process_default is None

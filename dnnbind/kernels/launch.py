@@ -41,6 +41,8 @@ from .driver import (
     _driver,
     _driver_error_text,
     _drv_call,
+    launch_checked,
+    launch_function,
 )
 
 __all__ = [
@@ -112,10 +114,11 @@ def _check_config(kernel: str, grid: Dim3, block: Dim3, shared_mem: int,
 class _Function:
     """What one device knows about one kernel: its CUfunction and the limits queried once at load."""
 
-    __slots__ = ("handle", "max_threads", "param_sizes", "smem_optin")
+    __slots__ = ("handle", "address", "max_threads", "param_sizes", "smem_optin")
 
     def __init__(self, handle: Any, max_threads: int, param_sizes: tuple[int, ...] | None):
         self.handle = handle
+        self.address = int(handle)  # the CUfunction as a pointer value, for the ctypes launch
         self.max_threads = max_threads
         self.param_sizes = param_sizes
         self.smem_optin = _DEFAULT_SMEM_LIMIT
@@ -204,24 +207,21 @@ class Kernel:
         if shared_mem > fn.smem_optin:
             self._opt_in_shared_mem(fn, shared_mem, g, b)
         h = stream_handle(stream, device)
-        drv = _driver()
-        err, = drv.cuLaunchKernel(fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h,
-                                  params or None, 0)
+        launch = launch_function()
+        call = (fn.address, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h, params or None, None)
+        err = launch(*call)
         if err:
-            if int(err) == CUDA_ERROR_INVALID_CONTEXT:
+            if err == CUDA_ERROR_INVALID_CONTEXT:
                 # A thread that never touched the runtime has no current context; the runtime makes the
                 # device's primary context current on its first call there, so retry once after one.
                 cudart.call("cudaFree", 0)
-                err, = drv.cuLaunchKernel(fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h,
-                                          params or None, 0)
+                err = launch(*call)
             if err:
-                raise CudaDriverError(int(err), "cuLaunchKernel", _driver_error_text(int(err)),
+                raise CudaDriverError(err, "cuLaunchKernel", _driver_error_text(err),
                                       f"kernel '{name}', grid {g}, block {b}, shared_mem {shared_mem},"
                                       f" stream {h:#x}, device {device}")
         if RECORDING:  # a step being recorded for host replay: keep the packed launch (holders keep params valid)
-            RECORDING[-1].launch(name, drv.cuLaunchKernel,
-                                 (fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h, params or None, 0),
-                                 holders)
+            RECORDING[-1].launch(name, launch_checked, call, holders)
 
     def __getitem__(self, config: Any) -> Callable[..., None]:
         """``kernel[grid, block]`` or ``kernel[grid, block, stream]`` or ``[..., stream, shared_mem]``."""

@@ -145,7 +145,16 @@ def install_mxnet_alias() -> types.ModuleType:
                           RuntimeWarning, stacklevel=2)
             for n in stale:
                 del sys.modules[n]
+        # MXNet's default context is cpu(0): programs ask for mx.gpu() where they want it, and code that
+        # mixes the two (d2l-zh's chapter 3 trains on CPU data with parameters made without ctx=) relies on it.
+        from ..runtime import device as _device
+        if _previous_default[0] is _UNSET:
+            _previous_default[0] = _device.set_process_default_device(_device.cpu(0))
     return importlib.import_module(ALIAS)
+
+
+_UNSET = object()
+_previous_default: list = [_UNSET]  # the process default before install_mxnet_alias(), restored by uninstall
 
 
 def uninstall_mxnet_alias() -> None:
@@ -153,6 +162,10 @@ def uninstall_mxnet_alias() -> None:
     from . import _unsupported
     standins = {id(m) for m in _unsupported._children.values()}
     with _lock:
+        if _previous_default[0] is not _UNSET:
+            from ..runtime import device as _device
+            _device.set_process_default_device(_previous_default[0])
+            _previous_default[0] = _UNSET
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, MXNetAliasFinder)]
         for n, m in list(sys.modules.items()):
             if ((n == ALIAS or n.startswith(ALIAS + ".")) and _is_ours(m)) or id(m) in standins:

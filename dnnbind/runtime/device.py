@@ -83,12 +83,12 @@ class Device:
 
     def __enter__(self):
         _tls.stack = getattr(_tls, "stack", [])
-        _tls.stack.append(default_device())
+        _tls.stack.append(getattr(_tls, "default", None))
         _tls.default = self
         return self
 
     def __exit__(self, *exc):
-        _tls.default = _tls.stack.pop()
+        _tls.default = _tls.stack.pop()  # None where the thread had chosen none: the process default again
 
 
 _KINDS = {"cpu": "cpu", "gpu": "gpu", "cpu_pinned": "cpu", "cpu_shared": "cpu"}
@@ -136,13 +136,31 @@ def _ensure_gpu(index: int) -> None:
         raise DnnbindError(f"gpu({index}) requested but only {count} GPU(s) are present")
 
 
+_process_default: Device | None = None  # set_process_default_device(); the MXNet alias makes it cpu(0)
+_auto_default: Device | None = None  # gpu(0) when there is a GPU, else cpu(): computed once
+
+
 def default_device() -> Device:
-    """The device ``with dnnbind.gpu(1):`` selected, else gpu(0) when there is a GPU, else cpu()."""
+    """The device ``with dnnbind.gpu(1):`` (or set_default_device) selected on this thread, else the
+    process default (``set_process_default_device``; cpu(0) under the MXNet alias, as in MXNet), else gpu(0)
+    when there is a GPU, else cpu()."""
+    global _auto_default
     dev = getattr(_tls, "default", None)
-    if dev is None:
-        dev = gpu(0) if num_gpus() > 0 else cpu()
-        _tls.default = dev
-    return dev
+    if dev is not None:
+        return dev
+    if _process_default is not None:
+        return _process_default
+    if _auto_default is None:
+        _auto_default = gpu(0) if num_gpus() > 0 else cpu()
+    return _auto_default
+
+
+def set_process_default_device(device) -> Device | None:
+    """Make ``device`` the default of every thread that has not chosen one (None: back to gpu(0)-if-present);
+    returns the previous process default. ``install_mxnet_alias()`` sets cpu(0): MXNet's default context."""
+    global _process_default
+    old, _process_default = _process_default, (None if device is None else as_device(device))
+    return old
 
 
 def set_default_device(device) -> None:

@@ -275,7 +275,8 @@ def load_mnist(root: str | os.PathLike | None = None, train: bool = True) -> tup
 
 
 class MNIST(Dataset):
-    """MNIST digits: item i is (image uint8 (28, 28, 1), label int32), or transform(image, label).
+    """MNIST digits: item i is (image, label) as MXNet gives it: a CPU NDArray uint8 (28, 28, 1) and a numpy
+    int32 (a slice gives a (k, 28, 28, 1) NDArray and an int32 array), or transform(image, label) of those.
 
     root: a folder to look in first (see the module docstring for the rest of the search).
     """
@@ -294,9 +295,11 @@ class MNIST(Dataset):
         return [self.data, self.label] if self._transform is None else None
 
     def __getitem__(self, idx: int) -> Any:
+        from ....runtime.array import NDArray
+        image = NDArray._from_numpy(np.ascontiguousarray(self.data[idx]))
         if self._transform is not None:
-            return self._transform(self.data[idx], self.label[idx])
-        return self.data[idx], self.label[idx]
+            return self._transform(image, self.label[idx])
+        return image, self.label[idx]
 
     def __repr__(self) -> str:
         return f"MNIST({'train' if self._train else 'test'}, {len(self)} images from {self.source})"
