@@ -38,6 +38,7 @@ from . import autograd
 from ._lib import cublas, cudart, cudnn
 from ._lib.cfunc import Library, intercept
 from ._lib.hooks import RECORDING, TRACING
+from .kernels.launch import _drv_call
 from .ops import _common
 from .ops.algos import optimize_for
 from .runtime.array import NDArray, empty
@@ -212,7 +213,7 @@ class RecordedStep(_StaticStep):
     # Hooks the lower layers call through _lib.hooks.RECORDING (kernels.launch, runtime.memory).
     def launch(self, name, fn, args, holders) -> None:
         self._keep.append(holders)
-        self._calls.append((fn, args, None))
+        self._calls.append((functools.partial(_drv_call, "cuLaunchKernel"), args, None))
         self.calls.append(name)
         self._libs.append(None)
 

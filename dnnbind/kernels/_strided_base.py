@@ -209,7 +209,10 @@ def _launch(key: tuple, device: int, h: int, grid: tuple, block: int, values: Se
     """Launch the variant (``_variant(key)`` was called before the device was resolved)."""
     packer, holder, kernels = _VARIANTS[key]
     kernel = kernels.get(device) or _kernel(key, device)
-    kernel._launch(device, grid, (block, 1, 1), (holder.from_buffer_copy(packer.pack(*values)),), h, 0)
+    if grid[1] == 1 and grid[2] == 1:
+        kernel.launch_struct(device, grid[0], block, holder.from_buffer_copy(packer.pack(*values)), h)
+    else:
+        kernel._launch(device, grid, (block, 1, 1), (holder.from_buffer_copy(packer.pack(*values)),), h, 0)
 
 
 def clear_cache() -> None:

@@ -57,36 +57,3 @@ def _drv_call(function: str, *args: Any, context: str = "") -> Any:
     if status != CUDA_SUCCESS:
         raise CudaDriverError(status, function, _driver_error_text(status), context)
     return result[1] if len(result) == 2 else tuple(result[1:]) or None
-
-
-
-# --- the launch call itself --------------------------------------------------------------------------------
-_launch_c = None
-
-
-def launch_function() -> Any:
-    """``f(function, gx, gy, gz, bx, by, bz, shared_mem, stream, params, extra) -> CUresult as int``.
-
-    function and stream are ints (pointer values), params a bytes void*[] (or None). libcuda's
-    cuLaunchKernel through ctypes (_lib.libcuda: a fraction of cuda.bindings' per-call cost) where it
-    loads, else the cuda.bindings call with the same contract.
-    """
-    global _launch_c
-    if _launch_c is None:
-        from dnnbind._lib import libcuda
-        if libcuda.available():
-            _launch_c = libcuda.launch_kernel
-        else:
-            drv = _driver()
-
-            def launch(*args: Any) -> int:
-                return int(drv.cuLaunchKernel(drv.CUfunction(args[0]), *args[1:])[0])
-            _launch_c = launch
-    return _launch_c
-
-
-def launch_checked(*args: Any) -> None:
-    """launch_function()(*args), raising CudaDriverError: what a recorded step replays for each kernel."""
-    status = launch_function()(*args)
-    if status:
-        raise CudaDriverError(status, "cuLaunchKernel", _driver_error_text(status))

@@ -17,13 +17,15 @@ before the launch); a step being recorded (``hooks.RECORDING``) is handed each p
 from __future__ import annotations
 
 import operator
+import struct
 import threading
+from ctypes import addressof
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from dnnbind._lib import cudart
 from dnnbind._lib.errors import CudaDriverError
-from dnnbind._lib.hooks import RECORDING
+from dnnbind._lib.hooks import RECORDING, TRACING
 
 from .args import _check_arg_sizes, pack_args
 from .devices import (
@@ -41,8 +43,6 @@ from .driver import (
     _driver,
     _driver_error_text,
     _drv_call,
-    launch_checked,
-    launch_function,
 )
 
 __all__ = [
@@ -109,19 +109,29 @@ def _check_config(kernel: str, grid: Dim3, block: Dim3, shared_mem: int,
     raise ValueError(f"cannot launch kernel '{kernel}' with grid {grid}, block {block}: {problem}")
 
 
+_ONE_POINTER = struct.Struct("P")  # the void*[1] of a one-argument launch
+_cu_launch_fn: list = []
+
+
+def _cu_launch() -> Callable[..., Any]:
+    if not _cu_launch_fn:
+        _cu_launch_fn.append(_driver().cuLaunchKernel)
+    return _cu_launch_fn[0]
+
+
 # --- kernels -------------------------------------------------------------------------------------------
 
 class _Function:
     """What one device knows about one kernel: its CUfunction and the limits queried once at load."""
 
-    __slots__ = ("handle", "address", "max_threads", "param_sizes", "smem_optin")
+    __slots__ = ("handle", "max_threads", "param_sizes", "smem_optin", "struct_type")
 
     def __init__(self, handle: Any, max_threads: int, param_sizes: tuple[int, ...] | None):
         self.handle = handle
-        self.address = int(handle)  # the CUfunction as a pointer value, for the ctypes launch
         self.max_threads = max_threads
         self.param_sizes = param_sizes
         self.smem_optin = _DEFAULT_SMEM_LIMIT
+        self.struct_type: type | None = None  # the one struct argument launch_struct() has checked
 
 
 def _param_sizes(handle: Any) -> tuple[int, ...] | None:
@@ -207,21 +217,39 @@ class Kernel:
         if shared_mem > fn.smem_optin:
             self._opt_in_shared_mem(fn, shared_mem, g, b)
         h = stream_handle(stream, device)
-        launch = launch_function()
-        call = (fn.address, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h, params or None, None)
-        err = launch(*call)
+        drv = _driver()
+        err, = drv.cuLaunchKernel(fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h,
+                                  params or None, 0)
         if err:
-            if err == CUDA_ERROR_INVALID_CONTEXT:
+            if int(err) == CUDA_ERROR_INVALID_CONTEXT:
                 # A thread that never touched the runtime has no current context; the runtime makes the
                 # device's primary context current on its first call there, so retry once after one.
                 cudart.call("cudaFree", 0)
-                err = launch(*call)
+                err, = drv.cuLaunchKernel(fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h,
+                                          params or None, 0)
             if err:
-                raise CudaDriverError(err, "cuLaunchKernel", _driver_error_text(err),
+                raise CudaDriverError(int(err), "cuLaunchKernel", _driver_error_text(int(err)),
                                       f"kernel '{name}', grid {g}, block {b}, shared_mem {shared_mem},"
                                       f" stream {h:#x}, device {device}")
         if RECORDING:  # a step being recorded for host replay: keep the packed launch (holders keep params valid)
-            RECORDING[-1].launch(name, launch_checked, call, holders)
+            RECORDING[-1].launch(name, drv.cuLaunchKernel,
+                                 (fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h, params or None, 0),
+                                 holders)
+
+    def launch_struct(self, device: int, grid_x: int, block_x: int, arg: Any, h: int) -> None:
+        """The generated kernels' hot path: ONE by-value ctypes Structure argument, 1-D grid and block, no
+        dynamic shared memory, a stream handle (int). Skips what _launch re-derives every call (argument
+        conversion, the size check, once done for this Structure type); while a trace or a step recording
+        watches launches, and on any driver error, it goes through _launch, which reports and retries.
+        """
+        fn = self._functions.get(device)
+        if fn is None or fn.struct_type is not type(arg) or TRACING or RECORDING or block_x > fn.max_threads:
+            self._launch(device, (grid_x, 1, 1), (block_x, 1, 1), (arg,), h, 0)
+            self._functions[device].struct_type = type(arg)  # _launch checked its size against the kernel's
+            return
+        err, = _cu_launch()(fn.handle, grid_x, 1, 1, block_x, 1, 1, 0, h, _ONE_POINTER.pack(addressof(arg)), 0)
+        if err:  # nothing was launched: _launch redoes it with the context retry and the error text
+            self._launch(device, (grid_x, 1, 1), (block_x, 1, 1), (arg,), h, 0)
 
     def __getitem__(self, config: Any) -> Callable[..., None]:
         """``kernel[grid, block]`` or ``kernel[grid, block, stream]`` or ``[..., stream, shared_mem]``."""

@@ -143,8 +143,7 @@ def strided_map(expr: str, out: Ref, inputs: Sequence[Ref], shape: tuple[int, ..
     kernel = kernels.get(device) or _kernel(key, device)
     grid = -(-n // (BLOCK * vec))
     cap = _GRID_CAP.get(device) or _grid_cap(device)
-    kernel._launch(device, (min(cap, grid), 1, 1), (BLOCK, 1, 1),
-                   (holder.from_buffer_copy(packer.pack(*values)),), stream, 0)
+    kernel.launch_struct(device, min(cap, grid), BLOCK, holder.from_buffer_copy(packer.pack(*values)), stream)
 
 
 # --- reductions ----------------------------------------------------------------------------------------

@@ -66,18 +66,23 @@ def scalar_expr(op, args) -> tuple[str, tuple]:
 
 def map_kernel(op, args, params, shape, out_dtype, dev) -> NDArray:
     out = empty(shape, out_dtype, dev)
-    if out.size == 0:
+    st = strided()
+    strides, n = st._CONTIG.get(shape) or st._contig(shape)
+    if n == 0:
         return out
     expr, mask = scalar_expr(op, args)
+    Ref = st.Ref
     refs, scalars = [], []
-    for a, n, is_scalar in zip(args, "abcde", mask):
+    for a, name, is_scalar in zip(args, "abcde", mask):
         if is_scalar:
-            scalars.append(("s_" + n, _scalar_value(a, out_dtype if out_dtype.kind == "f" else None)))
-        else:
-            refs.append(ref(a, broadcast_strides(a._shape, shape)))
-    for k, v in params.items():
-        scalars.append((k, v))
-    strided().strided_map(expr, ref(out), refs, shape, scalars, stream=current_stream(dev), device=dev.index)
+            scalars.append(("s_" + name, _scalar_value(a, out_dtype if out_dtype.kind == "f" else None)))
+        else:  # an NDArray is contiguous at its own shape; a broadcast one is read with stride 0
+            refs.append(Ref(a._ptr, a._dtype, strides if a._shape == shape else broadcast_strides(a._shape, shape)))
+    if params:
+        scalars.extend(params.items())
+    # the stream as a handle with its device: strided_map then skips resolving it (empty() made dev current)
+    st.strided_map(expr, Ref(out._ptr, out_dtype, strides), refs, shape, scalars,
+                   stream=current_stream(dev).handle, device=dev.index)
     return out
 
 
@@ -167,9 +172,12 @@ def _reduce_trivial(op, x, axes, out_shape, out_dtype):
 # NOTE: cudnnOpTensor needs A at the output's shape and only B broadcast (dims equal or 1, same rank). The ops
 # below are commutative, so a broadcast A is swapped into B's place. float16 stays on the generated kernel
 # (OpTensor's half path computes in float but rounds B's scaling differently from numpy).
-# Which library the table prefers where both a cuDNN call and a generated kernel can do an op: "cudnn" (the
-# default: cudnnOpTensor / cudnnReduceTensor) or "nvrtc". scripts/bench_nd.py times both in one process.
-USE_CUDNN_OPTENSOR = os.environ.get("DNNBIND_ND_LIBRARY", "cudnn") != "nvrtc"
+# Which library the table prefers where both a cuDNN call and a generated kernel can do an op: "nvrtc" (the
+# default) or "cudnn" (cudnnOpTensor / cudnnActivation / cudnnReduceTensor), set by $DNNBIND_ND_LIBRARY or these
+# two flags. Measured on an H100 (scripts/bench_nd.py, docs/benchmarks.md) the generated kernels cost less per
+# call at training-step sizes: OpTensor and the activation calls spend more host time per call than the whole
+# generated launch, and cudnnReduceTensor's row sum of 64x3136 took 155 us against 43 us. Both stay tested.
+USE_CUDNN_OPTENSOR = os.environ.get("DNNBIND_ND_LIBRARY", "nvrtc") == "cudnn"
 USE_CUDNN_REDUCE = USE_CUDNN_OPTENSOR
 _OPTENSOR_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 

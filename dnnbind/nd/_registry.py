@@ -230,21 +230,25 @@ def _map(op: Op, args, params):
     if len(args) != op.arity:
         raise TypeError(f"{op.name}: takes {op.arity} operand(s), got {len(args)}"
                         + (f"; pass {', '.join(op.params)} by keyword" if op.params else ""))
-    # Hot path first: NDArrays only, one device, one dtype, one shape (a + b inside a training step).
-    arrays = [a for a in args if type(a) is NDArray]
-    if len(arrays) == len(args) and arrays:
-        a0 = arrays[0]
-        dev, dtype, shape = a0._device, a0._dtype, a0._shape
-        simple = True
-        for a in arrays:
-            if a._device is not dev or a._dtype != dtype or a._shape != shape:
-                simple = False
+    # Hot path first: NDArrays of one device, dtype and shape, and Python numbers (a + b, x * 0.5 in a step).
+    a0 = None
+    for a in args:
+        t = type(a)
+        if t is NDArray:
+            if a0 is None:
+                a0 = a
+            elif a._device is not a0._device or a._dtype != a0._dtype or a._shape != a0._shape:
+                a0 = None
                 break
-        if simple:
-            if not op.ints and dtype.kind != "f":
-                check_dtype(op.name, a0, "the input", True)
-            out_dtype = dtype if op.out_dtype is None else np.dtype(op.out_dtype(dtype))
-            return _map_run(op, args, params, shape, out_dtype, dev), args
+        elif t is not float and t is not int:
+            a0 = None
+            break
+    if a0 is not None:
+        dtype = a0._dtype
+        if not op.ints and dtype.kind != "f":
+            check_dtype(op.name, a0, "the input", True)
+        out_dtype = dtype if op.out_dtype is None else np.dtype(op.out_dtype(dtype))
+        return _map_run(op, args, params, a0._shape, out_dtype, a0._device), args
     return _map_general(op, args, params)
 
 

@@ -9,18 +9,15 @@ and what lets allocations happen inside CUDA graph capture.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import warnings
 
-from .._lib import cudart, libcuda
+from .._lib import cudart
 from .._lib.errors import CudaError
 from .._lib.hooks import RECORDING
 from .device import Device
 from .stream import Stream, current_stream
 
 _pools_ready: set[int] = set()
-_fast_alloc = _fast_free = None  # libcuda's cuMemAllocAsync/cuMemFreeAsync once a pool is prepared
-_u64 = ctypes.c_uint64
 
 # cudaMemcpyKind
 H2D, D2H, D2D = 1, 2, 3
@@ -33,9 +30,6 @@ def _prepare_pool(index: int) -> None:
     threshold = driver.cuuint64_t(0xFFFFFFFFFFFFFFFF)
     cudart.call("cudaMemPoolSetAttribute", pool, rt.cudaMemPoolAttr.cudaMemPoolAttrReleaseThreshold, threshold)
     _pools_ready.add(index)
-    global _fast_alloc, _fast_free
-    if libcuda.available():
-        _fast_alloc, _fast_free = libcuda.mem_alloc_async, libcuda.mem_free_async
     if len(_pools_ready) == 1:
         # Registered after cuda-python set up its own exit teardown, so (LIFO) ours runs first.
         atexit.register(_at_exit)
@@ -54,12 +48,11 @@ class DeviceBuffer:
         self.nbytes, self.device, self.stream = int(nbytes), device, stream
         self.ptr = 0
         if self.nbytes:
-            # NOTE: libcuda through ctypes (_lib.libcuda), not cuda-python: this runs for every op's output.
-            out = _u64()  # one per call: ctypes releases the GIL during the call, so no shared out-parameter
-            if _fast_alloc is not None and not _fast_alloc(out, self.nbytes, stream.handle):
-                self.ptr = out.value
-            else:  # no libcuda by name, or the call failed: the runtime raises CudaError with CUDA's text
-                self.ptr = int(cudart.call("cudaMallocAsync", self.nbytes, stream.handle))
+            # NOTE: cuda-python directly, not cudart.call: this runs ~20 times per training step.
+            err, ptr = cudart.rt().cudaMallocAsync(self.nbytes, stream.handle)
+            if err != 0:  # again through cudart.call: it raises CudaError with CUDA's text (or succeeds)
+                ptr = cudart.call("cudaMallocAsync", self.nbytes, stream.handle)
+            self.ptr = int(ptr)
 
     # NOTE: __del__ rather than weakref.finalize: a training step makes ~30 buffers and finalize costs
     # microseconds each. The buffer holds its stream, so the stream outlives every buffer made on it.
@@ -90,8 +83,7 @@ def _free(ptr: int, stream: Stream, raising: bool = True) -> None:
         if owner is not None:
             owner.deferred[ptr] = stream
             return
-    if _fast_free is not None and not _fast_free(ptr, stream.handle):
-        return  # libcuda through ctypes: the common case. On failure the runtime's call reports CUDA's text.
+    # NOTE: cuda-python directly, not cudart.call: this runs for every buffer freed.
     result = cudart.rt().cudaFreeAsync(ptr, stream.handle)
     err = result[0] if type(result) is tuple else result
     if err:  # cudaSuccess is 0
