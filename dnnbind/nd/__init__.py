@@ -26,6 +26,8 @@ def _make_function(op: Op, nd_name: str):
 
     def fn(*args, out=None, name=None, **params):
         n = len(args) if op.arity is None else op.arity
+        if len(args) == n and out is None:  # the common call: operands only, parameters by keyword
+            return invoke(op, args, params)
         if len(args) > n + len(names):
             raise TypeError(f"{nd_name}() takes at most {n + len(names)} positional arguments "
                             f"({', '.join(('data',) * n + names)}), got {len(args)}")

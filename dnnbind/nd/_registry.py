@@ -32,6 +32,7 @@ from .. import autograd
 from .._lib.cfunc import TRACING
 from ..runtime.array import NDArray, empty
 from ..runtime.device import Device, as_device, default_device
+from . import _lower
 
 REGISTRY: dict[str, "Op"] = {}
 FLOAT_KINDS = "f"
@@ -290,6 +291,8 @@ def _map_run(op: Op, args, params, shape, out_dtype, dev):
     if TRACING:
         with _scope(op.name):
             return _map_gpu(op, args, params, shape, out_dtype, dev)
+    if op.lib is None:  # the common case, without the extra call
+        return _lower.map_kernel(op, args, params, shape, out_dtype, dev)
     return _map_gpu(op, args, params, shape, out_dtype, dev)
 
 
@@ -305,7 +308,6 @@ def _map_cpu(op: Op, args, params, shape, out_dtype):
 
 
 def _map_gpu(op: Op, args, params, shape, out_dtype, dev):
-    from . import _lower
     if op.lib is not None:
         out = op.lib(args, params, shape, out_dtype, dev)
         if out is not None:
