@@ -193,16 +193,23 @@ def test_traced_training_step_lists_the_library_calls_in_order():
     step = _step_fn(net, trainer, loss_fn, x, y)
     for _ in range(3):
         step()
-    with mx.trace():  # the first trace of a process pays one-time setup (event pools, CUPTI probing)
-        step()
     mx.synchronize(dev)
     start, end = mx.Event(dev), mx.Event(dev)
-    start.record()
-    with mx.trace() as t:
-        step()
-    end.record()
-    end.synchronize()
-    step_us = end.elapsed_ms(start) * 1e3
+
+    def timed(traced: bool):
+        start.record()
+        if traced:
+            with mx.trace() as tr:
+                step()
+        else:
+            tr = None
+            step()
+        end.record()
+        end.synchronize()
+        return end.elapsed_ms(start) * 1e3, tr
+
+    plain_us = min(timed(False)[0] for _ in range(3))  # the step as it runs untraced
+    step_us, t = timed(True)  # tracing adds host work between calls (events; CUPTI when installed)
     calls = [r for r in t.records if r.library in ("cudnn", "cublas", "kernel")]
     fns = [r.function for r in calls]
     # A conv runs either its legacy call or a backend-API plan (cudnnBackendExecute), whichever was faster:
@@ -228,7 +235,8 @@ def test_traced_training_step_lists_the_library_calls_in_order():
     # every call that queues GPU work has a GPU time, and together they account for the step
     gpu = [r.gpu_us for r in t.records if r.library in ("cudnn", "cublas", "kernel") and r.gpu_us is not None]
     assert gpu and all(v > 0 for v in gpu)
-    assert 0.2 * step_us <= sum(gpu) <= 1.05 * step_us, (sum(gpu), step_us)
+    # the kernels account for much of an untraced step, and cannot add up to more than the traced one
+    assert 0.2 * plain_us <= sum(gpu) <= 1.05 * step_us, (sum(gpu), plain_us, step_us)
     assert "simplecnn" in str(t) and "conv1" in str(t)
 
 
