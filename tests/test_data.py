@@ -509,15 +509,62 @@ def test_non_batchable_transform_uses_slow_path(numpy_batches):
 def test_threaded_workers_same_batches(isolated, tmp_path, numpy_batches):
     ds = _tiny_mnist(isolated, tmp_path).transform_first(T.ToTensor())
     for fast in (True, False):
-        a = gdata.DataLoader(ds, batch_size=16, shuffle=True)
-        b = gdata.DataLoader(ds, batch_size=16, shuffle=True, num_workers=3)
-        if not fast:
-            a._fast = b._fast = None
-        for (x1, y1), (x2, y2) in zip(_epoch(a, 1), _epoch(b, 1), strict=True):
-            assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
-    it = iter(gdata.DataLoader(ds, batch_size=8, num_workers=2))
-    next(it)
-    it.close()  # stopping early shuts the pool down
+        for threads in (True, False):  # thread_pool=False: worker processes, as MXNet
+            a = gdata.DataLoader(ds, batch_size=16, shuffle=True)
+            b = gdata.DataLoader(ds, batch_size=16, shuffle=True, num_workers=3, thread_pool=threads,
+                                 pin_memory=True)
+            if not fast:
+                a._fast = b._fast = None
+            for (x1, y1), (x2, y2) in zip(_epoch(a, 1), _epoch(b, 1), strict=True):
+                assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+    for threads in (True, False):
+        loader = gdata.DataLoader(ds, batch_size=8, num_workers=2, thread_pool=threads)
+        loader._fast = None
+        it = iter(loader)
+        next(it)
+        it.close()  # stopping early shuts the pool down
+
+
+class _Failing(gdata.Dataset):
+    def __init__(self, sleep=0.0):
+        self.sleep = sleep
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        import time
+        time.sleep(self.sleep)
+        if i == 9:
+            raise KeyError(f"sample {i} is unreadable")
+        return np.float32(i)
+
+
+@pytest.mark.parametrize("threads", [True, False])
+def test_worker_errors_and_timeouts_reach_the_loop(threads):
+    loader = gdata.DataLoader(_Failing(), batch_size=4, num_workers=2, thread_pool=threads)
+    got = []
+    with pytest.raises(KeyError, match="sample 9 is unreadable"):
+        for x in loader:
+            got.append(x.asnumpy().tolist())
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    slow = gdata.DataLoader(_Failing(sleep=0.5), batch_size=4, num_workers=1, thread_pool=threads, timeout=0.2)
+    with pytest.raises(TimeoutError, match="timeout=0.2"):
+        next(iter(slow))
+
+
+def test_dataset_filter_shard_sample_and_slices():
+    ds = gdata.SimpleDataset(list(range(10)))
+    assert list(ds.filter(lambda x: x % 3 == 0)) == [0, 3, 6, 9]
+    shards = [list(ds.shard(3, i)) for i in range(3)]
+    assert shards == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]  # MXNet: the first len % n shards get one more
+    assert list(ds.sample(gdata.SequentialSampler(3, 5) if False else [7, 1, 1])) == [7, 1, 1]
+    with pytest.raises(ValueError, match="shard: index"):
+        ds.shard(3, 3)
+    arr = gdata.ArrayDataset(np.arange(10) * 2, np.arange(10))
+    x, y = arr[2:5]
+    assert x.tolist() == [4, 6, 8] and y.tolist() == [2, 3, 4]
+    assert [tuple(map(int, t)) for t in arr.filter(lambda a, b=None: a[1] > 7)] == [(16, 8), (18, 9)]
 
 
 def test_custom_batchify_gets_samples():

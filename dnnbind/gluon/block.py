@@ -24,7 +24,7 @@ from .._lib.hooks import TRACING
 from .param_files import _load_into, _read_param_file
 from .parameter import Parameter, ParameterDict
 
-__all__ = ["Block", "HybridBlock", "SymbolBlock"]
+__all__ = ["Block", "HookHandle", "HybridBlock", "SymbolBlock"]
 
 _tls = threading.local()
 _global_counts: dict[str, int] = {}
@@ -62,6 +62,26 @@ class _BlockScope:
 
     def __exit__(self, *exc):
         _tls.scope = self._old
+
+
+class HookHandle:
+    """What ``register_forward_hook``/``register_forward_pre_hook`` return (MXNet's ``HookHandle``):
+    ``detach()`` removes the hook; ``with block.register_forward_hook(f):`` removes it on exit."""
+
+    def __init__(self, hooks: list, hook) -> None:
+        self._hooks, self._hook = hooks, hook
+
+    def detach(self) -> None:
+        for i, h in enumerate(self._hooks):
+            if h is self._hook:
+                del self._hooks[i]
+                return
+
+    def __enter__(self) -> HookHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
 
 
 def _indent(text: str, spaces: int) -> str:
@@ -211,13 +231,15 @@ class Block:
     load_params = load_parameters
 
     # -- calling ------------------------------------------------------------------------------------------
-    def register_forward_pre_hook(self, hook) -> None:
-        """``hook(block, inputs)`` runs before forward."""
+    def register_forward_pre_hook(self, hook) -> HookHandle:
+        """``hook(block, inputs)`` runs before forward; the handle's ``detach()`` removes it."""
         self._forward_pre_hooks.append(hook)
+        return HookHandle(self._forward_pre_hooks, hook)
 
-    def register_forward_hook(self, hook) -> None:
-        """``hook(block, inputs, output)`` runs after forward."""
+    def register_forward_hook(self, hook) -> HookHandle:
+        """``hook(block, inputs, output)`` runs after forward; the handle's ``detach()`` removes it."""
         self._forward_hooks.append(hook)
+        return HookHandle(self._forward_hooks, hook)
 
     def __call__(self, *args, **kwargs):
         if TRACING:  # one list check: dnnbind.trace() is recording; name this Block's calls (net.conv1 -> ...)
@@ -242,6 +264,13 @@ class Block:
         return hybrid(nd, x, *args, **kwargs, **params)
 
     # -- printing -----------------------------------------------------------------------------------------
+    def summary(self, *inputs) -> None:
+        """Run ``self(*inputs)`` and print MXNet 1.x's table: one row per layer called (Sequential containers
+        are not rows) with its output shape and parameter count, then the total, trainable, non-trainable
+        and shared counts. The Block must be initialized."""
+        from ._summary import summary
+        summary(self, *inputs)
+
     def __repr__(self) -> str:
         if not self._children:
             return f"{type(self).__name__}()"

@@ -169,14 +169,21 @@ class DataLoader:
     batch_size, shuffle, sampler, last_batch ('keep' | 'discard' | 'rollover'): as in MXNet; or give
     batch_sampler alone.
     batchify_fn: list of samples -> batch; default stacks into CPU NDArrays.
-    num_workers: > 0 prepares that many batches ahead in threads (numpy work releases the GIL);
-    0 works in the calling thread.
+    num_workers: > 0 assembles batches in that many worker processes (``fork`` on Linux, as MXNet;
+    ``thread_pool=True``: threads instead), ``prefetch`` batches ahead (default 2 * num_workers); a worker's
+    exception is raised here, and ``timeout`` seconds without a batch raise TimeoutError. Datasets the
+    vectorized path serves (arrays with batchable transforms, see the module docstring) are sliced in this
+    process: one slice costs less than shipping a batch back from a worker.
+    pin_memory, pin_device_id, try_nopython: accepted for MXNet's signature; batches are CPU NDArrays over
+    ordinary host memory, and ``as_in_context(gpu)`` copies them.
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = None, shuffle: bool = False,
                  sampler: Iterable[int] | None = None, last_batch: str | None = None,
                  batch_sampler: Iterable[list[int]] | None = None, batchify_fn: Callable | None = None,
-                 num_workers: int = 0, prefetch: int | None = None) -> None:
+                 num_workers: int = 0, pin_memory: bool = False, pin_device_id: int = 0,
+                 prefetch: int | None = None, thread_pool: bool = False, timeout: float = 120,
+                 try_nopython: bool | None = None) -> None:
         self._dataset = dataset
         if batch_sampler is None:
             if batch_size is None:
@@ -193,6 +200,8 @@ class DataLoader:
         self._batchify_fn = batchify_fn
         self._num_workers = max(0, int(num_workers))
         self._prefetch = max(1, int(prefetch) if prefetch is not None else 2 * self._num_workers)
+        self._thread_pool = bool(thread_pool)
+        self._timeout = timeout
         # The fast path replaces the per-sample default batchify only; a custom batchify_fn sees samples.
         self._fast = _fast_source(dataset) if batchify_fn is None else None
 
@@ -213,23 +222,64 @@ class DataLoader:
         return batch if self._batchify_fn is not None else _to_nd(batch)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._num_workers == 0:
+        if self._num_workers == 0 or self._fast is not None:
             for indices in self._batch_sampler:
                 yield self._finish(self._host_batch(indices))
             return
+        if self._thread_pool:
+            with ThreadPoolExecutor(self._num_workers) as pool:
+                yield from self._pipelined(lambda b: pool.submit(self._host_batch, b),
+                                           lambda f: f.result(self._timeout), lambda f: f.cancel())
+            return
+        import multiprocessing
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+        # each worker reseeds numpy from this process's generator state (read, not advanced, so the shuffle
+        # order is the same as with num_workers=0): random transforms differ between workers, and
+        # np.random.seed / mx.random.seed here still fixes them
+        state = np.random.get_state()
+        seed = int(state[1][state[2] % len(state[1])])
+        with ctx.Pool(self._num_workers, initializer=_worker_init, initargs=(self, seed)) as pool:
+            yield from self._pipelined(lambda b: pool.apply_async(_worker_batch, (b,)),
+                                       lambda r: r.get(self._timeout), lambda r: None)
+
+    def _pipelined(self, submit: Callable, result: Callable, cancel: Callable) -> Iterator[Any]:
+        """Keep ``prefetch`` batches in flight; yield them in order."""
+        import multiprocessing
         batches = iter(self._batch_sampler)
-        with ThreadPoolExecutor(self._num_workers) as pool:
-            pending = deque(pool.submit(self._host_batch, b) for b in itertools.islice(batches, self._prefetch))
-            try:
-                while pending:
-                    done = pending.popleft()
-                    nxt = next(batches, None)
-                    if nxt is not None:
-                        pending.append(pool.submit(self._host_batch, nxt))
-                    yield self._finish(done.result())
-            finally:
-                for f in pending:
-                    f.cancel()
+        pending = deque(submit(b) for b in itertools.islice(batches, self._prefetch))
+        try:
+            while pending:
+                done = pending.popleft()
+                nxt = next(batches, None)
+                if nxt is not None:
+                    pending.append(submit(nxt))
+                try:
+                    batch = result(done)
+                except (multiprocessing.TimeoutError, TimeoutError):
+                    raise TimeoutError(f"DataLoader: no batch from the workers within timeout={self._timeout} s"
+                                       " (a worker may be stuck, or the dataset is slow to read)") from None
+                yield self._finish(batch)
+        finally:
+            for f in pending:
+                cancel(f)
 
     def __len__(self) -> int:
         return len(self._batch_sampler)
+
+
+# ---- worker processes -------------------------------------------------------------------------------------------
+
+_worker_loader: DataLoader | None = None
+
+
+def _worker_init(loader: DataLoader, seed: int) -> None:
+    global _worker_loader
+    import os
+    _worker_loader = loader
+    np.random.seed((seed + os.getpid()) % (2**32))
+
+
+def _worker_batch(indices: list[int]) -> Any:
+    assert _worker_loader is not None
+    return _worker_loader._host_batch(indices)
+

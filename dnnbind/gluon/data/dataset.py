@@ -45,6 +45,22 @@ class Dataset:
             return self
         return _SubsetDataset(self, np.arange(count))
 
+    def filter(self, fn: Callable) -> Dataset:
+        """The items for which fn(item) is true, in order (fn sees each item once, now)."""
+        return _SubsetDataset(self, np.array([i for i in range(len(self)) if fn(self[i])], dtype=np.int64))
+
+    def shard(self, num_shards: int, index: int) -> Dataset:
+        """Shard ``index`` of ``num_shards`` contiguous shards; the first len % num_shards get one item more."""
+        if not 0 <= index < num_shards:
+            raise ValueError(f"Dataset.shard: index must be in [0, num_shards={num_shards}), got {index}")
+        size, rest = divmod(len(self), num_shards)
+        start = size * index + min(index, rest)
+        return _SubsetDataset(self, np.arange(start, start + size + (index < rest)))
+
+    def sample(self, sampler: Any) -> Dataset:
+        """The items at the indices ``sampler`` yields (a Sampler or any iterable of ints)."""
+        return _SubsetDataset(self, np.fromiter((int(i) for i in sampler), dtype=np.int64))
+
 
 class SimpleDataset(Dataset):
     """Wraps any indexable with a length (a list, a numpy array, ...)."""

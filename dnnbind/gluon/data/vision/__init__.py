@@ -11,12 +11,15 @@ import sys
 import types
 
 from . import transforms
+from .cifar import CIFAR10, CIFAR100
 from .idx import read_idx, write_idx
 from .mnist import MNIST, FashionMNIST
 
-datasets = types.ModuleType(__name__ + ".datasets", "Vision data sets: MNIST, FashionMNIST.")
+datasets = types.ModuleType(__name__ + ".datasets", "Vision data sets: MNIST, FashionMNIST, CIFAR10, CIFAR100.")
 datasets.MNIST = MNIST
 datasets.FashionMNIST = FashionMNIST
+datasets.CIFAR10 = CIFAR10
+datasets.CIFAR100 = CIFAR100
 sys.modules[datasets.__name__] = datasets
 
-__all__ = ["FashionMNIST", "MNIST", "datasets", "read_idx", "transforms", "write_idx"]
+__all__ = ["CIFAR10", "CIFAR100", "MNIST", "FashionMNIST", "datasets", "read_idx", "transforms", "write_idx"]

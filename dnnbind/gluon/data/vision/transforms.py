@@ -1,11 +1,14 @@
-"""Image transforms with MXNet Gluon semantics: ToTensor, Normalize, Cast, Resize, Compose.
+"""Image transforms with MXNet Gluon semantics (mxnet.gluon.data.vision.transforms).
 
-Layer: gluon: data; imports numpy and dnnbind.runtime only (here: numpy only).
+Layer: gluon: data; imports numpy and dnnbind.runtime only (the runtime lazily).
 
 MXNet's transforms are HybridBlocks over NDArrays; data loading here happens on the host, so these are plain
-callables over numpy arrays (an object with .asnumpy() is converted first). Each one accepts a single image
-or a batch and gives the same numbers either way; `batchable = True` tells the DataLoader it may apply the
-transform once to a stacked batch instead of once per sample.
+callables over numpy arrays. An NDArray input gives an NDArray result (on the input's device), a numpy input
+gives numpy. Each one accepts a single image or a batch and gives the same numbers either way (the random
+ones draw each image's numbers in turn, so a batch equals its images transformed one by one from the same
+numpy seed); `batchable = True` tells the DataLoader it may apply the transform once to a stacked batch
+instead of once per sample. Here: ToTensor, Normalize, Cast, Resize, Compose; the crops and flips are in
+_geometry.py, the colour jitters in _color.py.
 """
 
 from __future__ import annotations
@@ -15,11 +18,21 @@ from typing import Any
 
 import numpy as np
 
+from ._color import (
+    RandomBrightness,
+    RandomColorJitter,
+    RandomContrast,
+    RandomHue,
+    RandomLighting,
+    RandomSaturation,
+)
+from ._geometry import CenterCrop, CropResize, RandomFlipLeftRight, RandomFlipTopBottom, RandomResizedCrop
+from ._image import host as _host
+from ._image import like_input, resize_hwc
 
-def _host(x: Any) -> np.ndarray:
-    if hasattr(x, "asnumpy"):
-        return x.asnumpy()
-    return np.asarray(x)
+__all__ = ["Cast", "CenterCrop", "Compose", "CropResize", "Normalize", "RandomBrightness", "RandomColorJitter",
+           "RandomContrast", "RandomFlipLeftRight", "RandomFlipTopBottom", "RandomHue", "RandomLighting",
+           "RandomResizedCrop", "RandomSaturation", "Resize", "ToTensor"]
 
 
 class ToTensor:
@@ -31,8 +44,8 @@ class ToTensor:
 
     batchable = True
 
-    def __call__(self, x: Any) -> np.ndarray:
-        x = _host(x)
+    def __call__(self, x: Any) -> Any:
+        x_in, x = x, _host(x)
         if x.ndim == 3:
             axes = (2, 0, 1)
         elif x.ndim == 4:
@@ -44,7 +57,7 @@ class ToTensor:
         if np.may_share_memory(out, x):  # float32 input already laid out as CHW: never divide the caller's data
             out = out.copy()
         out /= np.float32(255.0)
-        return out
+        return like_input(out, x_in)
 
     def __repr__(self) -> str:
         return "ToTensor()"
@@ -60,15 +73,16 @@ class Normalize:
         self._std = np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
         self.mean, self.std = mean, std
 
-    def __call__(self, x: Any) -> np.ndarray:
-        x = _host(x)
+    def __call__(self, x: Any) -> Any:
+        x_in, x = x, _host(x)
         if x.ndim not in (3, 4):
             raise ValueError(f"Normalize: expected (C, H, W) or (N, C, H, W), got shape {x.shape}")
         c = x.shape[-3]
         for name, v in (("mean", self._mean), ("std", self._std)):
             if v.shape[0] not in (1, c):
                 raise ValueError(f"Normalize: {name} has {v.shape[0]} values for {c} channels")
-        return ((x.astype(np.float32, copy=False) - self._mean) / self._std).astype(np.float32, copy=False)
+        return like_input(((x.astype(np.float32, copy=False) - self._mean) / self._std).astype(np.float32, copy=False),
+                          x_in)
 
     def __repr__(self) -> str:
         return f"Normalize(mean={self.mean}, std={self.std})"
@@ -82,23 +96,11 @@ class Cast:
     def __init__(self, dtype: Any = "float32") -> None:
         self.dtype = np.dtype(dtype)
 
-    def __call__(self, x: Any) -> np.ndarray:
-        return _host(x).astype(self.dtype)
+    def __call__(self, x: Any) -> Any:
+        return like_input(_host(x).astype(self.dtype), x)
 
     def __repr__(self) -> str:
         return f"Cast({self.dtype})"
-
-
-def _axis_weights(n_out: int, n_in: int, nearest: bool):
-    """Source indices and weights along one axis (OpenCV's INTER_LINEAR / INTER_NEAREST pixel-centre rule)."""
-    scale = n_in / n_out
-    if nearest:
-        i0 = np.minimum((np.arange(n_out) * scale).astype(np.int64), n_in - 1)
-        return i0, i0, np.zeros(n_out, np.float32)
-    src = np.maximum((np.arange(n_out) + 0.5) * scale - 0.5, 0.0)
-    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
-    i1 = np.minimum(i0 + 1, n_in - 1)
-    return i0, i1, (src - i0).astype(np.float32)
 
 
 class Resize:
@@ -129,31 +131,21 @@ class Resize:
             return self.size, max(1, int(round(w * self.size / h)))
         return max(1, int(round(h * self.size / w))), self.size
 
-    def __call__(self, x: Any) -> np.ndarray:
-        x = _host(x)
+    def __call__(self, x: Any) -> Any:
+        x_in, x = x, _host(x)
         if x.ndim not in (3, 4):
             raise ValueError(f"Resize: expected an image (H, W, C) or a batch (N, H, W, C), got shape {x.shape}")
-        h, w = x.shape[-3], x.shape[-2]
-        oh, ow = self._target(h, w)
-        if (oh, ow) == (h, w):
-            return x.copy()
-        nearest = self.interpolation == 0
-        r0, r1, fr = _axis_weights(oh, h, nearest)
-        c0, c1, fc = _axis_weights(ow, w, nearest)
-        xf = x.astype(np.float32, copy=False)
-        top = xf[..., r0, :, :] * (1 - fr)[:, None, None] + xf[..., r1, :, :] * fr[:, None, None]
-        out = top[..., c0, :] * (1 - fc)[:, None] + top[..., c1, :] * fc[:, None]
-        if x.dtype.kind in "ui":
-            info = np.iinfo(x.dtype)
-            return np.clip(np.rint(out), info.min, info.max).astype(x.dtype)
-        return out.astype(x.dtype, copy=False)
+        oh, ow = self._target(x.shape[-3], x.shape[-2])
+        return like_input(resize_hwc(x, oh, ow, self.interpolation), x_in)
 
     def __repr__(self) -> str:
         return f"Resize(size={self.size}, keep_ratio={self.keep_ratio}, interpolation={self.interpolation})"
 
 
 class Compose:
-    """Apply transforms in order."""
+    """Apply transforms in order. With two or more random transforms, a batch (N, H, W, C) goes through the
+    whole chain one image at a time, so each image's draws come in the same order as when it is transformed
+    alone (a batched path and a per-sample path then agree for the same seed)."""
 
     def __init__(self, transforms: Sequence[Callable]) -> None:
         self.transforms = list(transforms)
@@ -162,10 +154,21 @@ class Compose:
     def batchable(self) -> bool:
         return all(getattr(t, "batchable", False) for t in self.transforms)
 
-    def __call__(self, x: Any) -> Any:
+    @property
+    def _random(self) -> bool:  # a Compose inside a Compose counts as random if anything in it is
+        return any(getattr(t, "_random", False) for t in self.transforms)
+
+    def _chain(self, x: Any) -> Any:
         for t in self.transforms:
             x = t(x)
         return x
+
+    def __call__(self, x: Any) -> Any:
+        if sum(bool(getattr(t, "_random", False)) for t in self.transforms) > 1:
+            a = _host(x)
+            if a.ndim == 4:
+                return like_input(np.stack([_host(self._chain(img)) for img in a]), x)
+        return self._chain(x)
 
     def __repr__(self) -> str:
         return "Compose([" + ", ".join(repr(t) for t in self.transforms) + "])"

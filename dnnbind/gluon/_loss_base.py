@@ -1,0 +1,90 @@
+"""The Loss base class and the input helpers every loss shares (``mxnet.gluon.loss.Loss``).
+
+Layer: gluon; imports nd, runtime, gluon.block. See loss.py for the semantics (MXNet 1.x's).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import nd
+from ..runtime.array import NDArray, array
+from .block import Block
+
+__all__ = ["Loss"]
+
+
+def _as_nd(v, like: NDArray, what: str, dtype=None) -> NDArray:
+    """``v`` as an NDArray on ``like``'s device (numpy arrays, lists and numbers are uploaded)."""
+    if not isinstance(v, NDArray):
+        v = array(np.asarray(v, dtype=dtype or like.dtype), device=like.device)
+    elif v.device is not like.device:
+        v = v.as_in_context(like.device)
+    if dtype is not None and v.dtype != np.dtype(dtype):
+        v = v.astype(dtype)
+    return v
+
+
+def _reshape_like(label, pred: NDArray, op: str, what: str = "label", like: str = "pred") -> NDArray:
+    """The label viewed in pred's shape and dtype (MXNet's ``_reshape_like``)."""
+    label = _as_nd(label, pred, what, pred.dtype)
+    if label.size != pred.size:
+        raise ValueError(f"{op}: {what} shape {label.shape} does not match {like} shape {pred.shape}")
+    return label if label.shape == pred.shape else label.reshape(pred.shape)
+
+
+def _as_labels(label, n: int, device) -> NDArray:
+    """Class ids as an (N,) int32 NDArray on ``device``; (N, 1) labels are flattened."""
+    if not isinstance(label, NDArray):
+        host = np.asarray(label)
+        if host.size != n:
+            raise ValueError(f"loss: expected {n} class labels (shape ({n},) or ({n}, 1)), got shape {host.shape}")
+        return array(host.reshape(n).astype(np.int32, copy=False), device=device)
+    if label.shape != (n,):
+        if label.size != n:
+            raise ValueError(f"loss: expected {n} class labels (shape ({n},) or ({n}, 1)), got shape {label.shape}")
+        label = label.reshape((n,))
+    if label.device is not device:
+        label = label.as_in_context(device)
+    if label.dtype.kind not in "iu":
+        # NOTE: float labels (e.g. from a float32 dataset) are converted once: the gather kernels read integer
+        # ids. Give int32 labels to skip the conversion.
+        label = label.astype(np.int32)
+    return label
+
+
+class Loss(Block):
+    """Base class: ``weight`` (a number) scales the loss; the result has one value per ``batch_axis`` entry."""
+
+    def __init__(self, weight=None, batch_axis: int = 0, prefix=None, params=None):
+        if weight is not None and not isinstance(weight, numbers.Number):
+            raise TypeError(f"{type(self).__name__}: weight must be a number, got {type(weight).__name__}")
+        if not isinstance(batch_axis, numbers.Integral):
+            raise TypeError(f"{type(self).__name__}: batch_axis must be an int, got {batch_axis!r}")
+        super().__init__(prefix=prefix, params=params)
+        self._weight, self._batch_axis = weight, int(batch_axis)
+
+    def _weighting(self, loss: NDArray, sample_weight=None, weight=None) -> NDArray:
+        """loss * sample_weight (broadcast) * weight, MXNet's ``_apply_weighting``."""
+        if sample_weight is not None:
+            loss = loss * _as_nd(sample_weight, loss, "sample_weight", loss.dtype)
+        weight = self._weight if weight is None else weight
+        if weight is not None:
+            loss = loss * float(weight)
+        return loss
+
+    def _per_sample(self, loss: NDArray, reduce: str = "mean") -> NDArray:
+        """Mean (or sum) over every axis but the batch axis: shape (N,)."""
+        axis = self._batch_axis + loss.ndim if self._batch_axis < 0 else self._batch_axis
+        if not 0 <= axis < loss.ndim:
+            raise ValueError(f"{type(self).__name__}: batch_axis {self._batch_axis} is out of range for a loss of "
+                             f"shape {loss.shape}")
+        if loss.size == loss.shape[axis]:  # nothing to reduce: a view, no kernel
+            return loss.reshape((loss.shape[axis],))
+        fn = nd.mean if reduce == "mean" else nd.sum
+        return fn(loss, axis=axis, exclude=True)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(batch_axis={self._batch_axis}, w={self._weight})"
