@@ -141,7 +141,7 @@ class CapturedStep(_StaticStep):
 
 # Calls that only query or create (no GPU work, no state a replay needs) are made but not recorded; a Destroy
 # during the recording is postponed until the recording is dropped (a replay may still use the object).
-_QUERY = re.compile(r"^(cudnn|cublas)(Get|Create)|^cudnnBackend(Create|Set|Get|Finalize|Initialize)")
+_QUERY = re.compile(r"^(cudnn|cublas)(Get|Create)|^cudnnDropoutGet|^cudnnBackend(Create|Set|Get|Finalize|Initialize)")
 _DESTROY = re.compile(r"^(cudnn|cublas)Destroy|^cudnnBackendDestroy")
 
 

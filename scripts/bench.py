@@ -4,6 +4,7 @@ the model's individual ops and an 8192^3 sgemm. Prints a table and writes JSON.
 
     python scripts/bench.py                 # strict FP32
     python scripts/bench.py --tf32 --json runs/bench_tf32.json
+    python scripts/bench.py --model resnet18   # d2l's ResNet-18 / AlexNet training step: scripts/bench_models.py
 """
 
 import argparse
@@ -193,15 +194,35 @@ def bench_ops(torch, dev):
     return rows
 
 
-def main():
+def environment(torch) -> dict:
+    """GPU, library versions and date, for the JSON of this script and of bench_models.py."""
+    info = mx.show_config()
+    return {"gpu": info["gpus"], "cudnn": info["cudnn"], "cublas": info["cublas"], "cuda": info.get("cuda"),
+            "cuda_python": info.get("cuda_python"), "torch": getattr(torch, "__version__", None),
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+
+
+MODELS = ("simplecnn", "resnet18", "alexnet")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--model", choices=MODELS, default="simplecnn")
+    known, rest = pre.parse_known_args(argv)
+    if known.model != "simplecnn":  # the larger models time a training step: their own script and options
+        import bench_models
+        return bench_models.main(["--model", known.model, *rest])
     p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", choices=MODELS, default="simplecnn",
+                   help="resnet18, alexnet: scripts/bench_models.py (see --model resnet18 --help)")
     p.add_argument("--tf32", action="store_true")
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--seeds", type=int, default=3,
                    help="accuracy is compared as the mean over this many seeds (initial weights and data order)")
     p.add_argument("--json", default="runs/bench.json")
     p.add_argument("--skip-ops", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if mx.num_gpus() == 0:
         raise SystemExit(f"bench.py needs a GPU: {mx.runtime.gpu_status()[1]}")
     dev = mx.gpu(0)
@@ -214,7 +235,7 @@ def main():
         torch.backends.cudnn.benchmark = True
     except ImportError:
         torch = None
-    info = mx.show_config()
+    env = environment(torch)
     xs, ys, tx, ty = load_data(dev, args.seed)
 
     def runs_for(xs, ys, seed):
@@ -232,7 +253,7 @@ def main():
         results[name] = fn()
         r = results[name]
         print(f"{name:<24} epoch {r['epoch_s']:.3f} s  setup {r['setup_s']:.3f} s  accuracy {100 * r['accuracy']:.2f}%")
-    print(f"\nSimpleCNN, one epoch ({STEPS} steps, batch {BATCH}), math {mode}, {info['gpus']['devices'][0]['name']}")
+    print(f"\nSimpleCNN, one epoch ({STEPS} steps, batch {BATCH}), math {mode}, {env['gpu']['devices'][0]['name']}")
     print(f"{'run':<24}{'epoch s':>10}{'images/s':>12}{'accuracy':>10}{'vs PyTorch eager':>18}{'vs PyTorch graph':>18}")
     for name, r in results.items():
         pe = results.get("PyTorch eager", {}).get("epoch_s")
@@ -267,9 +288,7 @@ def main():
         print(f"{'op':<28}{'dnnbind us':>12}{'PyTorch us':>12}{'ratio':>8}")
         for name, ours, theirs in ops_rows:
             print(f"{name:<28}{ours:>12.1f}{(theirs or float('nan')):>12.1f}{(ours / theirs if theirs else float('nan')):>8.2f}")
-    out = {"gpu": info["gpus"], "cudnn": info["cudnn"], "cublas": info["cublas"], "math_mode": mode,
-           "torch": getattr(torch, "__version__", None), "python": platform.python_version(),
-           "date": time.strftime("%Y-%m-%d"), "train": results,
+    out = {**env, "math_mode": mode, "train": results,
            "accuracy_by_seed": {"seeds": seeds, **accuracy}, "conv_algorithms": conv_algos,
            "ops": [{"op": n, "dnnbind_us": o, "torch_us": t} for n, o, t in ops_rows]}
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -459,7 +459,7 @@ def test_cuda_array_interface_objects():
 
 
 def test_dnnbind_internal_kernels_compile_without_a_gpu():
-    """ops._kernels.SOURCE (loss gather/scatter, fill, arithmetic, dropout, Adam) must compile for sm_90."""
+    """ops._kernels.SOURCE (loss gather/scatter, fill, Adam) must compile for sm_90."""
     from dnnbind.kernels import Module
     from dnnbind.ops import _kernels
     mod = Module(_kernels.SOURCE, arch="sm_90")

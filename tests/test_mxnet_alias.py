@@ -524,3 +524,17 @@ def test_alias_makes_cpu_the_default_context_and_uninstall_restores_it():
         _finder.uninstall_mxnet_alias()
     assert dnnbind.default_device() == before
     assert device_mod._process_default is None
+
+
+def test_unbacked_names_are_attribute_errors_too_so_introspection_works(alias):
+    """torch.compile runs pickle.whichmodule over every loaded module: hasattr/getattr-with-default must work."""
+    import pickle
+    from dnnbind.mxnet._unsupported import UnsupportedFeature
+    for mod in (alias.base, alias.image, alias.test_utils, alias.sym):
+        assert not hasattr(mod, "no_such_name_here")
+        assert getattr(mod, "no_such_name_here", 7) == 7
+        with pytest.raises(NotImplementedError, match="not supported by dnnbind"):
+            getattr(mod, "no_such_name_here")
+    with pytest.raises(UnsupportedFeature):
+        alias.sym.Variable
+    assert pickle.whichmodule(math.sqrt, "sqrt") == "math"

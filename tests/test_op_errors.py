@@ -30,6 +30,8 @@ DY = rand((2, 5, 6, 6))
 P = rand((2, 3, 4, 4))
 L = rand((4, 10))
 LAB = np.array([1, 0, 9, 3])
+WT = rand((3, 2, 3, 3))  # a transposed convolution's weight for X: (in_channels, F/groups, R, S)
+DYT = rand((2, 2, 10, 10))  # and its output's shape at stride 1
 
 # (id, op name, call taking the backend module, exception, fragments the message must contain)
 CASES = [
@@ -97,6 +99,33 @@ CASES = [
      ["dy must be 4-D", "(5, 6, 6)"]),
     ("bwd bias dtype", "conv_backward_bias", lambda B: B.conv_backward_bias(DY.astype(np.int32)), TypeError,
      ["dy has dtype int32"]),
+    # transposed convolution
+    ("deconv x ndim", "deconv_forward", lambda B: B.deconv_forward(X[0], WT), ValueError,
+     ["x must be 4-D", "(3, 8, 8)"]),
+    ("deconv channels", "deconv_forward", lambda B: B.deconv_forward(X, rand((4, 2, 3, 3))), ValueError,
+     ["x has 3 channels but w expects 4", "x (2, 3, 8, 8)", "w (4, 2, 3, 3)"]),
+    ("deconv groups", "deconv_forward", lambda B: B.deconv_forward(X, WT, groups=2), ValueError,
+     ["x has 3 channels, not divisible by groups=2"]),
+    ("deconv bias length", "deconv_forward", lambda B: B.deconv_forward(X, WT, rand((3,))), ValueError,
+     ["b has shape (3,)", "expected b (2,)", "w (3, 2, 3, 3)"]),
+    ("deconv adj", "deconv_forward", lambda B: B.deconv_forward(X, WT, stride=2, adj=2), ValueError,
+     ["adj (2, 2) must be smaller than stride (2, 2)"]),
+    ("deconv adj negative", "deconv_forward", lambda B: B.deconv_forward(X, WT, adj=-1), ValueError,
+     ["adj must be >= 0"]),
+    ("deconv padding", "deconv_forward", lambda B: B.deconv_forward(X, WT, padding=6), ValueError,
+     ["padding (6, 6) removes the whole output", "x (2, 3, 8, 8)"]),
+    ("deconv dtype", "deconv_forward", lambda B: B.deconv_forward(X, WT.astype(np.float64)), TypeError,
+     ["dtypes differ", "x float32", "w float64"]),
+    ("deconv bwd data dy shape", "deconv_backward_data",
+     lambda B: B.deconv_backward_data(WT, DYT[:, :, 1:], X.shape), ValueError,
+     ["dy has shape (2, 2, 9, 10)", "x (2, 3, 8, 8)", "w (3, 2, 3, 3)"]),
+    ("deconv bwd data x_shape int", "deconv_backward_data", lambda B: B.deconv_backward_data(WT, DYT, 8),
+     TypeError, ["x_shape must be a tuple of ints"]),
+    ("deconv bwd filter dy shape", "deconv_backward_filter",
+     lambda B: B.deconv_backward_filter(X, DYT, WT.shape, stride=2), ValueError,
+     ["dy has shape (2, 2, 10, 10)", "gives (2, 2) by (17, 17) to (18, 18)"]),
+    ("deconv bwd filter w_shape", "deconv_backward_filter", lambda B: B.deconv_backward_filter(X, DYT, (3, 2, 3)),
+     ValueError, ["w must be 4-D", "(3, 2, 3)"]),
     # add_tensor
     ("add b length", "add_tensor", lambda B: B.add_tensor(X, rand((4,))), ValueError,
      ["b has shape (4,)", "x (2, 3, 8, 8)"]),
@@ -218,6 +247,17 @@ CASES = [
     ("nll logp ndim", "nll_loss", lambda B: B.nll_loss(X, LAB), ValueError, ["logp must be 2-D"]),
     ("nll bwd dloss", "nll_loss_backward", lambda B: B.nll_loss_backward(L, LAB, rand((3,))), ValueError,
      ["dloss must be (4,)"]),
+    # dropout
+    ("dropout p", "dropout_forward", lambda B: B.dropout_forward(X, 1.0), ValueError, ["p must be in [0, 1)", "1.0"]),
+    ("dropout p type", "dropout_forward", lambda B: B.dropout_forward(X, "0.5"), TypeError, ["p must be a real"]),
+    ("dropout int", "dropout_forward", lambda B: B.dropout_forward(np.arange(6), 0.5), TypeError,
+     ["x has dtype int64"]),
+    ("dropout seed", "dropout_forward", lambda B: B.dropout_forward(X, 0.5, seed="1"), TypeError,
+     ["seed must be an int"]),
+    ("dropout bwd p", "dropout_backward", lambda B: B.dropout_backward(X, X, -0.1), ValueError,
+     ["p must be in [0, 1)"]),
+    ("dropout bwd int", "dropout_backward", lambda B: B.dropout_backward(np.arange(6), X, 0.5), TypeError,
+     ["dy has dtype int64"]),
     # in-place helpers
     ("axpy shapes", "axpy", lambda B: B.axpy(1.0, rand((3,)), rand((4,))), ValueError,
      ["shapes differ", "x (3,)", "y (4,)"]),
@@ -319,6 +359,11 @@ VALID = {
     "conv_backward_data": ((W, DY, X.shape), {}),
     "conv_backward_filter": ((X, DY, W.shape), {}),
     "conv_backward_bias": ((DY,), {}),
+    "deconv_forward": ((X, WT, rand((2,), seed=15)), {"stride": 2, "adj": 1}),
+    "deconv_backward_data": ((WT, DYT, X.shape), {}),
+    "deconv_backward_filter": ((X, DYT, WT.shape), {}),
+    "dropout_forward": ((X,), {"p": 0.3, "seed": 1}),
+    "dropout_backward": ((X, (rand(X.shape, seed=16) > 0).astype(np.float32) * 2), {}),  # the cpu reserve: the mask
     "add_tensor": ((X, rand((3,), seed=3)), {}),
     "activation_forward": ((X,), {"mode": "tanh"}),
     "activation_backward": ((X, rand(X.shape, seed=4), rand(X.shape, seed=5)), {}),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 
-from .cfunc import STATUS, Library, P, cstr, f64, i32, i64, size_t, vp
+from .cfunc import STATUS, Library, P, cstr, f32, f64, i32, i64, size_t, vp
 from .errors import cudnn_error_class
 
 # cudnnStatus_t families (cudnn_graph_v9.h); cudnnGetErrorString names any code.
@@ -160,6 +160,7 @@ cudnnConvolutionBwdDataAlgoPerf_t = cudnnConvolutionFwdAlgoPerf_t
 cudnnConvolutionBwdFilterAlgoPerf_t = cudnnConvolutionFwdAlgoPerf_t
 _Perf = P(cudnnConvolutionFwdAlgoPerf_t)
 _pi = P(i32)
+_u64 = ctypes.c_ulonglong  # unsigned long long (the dropout seed)
 
 _TABLE = {
     # size_t cudnnGetVersion(void)
@@ -373,6 +374,32 @@ _TABLE = {
     #     void *dBnBiasResult, double epsilon, const void *savedMean, const void *savedInvVariance)
     "cudnnBatchNormalizationBackward": (
         STATUS, [vp, i32, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, f64, vp, vp]),
+    # --- dropout (ops.dropout), cudnn_ops_v9.h; cudnnDropoutBackward sits in its training section -------------
+    # cudnnStatus_t cudnnCreateDropoutDescriptor(cudnnDropoutDescriptor_t *dropoutDesc)
+    "cudnnCreateDropoutDescriptor": (STATUS, [P(vp)]),
+    # cudnnStatus_t cudnnDestroyDropoutDescriptor(cudnnDropoutDescriptor_t dropoutDesc)
+    "cudnnDestroyDropoutDescriptor": (STATUS, [vp]),
+    # cudnnStatus_t cudnnDropoutGetStatesSize(cudnnHandle_t handle, size_t *sizeInBytes)
+    "cudnnDropoutGetStatesSize": (STATUS, [vp, P(size_t)]),
+    # cudnnStatus_t cudnnDropoutGetReserveSpaceSize(cudnnTensorDescriptor_t xdesc, size_t *sizeInBytes)
+    "cudnnDropoutGetReserveSpaceSize": (STATUS, [vp, P(size_t)]),
+    # cudnnStatus_t cudnnSetDropoutDescriptor(cudnnDropoutDescriptor_t dropoutDesc, cudnnHandle_t handle,
+    #     float dropout, void *states, size_t stateSizeInBytes, unsigned long long seed)
+    "cudnnSetDropoutDescriptor": (STATUS, [vp, vp, f32, vp, size_t, _u64]),
+    # cudnnStatus_t cudnnRestoreDropoutDescriptor(cudnnDropoutDescriptor_t dropoutDesc, cudnnHandle_t handle,
+    #     float dropout, void *states, size_t stateSizeInBytes, unsigned long long seed)
+    "cudnnRestoreDropoutDescriptor": (STATUS, [vp, vp, f32, vp, size_t, _u64]),
+    # cudnnStatus_t cudnnGetDropoutDescriptor(cudnnDropoutDescriptor_t dropoutDesc, cudnnHandle_t handle,
+    #     float *dropout, void **states, unsigned long long *seed)
+    "cudnnGetDropoutDescriptor": (STATUS, [vp, vp, P(f32), P(vp), P(_u64)]),
+    # cudnnStatus_t cudnnDropoutForward(cudnnHandle_t handle, const cudnnDropoutDescriptor_t dropoutDesc,
+    #     const cudnnTensorDescriptor_t xdesc, const void *x, const cudnnTensorDescriptor_t ydesc, void *y,
+    #     void *reserveSpace, size_t reserveSpaceSizeInBytes)
+    "cudnnDropoutForward": (STATUS, [vp, vp, vp, vp, vp, vp, vp, size_t]),
+    # cudnnStatus_t cudnnDropoutBackward(cudnnHandle_t handle, const cudnnDropoutDescriptor_t dropoutDesc,
+    #     const cudnnTensorDescriptor_t dydesc, const void *dy, const cudnnTensorDescriptor_t dxdesc, void *dx,
+    #     void *reserveSpace, size_t reserveSpaceSizeInBytes)
+    "cudnnDropoutBackward": (STATUS, [vp, vp, vp, vp, vp, vp, vp, size_t]),
 }
 
 # cudnnBatchNormMode_t (cudnn_ops_v9.h) and CUDNN_BN_MIN_EPSILON (0.0 since cuDNN 7.5; a #define)

@@ -82,6 +82,12 @@ CHILDREN: dict[str, str] = {
 _children: dict[str, types.ModuleType] = {}
 
 
+class UnsupportedFeature(NotImplementedError, AttributeError):
+    """The first use of an MXNet name dnnbind does not back. A NotImplementedError, as the alias promises, and
+    an AttributeError, because it comes from a module's ``__getattr__``: ``hasattr``, ``getattr(m, n, default)``
+    and pickle's ``whichmodule`` (which torch.compile runs over every loaded module) expect one."""
+
+
 class UnsupportedModule(types.ModuleType):
     """A namespace whose every public attribute raises NotImplementedError (its listed children excepted)."""
 
@@ -97,7 +103,7 @@ class UnsupportedModule(types.ModuleType):
         if sub in CHILDREN:
             return child(sub)
         hint = NAMESPACES.get(ns, "") or CHILDREN.get(ns, "")
-        raise NotImplementedError(f"mxnet.{ns} is not supported by dnnbind yet (mxnet.{ns}.{attr} was used)"
+        raise UnsupportedFeature(f"mxnet.{ns} is not supported by dnnbind yet (mxnet.{ns}.{attr} was used)"
                                   + (f": {hint}" if hint else ""))
 
 

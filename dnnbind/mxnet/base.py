@@ -10,6 +10,8 @@ raises NotImplementedError.
 
 from __future__ import annotations
 
+from ._unsupported import UnsupportedFeature
+
 import numpy as np
 
 from .._lib.errors import DnnbindError as MXNetError
@@ -29,5 +31,5 @@ def py_str(x) -> str:
 def __getattr__(name: str):
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
-    raise NotImplementedError(f"mxnet.base.{name} is not supported by dnnbind (MXNet's C library interface has "
+    raise UnsupportedFeature(f"mxnet.base.{name} is not supported by dnnbind (MXNet's C library interface has "
                               "no counterpart here)")

@@ -12,6 +12,8 @@ NotImplementedError saying to ``pip install pillow``. The iterators and augmente
 
 from __future__ import annotations
 
+from ._unsupported import UnsupportedFeature
+
 import io
 import random
 
@@ -172,5 +174,5 @@ def center_crop(src, size: tuple, interp: int = 2) -> tuple:
 def __getattr__(name: str):
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
-    raise NotImplementedError(f"mxnet.image.{name} is not supported by dnnbind yet (imread, imdecode, imresize, "
+    raise UnsupportedFeature(f"mxnet.image.{name} is not supported by dnnbind yet (imread, imdecode, imresize, "
                               "resize_short and the crops are)")

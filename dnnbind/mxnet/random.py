@@ -7,9 +7,11 @@ rather than seeding or sampling with a generator dnnbind's ops do not use.
 
 from __future__ import annotations
 
+from ._unsupported import UnsupportedFeature
+
 
 def __getattr__(name: str):
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
-    raise NotImplementedError(f"mxnet.random is not supported by dnnbind yet (mxnet.random.{name} was used): "
+    raise UnsupportedFeature(f"mxnet.random is not supported by dnnbind yet (mxnet.random.{name} was used): "
                               "it needs dnnbind.nd.random")

@@ -11,6 +11,8 @@ NotImplementedError.
 
 from __future__ import annotations
 
+from ._unsupported import UnsupportedFeature
+
 import numbers
 
 import numpy as np
@@ -176,5 +178,5 @@ def rand_shape_nd(num_dim: int, dim: int = 10, allow_zero_size: bool = False) ->
 def __getattr__(name: str):
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
-    raise NotImplementedError(f"mxnet.test_utils.{name} is not supported by dnnbind yet (the symbolic checkers, "
+    raise UnsupportedFeature(f"mxnet.test_utils.{name} is not supported by dnnbind yet (the symbolic checkers, "
                               "sparse arrays and downloads have no counterpart)")

@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import ops
 from ..autograd import grad_out, is_recording, is_training, needs_grad, record_op
-from ..ops import arith
+from ..ops import dropout as _dropout
+from ..ops.reference.dropout import dropout_p
 from ..ops.blas import gemm_into, ones_vector, sum_rows_into
 from ..ops.conv import conv_backward_bias_gemv
 from ..ops._common import blas
@@ -233,18 +234,34 @@ def Flatten(data):
     return data.reshape((data.shape[0], -1))
 
 
-def Dropout(data, p=0.5, mode="training", axes=(), **_ignored):
-    """Inverted dropout in training mode (a hash-RNG kernel on the GPU); identity in predict mode.
+def Dropout(data, p=0.5, mode="training", axes=(), cudnn_off=None, **_ignored):
+    """MXNet's Dropout: inverted dropout (keep with probability 1 - p, scale by 1/(1-p)) inside
+    ``autograd.train_mode()``/``record()`` or with ``mode="always"``; the identity otherwise, and for p = 0.
 
-    The seed comes from dnnbind's one random state, so ``mx.random.seed(n)`` makes runs repeatable."""
-    if not (is_training() or mode == "always") or p == 0:
+    On a GPU cudnnDropoutForward, its backward cudnnDropoutBackward on the saved reserve (ops.dropout); on the
+    cpu numpy. ``axes`` (variational dropout): one mask of the shape of ``data`` with those axes set to 1, drawn
+    the same way (dropout of ones) and broadcast-multiplied, so the mask is shared along ``axes`` (MXNet's
+    BernoulliKernel + broadcast mul); its gradient is the table's multiply. Seeds come from dnnbind's one random
+    state (nd.random), so ``mx.random.seed(n)`` makes runs repeatable. ``cudnn_off`` is accepted and ignored.
+    """
+    from ._registry import as_array, norm_axes
+    from .random import generation, next_seed
+    if mode not in ("training", "always"):
+        raise ValueError(f"Dropout: mode must be 'training' or 'always', got {mode!r}")
+    p = dropout_p("Dropout", p)
+    data = as_array("Dropout", "data", data)
+    if p == 0 or not (mode == "always" or is_training()):
         return data
-    if not 0 <= p < 1:
-        raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
-    from .random import next_seed
-    y, mask = arith.dropout(data, float(p), next_seed())
+    if axes is not None and not isinstance(axes, (tuple, list)):
+        axes = (axes,)
+    if axes:
+        shared = norm_axes("Dropout", data.ndim, tuple(axes))
+        mask_shape = tuple(1 if i in shared else d for i, d in enumerate(data.shape))
+        mask = _dropout.dropout_mask(mask_shape, data.dtype, data.device, p, next_seed, generation())
+        return data * mask  # recorded by the table's multiply: d/ddata = dy * mask
+    y, reserve = _dropout.dropout_forward(data, p, next_seed, generation())
     if is_recording():
-        record_op("Dropout", y, (data,), lambda dy: (dy * mask,))
+        record_op("Dropout", y, (data,), lambda dy: (_dropout.dropout_backward(dy, reserve, p),))
     return y
 
 

@@ -3,7 +3,8 @@
 Imports runtime and kernels.strided (lazily). ``seed(n)`` resets the state; every draw takes the next
 ``(seed, offset)`` slice of it. On the GPU the numbers come from a counter-based generator in a generated
 kernel (they depend only on the seed and the draw's offset, so a seeded run repeats exactly and the kernels
-are graph-capturable); on the cpu from numpy's PCG64 seeded the same way. Dropout draws its seed from here too.
+are graph-capturable); on the cpu from numpy's PCG64 seeded the same way. Dropout draws its seeds from here too:
+on the cpu one per call, on the GPU one whenever cuDNN's dropout RNG state is (re)seeded (``generation()``).
 Like MXNet, the cpu and GPU streams differ.
 """
 
@@ -21,7 +22,9 @@ __all__ = ["seed", "uniform", "normal", "randn", "randint", "shuffle", "exponent
            "next_seed"]
 
 _lock = threading.Lock()
-_state = {"seed": int(np.random.SeedSequence().entropy % (1 << 62)), "offset": 0, "rng": None}
+# "generation" counts seed() calls: state seeded once and kept (cuDNN dropout's RNG states, ops.dropout) compares
+# it with the generation it was seeded in and seeds itself again, from next_seed(), when they differ.
+_state = {"seed": int(np.random.SeedSequence().entropy % (1 << 62)), "offset": 0, "rng": None, "generation": 0}
 
 
 def seed(seed_state: int, ctx="all") -> None:
@@ -33,6 +36,7 @@ def seed(seed_state: int, ctx="all") -> None:
         raise TypeError(f"random.seed: seed must be an int, got {type(seed_state).__name__}")
     with _lock:
         _state["seed"], _state["offset"], _state["rng"] = int(seed_state) % (1 << 62), 0, None
+        _state["generation"] += 1
     np.random.seed(int(seed_state) % (1 << 32))
 
 
@@ -50,6 +54,12 @@ def next_seed() -> int:
     x = (s * 0x9E3779B97F4A7C15 + off * 0xBF58476D1CE4E5B9 + 1) & ((1 << 64) - 1)
     x ^= x >> 31
     return x & ((1 << 62) - 1)
+
+
+def generation() -> int:
+    """How many times ``seed()`` has been called: a generator seeded once from ``next_seed()`` (cuDNN dropout's
+    per-handle RNG states) seeds itself again when this differs from the value it was seeded at."""
+    return _state["generation"]
 
 
 def _host_rng() -> np.random.Generator:

@@ -10,12 +10,16 @@ from .arith import adam_update
 from .blas import axpy, copy, fill, gemm, linear_backward, linear_forward, scal
 from .conv import (conv_backward_bias, conv_backward_data, conv_backward_filter, conv_bias_relu_forward,
                    conv_forward)
+from .deconv import deconv_backward_data, deconv_backward_filter, deconv_forward
+from .dropout import dropout_backward, dropout_forward
 from .loss import nll_loss, nll_loss_backward, softmax_cross_entropy, softmax_cross_entropy_backward
 from .pointwise import activation_backward, activation_forward, add_tensor, softmax_backward, softmax_forward
 from .pooling import pooling_backward, pooling_forward
 
 __all__ = ["reference", "set_conv_algo_policy", "adam_update", "axpy", "copy", "fill", "gemm", "linear_backward",
            "linear_forward", "scal", "conv_backward_bias", "conv_backward_data", "conv_backward_filter",
-           "conv_forward", "conv_bias_relu_forward", "nll_loss", "nll_loss_backward", "softmax_cross_entropy",
+           "conv_forward", "conv_bias_relu_forward", "deconv_backward_data",
+           "deconv_backward_filter", "deconv_forward", "dropout_backward", "dropout_forward", "nll_loss",
+           "nll_loss_backward", "softmax_cross_entropy",
            "softmax_cross_entropy_backward", "activation_backward", "activation_forward", "add_tensor",
            "softmax_backward", "softmax_forward", "pooling_backward", "pooling_forward"]

@@ -187,6 +187,65 @@ def conv_grad_params(op: str, x_shape: Any, w_shape: Any, dy_shape: Any, stride:
     return out
 
 
+def deconv_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None, stride: Any = 1, padding: Any = 0,
+                  dilation: Any = 1, groups: Any = 1, adj: Any = 0
+                  ) -> tuple[Pair, Pair, Pair, int, Pair, tuple[int, int, int, int]]:
+    """Validate a 2-D transposed convolution (MXNet's Deconvolution); returns (stride, padding, dilation, groups,
+    adj, y_shape). x (N, C, H, W); w (C, F/groups, R, S), the filter of the convolution from F to C channels that
+    this op transposes; y (N, F, (H-1)*sh - 2*ph + dh*(R-1) + 1 + adj_h, ...); 0 <= adj < stride (MXNet's rule:
+    a larger adj would not be the transpose of any convolution)."""
+    x_shape = check_ndim(op, "x", x_shape, (4,), "4-D (N, C, H, W)")
+    w_shape = check_ndim(op, "w", w_shape, (4,), "4-D (C, F/groups, R, S)")
+    shapes = _fmt(x=x_shape, w=w_shape)
+    stride = as_tuple(stride, 2, op, "stride", 1)
+    padding = as_tuple(padding, 2, op, "padding", 0)
+    dilation = as_tuple(dilation, 2, op, "dilation", 1)
+    adj = as_tuple(adj, 2, op, "adj", 0)
+    if not _is_int(groups):
+        raise TypeError(f"{op}: groups must be an int, got {groups!r}")
+    groups = int(groups)
+    if groups < 1:
+        raise ValueError(f"{op}: groups must be >= 1, got {groups}")
+    n, c, h, w = x_shape
+    cw, fg, r, s = w_shape
+    if cw != c:
+        raise ValueError(f"{op}: x has {c} channels but w expects {cw} (w is (in_channels, num_filter/groups, R, "
+                         f"S)): {shapes}")
+    if c % groups:
+        raise ValueError(f"{op}: x has {c} channels, not divisible by groups={groups}: {shapes}")
+    f = fg * groups
+    if b_shape is not None:
+        b_shape = _shape(b_shape)
+        if b_shape != (f,):
+            raise ValueError(f"{op}: b has shape {b_shape} but w gives {f} output channels (w.shape[1] * groups); "
+                             f"expected b ({f},): {shapes}")
+    if adj[0] >= stride[0] or adj[1] >= stride[1]:
+        raise ValueError(f"{op}: adj {adj} must be smaller than stride {stride}: {shapes}")
+    ho = (h - 1) * stride[0] - 2 * padding[0] + dilation[0] * (r - 1) + 1 + adj[0]
+    wo = (w - 1) * stride[1] - 2 * padding[1] + dilation[1] * (s - 1) + 1 + adj[1]
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"{op}: padding {padding} removes the whole output ({ho}, {wo}) (stride {stride}, "
+                         f"dilation {dilation}, adj {adj}): {shapes}")
+    return stride, padding, dilation, groups, adj, (n, f, ho, wo)
+
+
+def deconv_grad_params(op: str, x_shape: Any, w_shape: Any, dy_shape: Any, stride: Any = 1, padding: Any = 0,
+                       dilation: Any = 1, groups: Any = 1
+                       ) -> tuple[Pair, Pair, Pair, int, Pair, tuple[int, int, int, int]]:
+    """A transposed convolution's backward: deconv_params, with dy its output for some adj in [0, stride) (the
+    adj is read off dy's shape and returned)."""
+    stride, padding, dilation, groups, _, base = deconv_params(op, x_shape, w_shape, None, stride, padding,
+                                                                dilation, groups, 0)
+    dy_shape = check_ndim(op, "dy", dy_shape, (4,), "4-D (N, F, P, Q)")
+    adj = (dy_shape[2] - base[2], dy_shape[3] - base[3])
+    if dy_shape[:2] != base[:2] or not (0 <= adj[0] < stride[0] and 0 <= adj[1] < stride[1]):
+        last = (base[2] + stride[0] - 1, base[3] + stride[1] - 1)
+        raise ValueError(f"{op}: dy has shape {dy_shape} but the transposed convolution gives {base[:2]} by "
+                         f"{base[2:]} to {last} (adj 0 to stride-1): {_fmt(x=x_shape, w=w_shape, dy=dy_shape)} "
+                         f"(stride {stride}, padding {padding}, dilation {dilation}, groups {groups})")
+    return stride, padding, dilation, groups, adj, dy_shape
+
+
 def conv_bias_params(op: str, dy_shape: Any) -> int:
     """conv_backward_bias: dy is (N, K, P, Q); returns K."""
     return check_ndim(op, "dy", dy_shape, (4,), "4-D (N, K, P, Q)")[1]

@@ -47,21 +47,6 @@ extern "C" __global__ void fill_f64(double* x, double v, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         x[i] = v;
 }
-/* Inverted dropout: keep with probability 1-p, scale kept values by 1/(1-p); mask is saved for backward. */
-__device__ __forceinline__ unsigned int hash32(unsigned long long x) {
-    x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
-    return (unsigned int)x;
-}
-extern "C" __global__ void dropout_f32(const float* x, float* y, float* mask, float p, unsigned long long seed,
-                                       long long n) {
-    float scale = 1.f / (1.f - p);
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float u = (hash32(seed * 0x9E3779B97F4A7C15ULL + (unsigned long long)i) >> 8) * (1.f / 16777216.f);
-        float m = u >= p ? scale : 0.f;
-        mask[i] = m;
-        y[i] = x[i] * m;
-    }
-}
 
 /* Adam over one flat buffer: m, v, w updated in place; grad is already scaled (rescale_grad, weight decay). */
 extern "C" __global__ void adam_f32(float* w, const float* g, float* m, float* v, float lr_t, float beta1,

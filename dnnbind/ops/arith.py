@@ -1,34 +1,19 @@
-"""Layer 2 (ops): dropout's mask and Adam's update over flat buffers (the Trainer's). Imports runtime and ops.
+"""Layer 2 (ops): Adam's update over flat buffers (the Trainer's). Imports runtime and ops.
 
-These have no cuDNN/cuBLAS call, so on the GPU they are small NVRTC kernels (ops._kernels). NDArray arithmetic,
-reductions and every other element-wise op live in the nd op table (dnnbind/nd/_table.py).
+It has no cuDNN/cuBLAS call, so on the GPU it is a small NVRTC kernel (ops._kernels). Dropout is ops.dropout
+(cuDNN); NDArray arithmetic, reductions and every other element-wise op live in the nd op table (nd/_table.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.array import NDArray, empty
 from ..runtime.stream import current_stream
 from . import _kernels
 
 
 def _launch(name, n, args, device):
     _kernels.kernel(name).launch(_kernels.grid_for(n), 256, args, stream=current_stream(device))
-
-
-def dropout(x: NDArray, p: float, seed: int) -> tuple[NDArray, NDArray]:
-    """(y, mask) with y = x * mask, mask in {0, 1/(1-p)}."""
-    if x._data is not None:
-        rng = np.random.default_rng(seed)
-        mask = ((rng.random(x.shape) >= p) / (1.0 - p)).astype(x.dtype)
-        return NDArray._from_numpy(x._data * mask), NDArray._from_numpy(mask)
-    if x.dtype != np.float32:
-        raise TypeError(f"dropout: GPU dropout supports float32, got {x.dtype}")
-    y, mask = empty(x.shape, x.dtype, x._device), empty(x.shape, x.dtype, x._device)
-    if x.size:
-        _launch("dropout_f32", x.size, (x, y, mask, np.float32(p), np.uint64(seed), np.int64(x.size)), x._device)
-    return y, mask
 
 
 def adam_update(w, g, m, v, lr_t, beta1, beta2, eps, rescale, wd) -> None:

@@ -138,21 +138,21 @@ class Activation(Block):
 
 
 class Dropout(Block):
-    """Inverted dropout with rate ``rate`` inside ``autograd.record()`` (training); identity otherwise."""
+    """Inverted dropout with rate ``rate`` inside ``autograd.record()`` (training); identity otherwise.
+    ``axes``: the axes along which the mask is shared (variational dropout), as MXNet's."""
 
     def __init__(self, rate: float, axes: tuple = (), prefix=None, params=None):
         super().__init__(prefix=prefix, params=params)
-        if axes:
-            raise ValueError("Dropout: axes (shared masks) are not supported; use axes=()")
         if not 0 <= rate < 1:
             raise ValueError(f"Dropout: rate must be in [0, 1), got {rate}")
         self._rate = float(rate)
+        self._axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
 
     def forward(self, x):
-        return nd.Dropout(x, p=self._rate)
+        return nd.Dropout(x, p=self._rate, axes=self._axes)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(p = {self._rate}, axes=())"
+        return f"{type(self).__name__}(p = {self._rate}, axes={self._axes})"
 
 
 class Flatten(Block):

@@ -5,7 +5,8 @@ filter layout, so ``nd.Convolution`` hands the weight to cudnnConvolutionForward
 ``in_channels=0`` defers the weight's shape to the first forward pass. The 1-D layers (Conv1D, MaxPool1D,
 AvgPool1D, GlobalMax/AvgPool1D; layout NCW) run the 2-D path on a view with H = 1 and keep MXNet's 1-D weight
 shape (channels, in_channels/groups, k), so their parameter files match MXNet's. ``ceil_mode=True`` is
-``nd.Pooling(pooling_convention='full')``.
+``nd.Pooling(pooling_convention='full')``. Conv1DTranspose/Conv2DTranspose (``nd.Deconvolution``) keep MXNet's
+weight (in_channels, channels/groups, *kernel) and share Conv's name counter (``conv0_``), as in MXNet.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from ...ops._check import as_tuple
 from ..block import Block
 from .basic_layers import Activation
 
-__all__ = ["AvgPool1D", "AvgPool2D", "Conv1D", "Conv2D", "GlobalAvgPool1D", "GlobalAvgPool2D", "GlobalAvgPool3D",
-           "GlobalMaxPool1D", "GlobalMaxPool2D", "GlobalMaxPool3D", "MaxPool1D", "MaxPool2D"]
+__all__ = ["AvgPool1D", "AvgPool2D", "Conv1D", "Conv1DTranspose", "Conv2D", "Conv2DTranspose", "GlobalAvgPool1D",
+           "GlobalAvgPool2D", "GlobalAvgPool3D", "GlobalMaxPool1D", "GlobalMaxPool2D", "GlobalMaxPool3D", "MaxPool1D",
+           "MaxPool2D"]
 
 _LAYOUTS = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
 
@@ -47,7 +49,7 @@ class _Conv(Block):
         self._padding = as_tuple(padding, dims, name, "padding", 0)
         self._dilation = as_tuple(dilation, dims, name, "dilation", 1)
         with self.name_scope():
-            wshape = (channels, in_channels // groups) + self._kernel
+            wshape = self._weight_shape(in_channels)
             self.weight = self.params.get("weight", shape=wshape, init=weight_initializer, allow_deferred_init=True)
             self.bias = None
             if use_bias:
@@ -59,6 +61,10 @@ class _Conv(Block):
     def _alias(self) -> str:
         return "conv"
 
+    def _weight_shape(self, in_channels: int) -> tuple:
+        """MXNet's weight layout for ``in_channels`` (0: not yet known)."""
+        return (self._channels, in_channels // self._groups) + self._kernel
+
     def _infer(self, x) -> None:
         """First forward: take in_channels from the input, then finish the deferred initialization."""
         if not self.weight._shape_known():
@@ -68,7 +74,7 @@ class _Conv(Block):
             if x.shape[1] % self._groups:
                 raise ValueError(f"{self.name}: input channels {x.shape[1]} not divisible by groups {self._groups}")
             self._in_channels = x.shape[1]
-            self.weight.shape = (self._channels, x.shape[1] // self._groups) + self._kernel
+            self.weight.shape = self._weight_shape(x.shape[1])
         self.weight._finish_deferred_init()
         if self.bias is not None:
             self.bias._finish_deferred_init()
@@ -95,9 +101,11 @@ class _Conv(Block):
             y = y.reshape((y.shape[0], y.shape[1], y.shape[3]))
         return self.act(y) if self.act is not None and not fuse else y
 
+    def _mapping(self) -> str:
+        return f"{self.weight.shape[1] * self._groups or None} -> {self._channels}"
+
     def __repr__(self) -> str:
-        in_ch = self.weight.shape[1] * self._groups or None
-        s = f"{type(self).__name__}({in_ch} -> {self._channels}, kernel_size={self._kernel}, stride={self._strides}"
+        s = f"{type(self).__name__}({self._mapping()}, kernel_size={self._kernel}, stride={self._strides}"
         if any(self._padding):
             s += f", padding={self._padding}"
         if any(d != 1 for d in self._dilation):
@@ -130,6 +138,65 @@ class Conv1D(_Conv):
                  weight_initializer=None, bias_initializer=None, in_channels: int = 0, prefix=None, params=None):
         super().__init__(channels, kernel_size, strides, padding, dilation, groups, layout, activation, use_bias,
                          weight_initializer, bias_initializer, in_channels, prefix, params)
+
+
+class _ConvTranspose(_Conv):
+    """Transposed convolution (``nd.Deconvolution``: cudnnConvolutionBackwardData on a GPU) over ``_dims`` axes.
+    MXNet's weight layout (in_channels, channels/groups, *kernel); per axis the output is
+    (in-1)*strides - 2*padding + dilation*(kernel-1) + 1 + output_padding, with output_padding < strides."""
+
+    def __init__(self, channels, kernel_size, strides, padding, output_padding, dilation, groups, layout, activation,
+                 use_bias, weight_initializer, bias_initializer, in_channels, prefix, params):
+        super().__init__(channels, kernel_size, strides, padding, dilation, groups, layout, activation, use_bias,
+                         weight_initializer, bias_initializer, in_channels, prefix, params)
+        name = type(self).__name__
+        self._outpad = as_tuple(output_padding, self._dims, name, "output_padding", 0)
+        if any(o >= s for o, s in zip(self._outpad, self._strides)):  # MXNet refuses it when the layer is made
+            raise ValueError(f"{name}: output_padding {self._outpad} must be smaller than strides {self._strides}")
+
+    def _weight_shape(self, in_channels: int) -> tuple:
+        return (in_channels, self._channels // self._groups) + self._kernel
+
+    def forward(self, x):
+        if self.weight._data is None:
+            self._infer(x)
+        if x.ndim != self._dims + 2:
+            raise ValueError(f"{self.name}: {type(self).__name__} expects {_LAYOUTS[self._dims]} input "
+                             f"({self._dims + 2}-D), got shape {x.shape}")
+        b = self.bias.data() if self.bias is not None else None
+        y = nd.Deconvolution(x, self.weight.data(), b, kernel=self._kernel, stride=self._strides,
+                             dilate=self._dilation, pad=self._padding, adj=self._outpad, num_filter=self._channels,
+                             num_group=self._groups, no_bias=b is None)
+        return self.act(y) if self.act is not None else y
+
+    def _mapping(self) -> str:
+        # NOTE: MXNet prints weight.shape[1] -> weight.shape[0] for every conv, which for a transposed one reads
+        # "channels/groups -> in_channels"; and never output_padding (it tests an attribute it never sets).
+        # Kept so that print(net) matches MXNet's.
+        return f"{self.weight.shape[1] or None} -> {self.weight.shape[0]}"
+
+
+class Conv2DTranspose(_ConvTranspose):
+    """2-D transposed convolution, NCHW. MXNet arguments (``output_padding`` is Deconvolution's ``adj``)."""
+
+    def __init__(self, channels: int, kernel_size, strides=(1, 1), padding=(0, 0), output_padding=(0, 0),
+                 dilation=(1, 1), groups: int = 1, layout: str = "NCHW", activation: str | None = None,
+                 use_bias: bool = True, weight_initializer=None, bias_initializer=None, in_channels: int = 0,
+                 prefix=None, params=None):
+        super().__init__(channels, kernel_size, strides, padding, output_padding, dilation, groups, layout,
+                         activation, use_bias, weight_initializer, bias_initializer, in_channels, prefix, params)
+
+
+class Conv1DTranspose(_ConvTranspose):
+    """1-D transposed convolution, NCW (``nd.Deconvolution`` runs it on an H = 1 view); weight
+    (in_channels, channels/groups, k)."""
+    _dims = 1
+
+    def __init__(self, channels: int, kernel_size, strides=1, padding=0, output_padding=0, dilation=1,
+                 groups: int = 1, layout: str = "NCW", activation: str | None = None, use_bias: bool = True,
+                 weight_initializer=None, bias_initializer=None, in_channels: int = 0, prefix=None, params=None):
+        super().__init__(channels, kernel_size, strides, padding, output_padding, dilation, groups, layout,
+                         activation, use_bias, weight_initializer, bias_initializer, in_channels, prefix, params)
 
 
 class _Pool(Block):

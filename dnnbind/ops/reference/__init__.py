@@ -23,6 +23,8 @@ from .conv import (
     conv_backward_filter,
     conv_forward,
 )
+from .deconv import deconv_backward_data, deconv_backward_filter, deconv_forward
+from .dropout import dropout_backward, dropout_forward
 from .loss import (
     nll_loss,
     nll_loss_backward,
@@ -41,6 +43,11 @@ __all__ = [
     "conv_backward_filter",
     "conv_forward",
     "copy",
+    "deconv_backward_data",
+    "deconv_backward_filter",
+    "deconv_forward",
+    "dropout_backward",
+    "dropout_forward",
     "fill",
     "gemm",
     "linear_backward",

@@ -1,0 +1,337 @@
+"""Benchmark one training step of d2l-zh v1.0.0's ResNet-18 or AlexNet, dnnbind against PyTorch on one GPU, in one
+process, from the same initial weights, on the same synthetic batches. Prints a table and writes JSON.
+
+    python scripts/bench.py --model resnet18 --json runs/bench_resnet18.json
+    python scripts/bench.py --model alexnet --skip-compile
+    python scripts/bench_models.py --model resnet18 --modes torch-compile torch-compile-amp   # a subset of modes
+    python scripts/bench_models.py --model alexnet --device cpu --batch 2 --warmup 1 --steps 2  # CPU smoke run
+
+Layer: script; imports dnnbind, scripts/d2l_compare.py (the models), bench_timing.py (clocks, memory, measure()),
+bench.py (versions), and torch if installed: --help and the dnnbind modes run without it.
+
+Models: d2l_compare.py's, written once for Gluon and torch.nn: resnet.md's ResNet-18 (7x7 stem), 1x96x96, batch
+256; alexnet.md's AlexNet with its two Dropout(0.5), 1x224x224, batch 128; 10 classes. Its build_pair initializes
+the dnnbind model (Xavier) and copies every parameter and BatchNorm statistic into torch's, shape for shape; every
+mode starts from these weights. SGD lr 0.05 momentum 0.9, mean softmax cross entropy, dropout active in both.
+
+Timed: the training step alone, on a pool of 8 fixed random batches resident on the device, cycled. Per mode:
+warm-up steps (algorithm search, recording, compilation), then N steps with a CUDA event recorded after each and
+one synchronize at the end; ms/step is the median event interval (host-bound waits included). Peak memory over
+the timed steps, each framework's own allocator (weights, optimizer state, data pool included):
+torch.cuda.max_memory_allocated; for dnnbind the high watermarks of CUDA's default pool plus CUDA-graph memory.
+NOTE: a recorded or captured dnnbind step replays its recording's calls: its dropout masks change between steps
+only if dropout's RNG state lives on the device (cuDNN's), not if the recording froze a host-drawn seed.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(_HERE), _HERE]  # the checkout (dnnbind, models) and scripts/ (d2l_compare, bench)
+from bench_timing import BudgetExceeded, clock_for, guarded, measure, memory_for  # noqa: E402
+
+import dnnbind as mx  # noqa: E402
+from dnnbind import autograd, gluon  # noqa: E402
+from dnnbind.graph import training_step  # noqa: E402
+
+LR, MOMENTUM = 0.05, 0.9  # the issue's setting for both models (the book trains AlexNet at 0.01, no momentum)
+POOL = 8                  # fixed random batches resident on the device, cycled
+WARMUP, STEPS = 10, 50    # per mode: untimed steps, then timed steps
+COMPILE_BUDGET = 180      # seconds a torch.compile mode may spend in its warm-up (compiling) before it is dropped
+SEED = 0
+MODELS = {"resnet18": ("resnet", "ResNet-18 (d2l-zh v1.0.0 resnet.md)"),  # --model -> (d2l_compare.SPECS key, title)
+          "alexnet": ("alexnet", "AlexNet (d2l-zh v1.0.0 alexnet.md)")}
+
+
+@dataclass(frozen=True)
+class Mode:
+    label: str
+    framework: str  # "dnnbind" or "torch"
+    math: str       # "fp32" strict, "tf32", or "bf16": AMP bf16 with channels_last
+    kind: str       # "eager", "host" (dnnbind's recorded step), "graph" (whole step in a CUDA graph), "compile"
+
+
+MODES = {
+    "dnnbind-fp32": Mode("dnnbind eager, fp32 strict", "dnnbind", "fp32", "eager"),
+    "dnnbind-tf32": Mode("dnnbind eager, tf32", "dnnbind", "tf32", "eager"),
+    "dnnbind-recorded": Mode("dnnbind recorded step, tf32", "dnnbind", "tf32", "host"),
+    "dnnbind-captured": Mode("dnnbind captured step, tf32", "dnnbind", "tf32", "graph"),
+    "dnnbind-amp": Mode("dnnbind AMP bf16 + NHWC", "dnnbind", "bf16", "eager"),
+    "torch-fp32": Mode("PyTorch eager, fp32 strict", "torch", "fp32", "eager"),
+    "torch-tf32": Mode("PyTorch eager, tf32", "torch", "tf32", "eager"),
+    "torch-amp": Mode("PyTorch eager, AMP bf16 + ch_last", "torch", "bf16", "eager"),
+    "torch-graph": Mode("PyTorch CUDA graph, tf32", "torch", "tf32", "graph"),
+    "torch-compile": Mode("PyTorch torch.compile, tf32", "torch", "tf32", "compile"),
+    "torch-compile-amp": Mode("PyTorch compile, AMP bf16 + ch_last", "torch", "bf16", "compile"),
+}
+TORCH_EAGER = {"fp32": "torch-fp32", "tf32": "torch-tf32", "bf16": "torch-amp"}  # the same-math reference
+
+
+# ---- one training step, per framework and mode ---------------------------------------------------------------------
+
+def make_mx(d2l, spec, ctx, seed):
+    """The dnnbind model as build_pair makes it (same seed, same draws: the weights torch got)."""
+    d2l.mx.random.seed(seed)
+    net = spec.build_mx()
+    net.initialize(d2l.INIT(), ctx=ctx)
+    net(mx.zeros((2, 1, spec.size, spec.size), device=ctx))  # predict mode: finishes deferred init
+    return net
+
+
+def dnnbind_step(mode, d2l, spec, ctx, data, args):
+    """step(i) -> loss for batch i of the pool, and close()."""
+    mx.set_math_mode(mode.math)
+    xs, ys = data["mx"]
+    net = make_mx(d2l, spec, ctx, args.seed)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr, "momentum": MOMENTUM})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    if mode.kind == "eager":
+        def step(i):
+            with autograd.record():
+                loss = loss_fn(net(xs[i % len(xs)]), ys[i % len(xs)])
+            loss.backward()
+            trainer.step(xs[0].shape[0])  # rescales by 1/batch: the mean loss's gradient, as torch's
+            return loss
+        return step, lambda: None
+    recorded = training_step(net, loss_fn, trainer, xs[0].shape, replay=mode.kind, device=ctx)
+    return (lambda i: recorded(xs[i % len(xs)], ys[i % len(xs)])), getattr(recorded.replay, "close", lambda: None)
+
+
+def set_torch_math(torch, math: str) -> None:
+    tf32 = math != "fp32"  # AMP's fp32 leftovers run in TF32 too
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def torch_step(mode, torch, tnet0, data, args, dev):
+    set_torch_math(torch, mode.math)
+    F = torch.nn.functional
+    amp = mode.math == "bf16"
+    fmt = torch.channels_last if amp else torch.contiguous_format
+    tnet = copy.deepcopy(tnet0).to(dev, memory_format=fmt).train()
+    xs, ys = data["torch"]
+    xs = [x.contiguous(memory_format=fmt) for x in xs]
+    opt = torch.optim.SGD(tnet.parameters(), lr=args.lr, momentum=MOMENTUM)
+    model = torch.compile(tnet) if mode.kind == "compile" else tnet
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
+
+    def train(x, y):
+        opt.zero_grad(set_to_none=True)
+        with autocast():
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    if mode.kind != "graph":
+        return (lambda i: train(xs[i % len(xs)], ys[i % len(xs)])), lambda: None
+    # As bench.py: warm up on a side stream (cudnn.benchmark's search, and the momentum buffers must exist before
+    # capture, else the graph holds SGD's first-step branch), then capture forward, backward and update.
+    sx, sy = xs[0].clone(), ys[0].clone()
+    state = {k: v.clone() for k, v in tnet.state_dict().items()}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            train(sx, sy)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = F.cross_entropy(tnet(sx), sy)
+        static_loss.backward()
+        opt.step()
+    with torch.no_grad():  # undo the warm-up: initial weights, zero momentum (in place: the graph keeps addresses)
+        tnet.load_state_dict(state)
+        for p in tnet.parameters():
+            opt.state[p]["momentum_buffer"].zero_()
+
+    def replay(i):
+        sx.copy_(xs[i % len(xs)])
+        sy.copy_(ys[i % len(xs)])
+        graph.replay()
+        return static_loss
+    return replay, lambda: None
+
+
+def run_mode(key, ctx, torch, d2l, spec, tnet0, data, args) -> dict:
+    mode = MODES[key]
+    if mode.framework == "dnnbind" and mode.math == "bf16":
+        return {"status": "not implemented", "reason": "dnnbind has no mixed precision yet (no bfloat16, no autocast)"}
+    if mode.framework == "torch" and torch is None:
+        return {"status": "skipped", "reason": "torch is not installed"}
+    if not ctx.is_gpu and (mode.math != "fp32" or mode.kind != "eager"):
+        return {"status": "skipped", "reason": "needs a GPU"}
+    clock, memory = clock_for(mode.framework, ctx, torch), memory_for(mode.framework, ctx, torch)
+    close, compiling = None, mode.kind == "compile"
+    try:
+        clock.sync()
+        guarded(memory.reset, [])
+        t0 = time.perf_counter()
+        if mode.framework == "dnnbind":
+            step, close = dnnbind_step(mode, d2l, spec, ctx, data, args)
+        else:
+            step, close = torch_step(mode, torch, tnet0, data, args, "cuda" if ctx.is_gpu else "cpu")
+        clock.sync()
+        setup = time.perf_counter() - t0
+        budget = args.compile_budget if compiling else None
+        return {"status": "ok", "setup_s": setup, **measure(step, clock, memory, args, budget, mode.label)}
+    except (Exception, BudgetExceeded) as exc:  # noqa: BLE001  (a mode's failure is a result)
+        return {"status": "failed", "reason": f"{type(exc).__name__}: {exc}".strip(),
+                "traceback": traceback.format_exc(limit=-6)}
+    finally:  # free this mode's model, step and graph before the next mode
+        with contextlib.suppress(Exception):
+            close and close()
+        step = close = None
+        gc.collect()
+        with contextlib.suppress(Exception):
+            clock.sync()
+        if torch is not None and mode.framework == "torch":
+            if mode.kind == "compile":
+                torch._dynamo.reset()
+            if ctx.is_gpu:
+                torch.cuda.empty_cache()
+
+
+# ---- driver ---------------------------------------------------------------------------------------------------------
+
+def make_data(spec, batch, ctx, torch, args) -> dict:
+    """A pool of fixed random batches (pixels in [0, 1), labels 0-9), one copy per framework on the device."""
+    rng = np.random.default_rng(args.seed)
+    x = rng.random((args.pool, batch, 1, spec.size, spec.size), dtype=np.float32)
+    y = rng.integers(0, 10, (args.pool, batch))
+    data = {"np": (x[0], y[0]),
+            "mx": ([mx.array(b, device=ctx) for b in x], [mx.array(b.astype(np.int32), device=ctx) for b in y])}
+    if torch is not None:
+        dev = "cuda" if ctx.is_gpu else "cpu"
+        data["torch"] = ([torch.from_numpy(b).to(dev) for b in x], [torch.from_numpy(b).to(dev) for b in y])
+    return data
+
+
+def weights_check(d2l, net, tnet0, torch, data, ctx) -> dict:
+    """Strict FP32, predict mode: both models' logits on the first batch (the copied weights agree)."""
+    mx.set_math_mode("fp32")
+    set_torch_math(torch, "fp32")
+    x, y = data["np"]
+    lm = net(mx.array(x, device=ctx)).numpy()
+    tnet = copy.deepcopy(tnet0).eval().to("cuda" if ctx.is_gpu else "cpu")
+    with torch.no_grad():
+        lt = tnet(data["torch"][0][0]).cpu().numpy()
+    return {"loss_dnnbind": d2l.mean_xent(lm, y), "loss_torch": d2l.mean_xent(lt, y),
+            "logits_max_rel_diff": float(np.abs(lm - lt).max() / max(np.abs(lt).max(), 1e-30))}
+
+
+def add_ratios(results: dict) -> None:
+    ok = {k: r for k, r in results.items() if r.get("status") == "ok"}
+    best = min((r["ms"] for k, r in ok.items() if MODES[k].framework == "torch"), default=None)
+    for k, r in ok.items():
+        ref, graph = ok.get(TORCH_EAGER[MODES[k].math]), ok.get("torch-graph")
+        r["vs_torch_eager_same_math"] = r["ms"] / ref["ms"] if ref else None
+        r["vs_torch_graph"] = r["ms"] / graph["ms"] if graph else None
+        r["vs_torch_best"] = r["ms"] / best if best else None
+
+
+def print_table(results: dict, title: str) -> None:
+    x = lambda v: f"{v:.2f}x" if v else "-"  # noqa: E731
+    print(f"\n{title}")
+    print(f"{'mode':<38}{'ms/step':>9}{'p10-p90':>18}{'images/s':>10}{'peak MiB':>10}"
+          f"{'vs torch eager':>16}{'vs graph':>10}{'vs best':>9}")
+    for k, r in results.items():
+        if r.get("status") != "ok":
+            print(f"{MODES[k].label:<38}  {r['status']}: {r.get('reason', '')[:150]}")
+            continue
+        peak = f"{r['peak_mib']:.0f}" if r.get("peak_mib") is not None else "-"
+        spread = f"{r['ms_p10']:.2f}-{r['ms_p90']:.2f}"
+        print(f"{MODES[k].label:<38}{r['ms']:>9.2f}{spread:>18}{r['images_per_s']:>10,.0f}"
+              f"{peak:>10}{x(r['vs_torch_eager_same_math']):>16}{x(r['vs_torch_graph']):>10}{x(r['vs_torch_best']):>9}")
+    print("ms/step ratios against PyTorch eager in the same math, PyTorch's CUDA graph and PyTorch's best mode")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=sorted(MODELS), default="resnet18")
+    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
+                   help="cpu: a smoke run of the fp32 eager modes on the host (timings meaningless)")
+    p.add_argument("--batch", type=int, default=None, help="default: the book's (ResNet-18 256, AlexNet 128)")
+    p.add_argument("--steps", type=int, default=STEPS, help="timed steps per mode")
+    p.add_argument("--warmup", type=int, default=WARMUP, help="untimed steps per mode (at least 1)")
+    p.add_argument("--pool", type=int, default=POOL, help="distinct random batches on the device, cycled")
+    p.add_argument("--lr", type=float, default=LR)
+    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), metavar="MODE",
+                   help=f"modes to run, in this order (default: all): {' '.join(MODES)}")
+    p.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile modes")
+    p.add_argument("--compile-budget", type=float, default=COMPILE_BUDGET,
+                   help="seconds a torch.compile mode may spend warming up (compiling); 0: no limit")
+    p.add_argument("--json", default=None, help="default: runs/bench_<model>.json")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    args.warmup, args.steps = max(args.warmup, 1), max(args.steps, 1)
+    args.json = args.json or f"runs/bench_{args.model}.json"
+    modes = [k for k in args.modes if not (args.skip_compile and MODES[k].kind == "compile")]
+    if args.device == "gpu" and mx.num_gpus() == 0:
+        raise SystemExit(f"bench_models.py needs a GPU (or --device cpu): {mx.runtime.gpu_status()[1]}")
+    import bench  # scripts/bench.py: versions and GPU, as in its own JSON
+    import d2l_compare as d2l  # the models; it installs the mxnet alias at import
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    key, title = MODELS[args.model]
+    spec = d2l.SPECS[key]
+    args.batch = args.batch or spec.batch_size
+    ctx = mx.gpu(0) if args.device == "gpu" else mx.cpu()
+    env = bench.environment(torch)
+    out = {"model": args.model, "book": title, "input": [1, spec.size, spec.size], "classes": 10,
+           "batch": args.batch, "lr": args.lr, "momentum": MOMENTUM, "pool_batches": args.pool,
+           "warmup_steps": args.warmup, "timed_steps": args.steps, "device": args.device, **env, "runs": {}}
+    if torch is not None:
+        torch.manual_seed(args.seed)  # torch's dropout masks
+        torch.backends.cudnn.benchmark = True
+        out["torch_gpu"] = torch.cuda.get_device_name(0) if ctx.is_gpu else None
+    data = make_data(spec, args.batch, ctx, torch, args)
+    tnet0 = None
+    if torch is not None and any(MODES[k].framework == "torch" for k in modes):
+        net, tnet0, pairs = d2l.build_pair(spec, ctx, args.seed)  # raises unless every shape pairs 1:1
+        out["paired_tensors"] = len(pairs)
+        out["weights_check"] = weights_check(d2l, net, tnet0, torch, data, ctx)
+        del net
+        print(f"{len(pairs)} tensors copied into the torch model; predict-mode check on batch 0: "
+              + ", ".join(f"{k} {v:.6g}" for k, v in out["weights_check"].items()), flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    for k in modes:
+        print(f"{MODES[k].label} ...", end=" ", flush=True)
+        r = out["runs"][k] = run_mode(k, ctx, torch, d2l, spec, tnet0, data, args)
+        print(f"{r['ms']:.2f} ms/step, setup {r['setup_s']:.1f} s, warm-up {r['warmup_s']:.1f} s, loss first "
+              f"{r['first_loss']:.6g} last {r['final_loss']:.4g}" if r["status"] == "ok"
+              else f"{r['status']}: {r.get('reason', '')}", flush=True)
+        if r["status"] == "failed":
+            print(r["traceback"], flush=True)
+        with open(args.json, "w") as f:  # after every mode: a run cut short still leaves its numbers
+            json.dump(out, f, indent=1)
+    mx.set_math_mode("fp32")
+    add_ratios(out["runs"])
+    gpu = (env["gpu"].get("devices") or [{}])[0].get("name", "cpu") if ctx.is_gpu else "cpu"
+    print_table(out["runs"], f"{title}, 1x{spec.size}x{spec.size}, batch {args.batch}, SGD lr {args.lr} momentum "
+                             f"{MOMENTUM}, median of {args.steps} steps after {args.warmup}; {gpu}")
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"\nwrote {args.json}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
