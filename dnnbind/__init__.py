@@ -1,4 +1,4 @@
-"""dnnbind: cuDNN and cuBLAS driven from Python through ctypes, with a Gluon-style API on top.
+"""dnnbind: cuDNN, cuBLAS and NCCL driven from Python through ctypes, with a Gluon-style API on top.
 
 Importing touches no GPU and loads no library: everything is opened by the first call that needs it.
 """
@@ -7,7 +7,7 @@ __version__ = "0.1.0"
 
 from ._lib.errors import (CublasError, CudaError, CudnnBadParam, CudnnError, CudnnExecutionFailed,  # noqa: F401
                           CudnnInternalError, CudnnNotInitialized, CudnnNotSupported, DnnbindError,
-                          LibraryNotFoundError, NvrtcError)
+                          LibraryNotFoundError, NcclError, NvrtcError)
 from .runtime import (Device, Event, NDArray, Stream, array, cpu, current_stream, default_device,  # noqa: F401
                       empty, from_dlpack, full, gpu, math_mode, math_scope, num_gpus, ones, set_math_mode,
                       show_time, synchronize, zeros)
@@ -19,7 +19,7 @@ context = Device  # MXNet spelling: mx.context.Context-like
 
 __all__ = ["CublasError", "CudaError", "CudnnBadParam", "CudnnError", "CudnnExecutionFailed",
            "CudnnInternalError", "CudnnNotInitialized", "CudnnNotSupported", "DnnbindError",
-           "LibraryNotFoundError", "NvrtcError", "Device", "Event", "NDArray", "Stream", "array", "cpu",
+           "LibraryNotFoundError", "NcclError", "NvrtcError", "Device", "Event", "NDArray", "Stream", "array", "cpu",
            "current_stream", "default_device", "empty", "from_dlpack", "full", "gpu", "math_mode", "math_scope",
            "num_gpus", "ones", "set_math_mode", "show_time", "synchronize", "zeros", "show_config", "trace",
            *_ops_all]
@@ -31,3 +31,4 @@ from . import gluon  # noqa: E402,F401
 from .ops import set_conv_algo_policy  # noqa: E402,F401
 from . import trace  # noqa: E402,F401  (dnnbind.trace() records every library call)
 from .mxnet import install_mxnet_alias  # noqa: E402,F401  (`import mxnet` -> dnnbind; python -m dnnbind.mxnet)
+from . import distributed  # noqa: E402,F401  (rank/world size; python -m dnnbind.launch starts workers)

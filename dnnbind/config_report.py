@@ -17,7 +17,7 @@ def _try(fn):
 
 
 def config() -> dict:
-    from ._lib import cublas, cudart, cudnn, loader
+    from ._lib import cublas, cudart, cudnn, loader, nccl
     from .runtime import config as math, device
 
     def cudnn_info():
@@ -27,6 +27,10 @@ def config() -> dict:
     def cublas_info():
         v = cublas.version()
         return {"version": f"{v // 10000}.{(v // 100) % 100}.{v % 100}", "path": loader.path("cublas")}
+
+    def nccl_info():
+        v = nccl.version()
+        return {"version": ".".join(map(str, nccl.version_tuple(v))), "raw": v, "path": loader.path("nccl")}
 
     def cuda_python():
         from importlib.metadata import version
@@ -52,16 +56,17 @@ def config() -> dict:
 
     return {"dnnbind": _try(lambda: __import__("dnnbind").__version__), "python": sys.version.split()[0],
             "platform": platform.platform(), "cudnn": _try(cudnn_info), "cublas": _try(cublas_info),
+            "nccl": _try(nccl_info),
             "cuda_python": _try(cuda_python), "cuda": _try(versions), "gpus": _try(gpus),
             "math_mode": math.math_mode()}
 
 
 def show_config(file=None) -> dict:
-    """Print cuDNN/cuBLAS versions and paths, cuda-python, driver/runtime versions and the GPUs."""
+    """Print cuDNN/cuBLAS/NCCL versions and paths, cuda-python, driver/runtime versions and the GPUs."""
     info = config()
     out = file or sys.stdout
     print(f"dnnbind {info['dnnbind']}  (python {info['python']}, {info['platform']})", file=out)
-    for lib in ("cudnn", "cublas"):
+    for lib in ("cudnn", "cublas", "nccl"):
         v = info[lib]
         print(f"  {lib:<12}" + (f"{v['version']}  {v['path']}" if isinstance(v, dict) else str(v)), file=out)
     cp = info["cuda_python"]

@@ -104,3 +104,10 @@ class CudaDriverError(_StatusError):
 
 class NvrtcError(_StatusError):
     library = "NVRTC"
+
+
+class NcclError(_StatusError):
+    """An ncclResult_t other than ncclSuccess; the message is the status name, ncclGetErrorString's text and
+    ncclGetLastError's (nccl.py builds it)."""
+
+    library = "NCCL"

@@ -21,6 +21,8 @@ INSTALL_HINTS = {
               " (CUDA 13), or set DNNBIND_CUBLAS_PATH to libcublas.so.",
     "nvrtc": "Install NVRTC: `pip install nvidia-cuda-nvrtc-cu12` (CUDA 12) or `pip install nvidia-cuda-nvrtc`"
              " (CUDA 13), or set DNNBIND_NVRTC_PATH.",
+    "nccl": "Install NCCL: `pip install nvidia-nccl-cu12` (CUDA 12) or `pip install nvidia-nccl-cu13` (CUDA 13),"
+            " or set DNNBIND_NCCL_PATH to libnccl.so.2.",
 }
 
 _lock = threading.Lock()
@@ -32,7 +34,7 @@ def env_var(name: str) -> str:
 
 
 def load(name: str) -> ctypes.CDLL:
-    """Open library ``name`` ("cudnn", "cublas", "nvrtc") once and return it; raise with a fix if missing."""
+    """Open library ``name`` ("cudnn", "cublas", "nvrtc", "nccl") once and return it; raise with a fix if missing."""
     hit = _loaded.get(name)
     if hit is not None:
         return hit[0]

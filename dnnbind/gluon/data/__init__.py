@@ -8,6 +8,7 @@ from . import vision
 from .dataloader import (
                          BatchSampler,
                          DataLoader,
+                         DistributedSampler,
                          RandomSampler,
                          Sampler,
                          SequentialSampler,
@@ -18,6 +19,6 @@ from .dataset import ArrayDataset, Dataset, SimpleDataset
 from .device_loader import DeviceDataLoader
 
 __all__ = [
-    "ArrayDataset", "BatchSampler", "DataLoader", "Dataset", "DeviceDataLoader", "RandomSampler", "Sampler",
-    "SequentialSampler", "SimpleDataset", "default_batchify_fn", "stack_numpy", "vision",
+    "ArrayDataset", "BatchSampler", "DataLoader", "Dataset", "DeviceDataLoader", "DistributedSampler",
+    "RandomSampler", "Sampler", "SequentialSampler", "SimpleDataset", "default_batchify_fn", "stack_numpy", "vision",
 ]

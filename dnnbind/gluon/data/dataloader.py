@@ -15,6 +15,8 @@ bit-identical results to the per-sample path (tests/test_data.py checks it).
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -79,6 +81,59 @@ class RandomSampler(Sampler):
 
     def __len__(self) -> int:
         return self._length
+
+
+class DistributedSampler(Sampler):
+    """This rank's share of a permutation of range(length): disjoint across ranks, the same size on each.
+
+    Every rank draws the same permutation, np.random.default_rng((seed, epoch)), and takes every
+    num_replicas-th index starting at its rank. When length does not divide evenly the permutation is padded
+    by wrapping around to its start (so a few samples are seen twice per epoch), or, with drop_last, the tail
+    is dropped. The epoch advances by one after each pass, as in RandomSampler; call set_epoch(e) at the start
+    of every epoch to make the order depend on e alone (on resume, or when ranks iterate unevenly).
+
+    num_replicas and rank default to dnnbind.distributed's world (or WORLD_SIZE/RANK, else a world of one).
+    """
+
+    def __init__(self, length: int, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+        if num_replicas is None or rank is None:
+            ws, r = _world()
+            num_replicas = ws if num_replicas is None else num_replicas
+            rank = r if rank is None else rank
+        if int(num_replicas) < 1 or not 0 <= int(rank) < int(num_replicas):
+            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got rank={rank}")
+        if drop_last and length < num_replicas:
+            raise ValueError(f"drop_last with length={length} < num_replicas={num_replicas} leaves no samples")
+        self._length, self._replicas, self._rank = int(length), int(num_replicas), int(rank)
+        self._shuffle, self._seed, self._drop_last, self._epoch = shuffle, seed, drop_last, 0
+        per = self._length // self._replicas if drop_last else -(-self._length // self._replicas)
+        self._num_samples = per
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        if self._shuffle:
+            order = np.random.default_rng((self._seed, self._epoch)).permutation(self._length)
+        else:
+            order = np.arange(self._length)
+        self._epoch += 1
+        total = self._num_samples * self._replicas
+        if total > self._length:  # wrap around, more than once if length < num_replicas
+            order = np.resize(order, total)
+        return iter(order[self._rank:total:self._replicas].tolist())
+
+    def __len__(self) -> int:
+        return self._num_samples
+
+
+def _world() -> tuple[int, int]:
+    """(world_size, rank) from dnnbind.distributed once init() ran, else from the environment."""
+    dist = sys.modules.get("dnnbind.distributed")  # NOTE: not imported here: distributed sits below gluon
+    if dist is not None and dist.is_initialized():
+        return dist.world_size(), dist.rank()
+    return int(os.environ.get("WORLD_SIZE") or 1), int(os.environ.get("RANK") or 0)
 
 
 class BatchSampler(Sampler):
