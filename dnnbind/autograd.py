@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 import weakref
 
+import numpy as np
+
 from ._lib import hooks
 from ._lib.hooks import TRACING
 from .ops.blas import axpy, copy as copy_into
@@ -256,9 +258,14 @@ def _accumulate(grads, x, g):
 
 def _ones_like(x):
     # A fill kernel, not a host upload: backward() must not synchronize, so it can run inside graph capture.
-    from .ops.blas import fill
-    from .runtime.array import empty
-    return fill(empty(x.shape, x.dtype, x.device), 1.0)
+    from .runtime.array import contiguous_strides, empty
+    out = empty(x.shape, x.dtype, x.device)
+    if out._data is not None or out._dtype in (np.float32, np.float64):
+        from .ops.blas import fill
+        return fill(out, 1.0)
+    from .nd._lower import fill_strided  # float16 and the rest: the generated kernel takes every dtype
+    fill_strided(out, 1, contiguous_strides(out.shape), 0, out.shape)
+    return out
 
 
 def _as_array(g, like):

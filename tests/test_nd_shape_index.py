@@ -352,3 +352,17 @@ def test_setitem_takes_a_size_one_array_for_an_element(device):
     assert_close(y, want, 1e-6, 1e-6)
     y[0] = nd.array([[7.0, 8.0]], ctx=device)
     assert_close(y[0], [7, 8], 0, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_backward_without_head_gradient_any_float_dtype(dtype):
+    """backward() fills the implicit head gradient with ones on the device, float16 included."""
+    dev = dnnbind.gpu(0)
+    x = nd.array(np.random.default_rng(1).uniform(0.5, 2.0, (3, 4)).astype(dtype), ctx=dev, dtype=dtype)
+    x.attach_grad()
+    with autograd.record():
+        y = x * x
+    y.backward()
+    np.testing.assert_allclose(x.grad.asnumpy().astype(np.float64), 2 * x.asnumpy().astype(np.float64),
+                               rtol=2e-3 if dtype == np.float16 else 1e-6)
