@@ -41,8 +41,6 @@ def _own_params(block) -> list:
 
 def summary(block, *inputs) -> None:
     """Print ``block``'s table for a call on ``inputs`` (see the module docstring)."""
-    from .nn.basic_layers import Sequential  # lazy: nn imports block, which imports this module lazily
-
     rows = [("Input", shape_str(inputs), 0, 0, 0)]  # (name, output shape, params, trainable, shared)
     seen: set[int] = set()
 
@@ -61,7 +59,7 @@ def summary(block, *inputs) -> None:
     handles, hooked = [], set()
 
     def attach(b):
-        if not isinstance(b, Sequential) and id(b) not in hooked:
+        if b._summary_row and id(b) not in hooked:  # a container (Sequential) has no row of its own
             hooked.add(id(b))
             handles.append(b.register_forward_hook(hook))
 

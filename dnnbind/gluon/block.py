@@ -92,6 +92,8 @@ def _indent(text: str, spaces: int) -> str:
 class Block:
     """Base class of layers and models: subclass, assign children/Parameters in __init__, define forward."""
 
+    _summary_row = True  # summary() prints a row for this Block (containers set False)
+
     def __init__(self, prefix: str | None = None, params: ParameterDict | None = None):
         object.__setattr__(self, "_children", OrderedDict())
         object.__setattr__(self, "_reg_params", OrderedDict())

@@ -26,6 +26,8 @@ __all__ = [
 class Sequential(Block):
     """Stacks Blocks; children are named by index (``0.weight``, ``1.bias`` in collect_params)."""
 
+    _summary_row = False  # Block.summary() gives rows to the children, not to the container
+
     def __init__(self, prefix=None, params=None):
         super().__init__(prefix=prefix, params=params)
 
