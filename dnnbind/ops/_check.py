@@ -137,13 +137,8 @@ def _out_size(size: int, pad: int, extent: int, stride: int) -> int:
 
 # -- convolution ------------------------------------------------------------------------------------------
 
-def conv_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None, stride: Any = 1,
-                padding: Any = 0, dilation: Any = 1, groups: Any = 1
-                ) -> tuple[Pair, Pair, Pair, int, tuple[int, int, int, int]]:
-    """Validate a 2-D convolution; returns (stride, padding, dilation, groups, y_shape)."""
-    x_shape = check_ndim(op, "x", x_shape, (4,), "4-D (N, C, H, W)")
-    w_shape = check_ndim(op, "w", w_shape, (4,), "4-D (K, C/groups, R, S)")
-    shapes = _fmt(x=x_shape, w=w_shape)
+def _conv_geometry(op: str, stride: Any, padding: Any, dilation: Any, groups: Any) -> tuple[Pair, Pair, Pair, int]:
+    """stride, padding, dilation as pairs and groups as an int >= 1: shared by conv_params and deconv_params."""
     stride = as_tuple(stride, 2, op, "stride", 1)
     padding = as_tuple(padding, 2, op, "padding", 0)
     dilation = as_tuple(dilation, 2, op, "dilation", 1)
@@ -152,6 +147,17 @@ def conv_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None, stride
     groups = int(groups)
     if groups < 1:
         raise ValueError(f"{op}: groups must be >= 1, got {groups}")
+    return stride, padding, dilation, groups
+
+
+def conv_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None, stride: Any = 1,
+                padding: Any = 0, dilation: Any = 1, groups: Any = 1
+                ) -> tuple[Pair, Pair, Pair, int, tuple[int, int, int, int]]:
+    """Validate a 2-D convolution; returns (stride, padding, dilation, groups, y_shape)."""
+    x_shape = check_ndim(op, "x", x_shape, (4,), "4-D (N, C, H, W)")
+    w_shape = check_ndim(op, "w", w_shape, (4,), "4-D (K, C/groups, R, S)")
+    shapes = _fmt(x=x_shape, w=w_shape)
+    stride, padding, dilation, groups = _conv_geometry(op, stride, padding, dilation, groups)
     n, c, h, w = x_shape
     k, cg, r, s = w_shape
     if c % groups:
@@ -197,15 +203,8 @@ def deconv_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None, stri
     x_shape = check_ndim(op, "x", x_shape, (4,), "4-D (N, C, H, W)")
     w_shape = check_ndim(op, "w", w_shape, (4,), "4-D (C, F/groups, R, S)")
     shapes = _fmt(x=x_shape, w=w_shape)
-    stride = as_tuple(stride, 2, op, "stride", 1)
-    padding = as_tuple(padding, 2, op, "padding", 0)
-    dilation = as_tuple(dilation, 2, op, "dilation", 1)
+    stride, padding, dilation, groups = _conv_geometry(op, stride, padding, dilation, groups)
     adj = as_tuple(adj, 2, op, "adj", 0)
-    if not _is_int(groups):
-        raise TypeError(f"{op}: groups must be an int, got {groups!r}")
-    groups = int(groups)
-    if groups < 1:
-        raise ValueError(f"{op}: groups must be >= 1, got {groups}")
     n, c, h, w = x_shape
     cw, fg, r, s = w_shape
     if cw != c:
