@@ -79,14 +79,18 @@ class _Conv(Block):
         if self.bias is not None:
             self.bias._finish_deferred_init()
 
-    def forward(self, x):
+    def _weight_and_bias(self, x):
+        """Finish deferred init from x's shape, check its rank; (weight, bias or None) for the forward."""
         if self.weight._data is None:
             self._infer(x)
         if x.ndim != self._dims + 2:
             raise ValueError(f"{self.name}: {type(self).__name__} expects {_LAYOUTS[self._dims]} input "
                              f"({self._dims + 2}-D), got shape {x.shape}")
         b = self.bias.data() if self.bias is not None else None
-        w = self.weight.data()
+        return self.weight.data(), b
+
+    def forward(self, x):
+        w, b = self._weight_and_bias(x)
         kernel, strides, padding, dilation = self._kernel, self._strides, self._padding, self._dilation
         if self._dims == 1:  # (N, C, W) as (N, C, 1, W); the weight viewed as (O, I, 1, k)
             n, c, width = x.shape
@@ -158,13 +162,8 @@ class _ConvTranspose(_Conv):
         return (in_channels, self._channels // self._groups) + self._kernel
 
     def forward(self, x):
-        if self.weight._data is None:
-            self._infer(x)
-        if x.ndim != self._dims + 2:
-            raise ValueError(f"{self.name}: {type(self).__name__} expects {_LAYOUTS[self._dims]} input "
-                             f"({self._dims + 2}-D), got shape {x.shape}")
-        b = self.bias.data() if self.bias is not None else None
-        y = nd.Deconvolution(x, self.weight.data(), b, kernel=self._kernel, stride=self._strides,
+        w, b = self._weight_and_bias(x)
+        y = nd.Deconvolution(x, w, b, kernel=self._kernel, stride=self._strides,
                              dilate=self._dilation, pad=self._padding, adj=self._outpad, num_filter=self._channels,
                              num_group=self._groups, no_bias=b is None)
         return self.act(y) if self.act is not None else y
