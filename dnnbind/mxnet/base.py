@@ -10,11 +10,10 @@ raises NotImplementedError.
 
 from __future__ import annotations
 
-from ._unsupported import UnsupportedFeature
-
 import numpy as np
 
 from .._lib.errors import DnnbindError as MXNetError
+from ._unsupported import UnsupportedFeature
 
 __all__ = ["MXNetError", "integer_types", "numeric_types", "py_str", "string_types"]
 

@@ -12,15 +12,15 @@ NotImplementedError saying to ``pip install pillow``. The iterators and augmente
 
 from __future__ import annotations
 
-from ._unsupported import UnsupportedFeature
-
 import io
 import random
 
 import numpy as np
 
+from ..gluon.data.vision._geometry import scale_down
 from ..runtime.array import NDArray, array
 from ..runtime.device import cpu
+from ._unsupported import UnsupportedFeature
 
 __all__ = ["center_crop", "fixed_crop", "imdecode", "imread", "imresize", "random_crop", "resize_short",
            "scale_down"]
@@ -124,17 +124,6 @@ def imresize(src, w: int, h: int, interp: int = 1, out=None) -> NDArray:
             res = np.clip(np.rint(res), info.min, info.max)
     device = src.context if isinstance(src, NDArray) else cpu()
     return _out(array(np.ascontiguousarray(res, dtype=host.dtype), device=device), out)
-
-
-def scale_down(src_size: tuple, size: tuple) -> tuple:
-    """Shrink the crop ``size`` (w, h) to fit inside ``src_size`` (w, h), keeping its aspect ratio."""
-    w, h = size
-    sw, sh = src_size
-    if sh < h:
-        w, h = float(w * sh) / h, sh
-    if sw < w:
-        w, h = sw, float(h * sw) / w
-    return int(w), int(h)
 
 
 def resize_short(src, size: int, interp: int = 2) -> NDArray:

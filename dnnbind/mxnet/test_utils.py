@@ -11,8 +11,6 @@ NotImplementedError.
 
 from __future__ import annotations
 
-from ._unsupported import UnsupportedFeature
-
 import numbers
 
 import numpy as np
@@ -20,6 +18,7 @@ import numpy as np
 from ..runtime import device as _device
 from ..runtime.array import NDArray, array
 from ..runtime.config import math_mode
+from ._unsupported import UnsupportedFeature
 
 __all__ = ["almost_equal", "assert_allclose", "assert_almost_equal", "assert_exception", "default_atols",
            "default_context", "default_dtype", "default_rtols", "list_gpus", "rand_ndarray", "rand_shape_2d",

@@ -32,14 +32,15 @@ def _interp(op: str, interpolation: Any) -> int:
 
 
 def scale_down(src_size: tuple[int, int], size: tuple[int, int]) -> tuple[int, int]:
-    """MXNet's ``image.scale_down``: shrink a (w, h) crop, keeping its aspect ratio, until it fits (sw, sh)."""
+    """MXNet's ``image.scale_down`` (``mx.image.scale_down`` is this function): shrink a (w, h) crop, keeping its
+    aspect ratio, until it fits (sw, sh)."""
     w, h = size
     sw, sh = src_size
     if sh < h:
         w, h = float(w * sh) / h, sh
     if sw < w:
         w, h = sw, float(h * sw) / w
-    return max(1, int(w)), max(1, int(h))  # never an empty crop (MXNet would hand OpenCV a 0-pixel image)
+    return int(w), int(h)
 
 
 def fixed_crop(x: np.ndarray, x0: int, y0: int, w: int, h: int, size: tuple[int, int] | None,
@@ -65,7 +66,7 @@ class CenterCrop:
         a = host(x)
         check_image("CenterCrop", a)
         h, w = a.shape[-3], a.shape[-2]
-        nw, nh = scale_down((w, h), self.size)
+        nw, nh = (max(1, v) for v in scale_down((w, h), self.size))  # never an empty crop (MXNet's can be)
         out = fixed_crop(a, int((w - nw) / 2), int((h - nh) / 2), nw, nh, self.size, self.interpolation)
         return like_input(out, x)
 
@@ -139,7 +140,7 @@ class RandomResizedCrop:
             nh = round(math.sqrt(target_area / new_ratio))
             if 0 < nw <= w and 0 < nh <= h:  # MXNet tests only the upper bounds; a 0-pixel window is unusable
                 return np.random.randint(0, w - nw + 1), np.random.randint(0, h - nh + 1), nw, nh
-        nw, nh = scale_down((w, h), self.size)
+        nw, nh = (max(1, v) for v in scale_down((w, h), self.size))  # never an empty crop (MXNet's can be)
         return int((w - nw) / 2), int((h - nh) / 2), nw, nh
 
     def __call__(self, x: Any) -> Any:
