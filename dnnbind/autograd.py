@@ -197,7 +197,7 @@ def _run(heads, head_grads, retain_graph, variables, create_graph, train_mode):
             if node is None:  # a leaf
                 if wanted is None and g is not None and x._grad_req != "null":
                     if x._grad_req == "add":
-                        axpy(1.0, g, x._grad)
+                        _add_into(g, x._grad)
                     elif g is not x._grad:
                         copy_into(g, x._grad)
                     _fresh[id(x)] = x
@@ -252,15 +252,25 @@ def _accumulate(grads, x, g):
         grads[id(x)] = prev + g
     else:
         total = prev.copy()  # never add in place: prev may alias a buffer another node still reads
-        axpy(1.0, g, total)
-        grads[id(x)] = total
+        grads[id(x)] = _add_into(g, total)
+
+
+def _add_into(g, dst):
+    """dst += g in place: cuBLAS axpy for float32/64; other dtypes (float16) through a generated kernel, as
+    cuBLAS has no half-precision axpy."""
+    if dst.dtype in (np.float32, np.float64):
+        return axpy(1.0, g, dst)
+    return dst.copy_(dst + g)
 
 
 def _ones_like(x):
     # A fill kernel, not a host upload: backward() must not synchronize, so it can run inside graph capture.
     from .runtime.array import contiguous_strides, empty
     out = empty(x.shape, x.dtype, x.device)
-    if out._data is not None or out._dtype in (np.float32, np.float64):
+    if out._data is not None:  # host: numpy fills any dtype
+        out._data[...] = 1
+        return out
+    if out._dtype in (np.float32, np.float64):
         from .ops.blas import fill
         return fill(out, 1.0)
     from .nd._lower import fill_strided  # float16 and the rest: the generated kernel takes every dtype

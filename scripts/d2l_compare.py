@@ -30,10 +30,17 @@ the biased batch variance in dnnbind (as MXNet), the unbiased one in torch (a fa
 here); FP32 rounding of different algorithms. Epoch times include each batch's host-to-device copy (the book's
 `as_in_context`) and, in the first epoch, each framework's algorithm search; `--epochs 2` shows a steady state.
 Both sides run strict FP32.
+
+--float64 also trains a float64 copy of each model in each framework, from the same weights on the same batches.
+The models whose first epoch sits on the loss plateau at the book's learning rate (NiN and GoogLeNet at lr 0.1) are
+chaotic there: FP32 rounding differences, the size of a conv algorithm's, grow until the two runs are unrelated,
+whichever frameworks run them. The float64 runs start from differences ~1e9 times smaller, so whether dnnbind's and
+torch's float64 runs end alike tells an implementation difference from rounding.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import os
@@ -335,13 +342,13 @@ def test_set(size: int, n: int):
 
 # ---- one epoch and the predictions, per framework -----------------------------------------------------------------
 
-def epoch_mx(net, trainer, x, y, bs, ctx):
+def epoch_mx(net, trainer, x, y, bs, ctx, dtype="float32"):
     """train_ch5's loop; returns (seconds, mean loss, first batch's mean loss)."""
     loss_fn, losses = gluon.loss.SoftmaxCrossEntropyLoss(), []
     mx.nd.waitall()
     t0 = time.perf_counter()
     for i in range(0, len(y), bs):
-        X, Y = nd.array(x[i:i + bs], ctx=ctx), nd.array(y[i:i + bs], ctx=ctx)
+        X, Y = nd.array(x[i:i + bs], ctx=ctx, dtype=dtype), nd.array(y[i:i + bs], ctx=ctx, dtype=dtype)
         with autograd.record():
             loss = loss_fn(net(X), Y).sum()
         loss.backward()
@@ -353,13 +360,14 @@ def epoch_mx(net, trainer, x, y, bs, ctx):
     return secs, sum(values) / len(y), values[0] / min(bs, len(y))
 
 
-def epoch_torch(tnet, opt, x, y, bs, dev):
+def epoch_torch(tnet, opt, x, y, bs, dev, dtype="float32"):
     torch, losses = _torch().torch, []
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
     for i in range(0, len(y), bs):
-        X, Y = torch.from_numpy(x[i:i + bs]).to(dev), torch.from_numpy(y[i:i + bs]).to(dev).long()
+        X = torch.from_numpy(x[i:i + bs]).to(dev, getattr(torch, dtype))
+        Y = torch.from_numpy(y[i:i + bs]).to(dev).long()
         loss = torch.nn.functional.cross_entropy(tnet(X), Y, reduction="sum")
         opt.zero_grad(set_to_none=True)
         (loss / bs).backward()  # the summed loss's gradient divided by the nominal batch size, as trainer.step
@@ -371,14 +379,15 @@ def epoch_torch(tnet, opt, x, y, bs, dev):
     return secs, sum(values) / len(y), values[0] / min(bs, len(y))
 
 
-def logits_mx(net, x, ctx):  # outside autograd.record(): predict mode, Dropout off, BN on running statistics
-    return net(nd.array(x, ctx=ctx)).asnumpy()
+def logits_mx(net, x, ctx, dtype="float32"):  # outside autograd.record(): predict mode, Dropout off, BN on running
+    return net(nd.array(x, ctx=ctx, dtype=dtype)).asnumpy()  # statistics
 
 
-def logits_torch(tnet, x, dev):
+def logits_torch(tnet, x, dev, dtype="float32"):
+    torch = _torch().torch
     tnet.eval()
-    with _torch().torch.no_grad():
-        out = tnet(_torch().torch.from_numpy(x).to(dev)).cpu().numpy()
+    with torch.no_grad():
+        out = tnet(torch.from_numpy(x).to(dev, getattr(torch, dtype))).cpu().numpy()
     tnet.train()
     return out
 
@@ -408,6 +417,7 @@ def compare(name: str, args, ctx, dev) -> dict:
     tx, ty = test_set(spec.size, 10000 if whole else min(10000, args.limit_batches * bs))
     row = {"model": name, "notebook": spec.notebook, "size": spec.size, "lr": spec.lr, "batch_size": bs,
            "init": "Xavier()", "num_params": int(sum(p.data().size for _, p, _, _ in pairs)), "epochs": []}
+    twins = float64_twins(spec, net, tnet, ctx) if args.float64 else None
     for epoch in range(args.epochs):
         perm = rng.permutation(len(labels))[:n_train]  # drawn once, used by both frameworks
         t0 = time.perf_counter()
@@ -430,6 +440,8 @@ def compare(name: str, args, ctx, dev) -> dict:
                               "test_acc_dnnbind": acc_mx, "test_acc_torch": acc_t})
         print(f"  epoch {epoch + 1}: dnnbind {s_mx:.2f} s, loss {loss_mx:.4f}, test acc {acc_mx:.4f} | "
               f"torch {s_t:.2f} s, loss {loss_t:.4f}, test acc {acc_t:.4f}", flush=True)
+        if twins:
+            row["epochs"][-1].update(train_float64(twins, x, y, bs, tx, ty, ctx, dev))
     c = row["check"]
     c["ok"] = abs(c["loss_dnnbind"] - c["loss_torch"]) <= CHECK_RTOL * max(1.0, abs(c["loss_torch"]))
     print(f"  check, first batch from the copied weights (predict mode): loss dnnbind {c['loss_dnnbind']:.6f}, "
@@ -437,6 +449,35 @@ def compare(name: str, args, ctx, dev) -> dict:
           f"[{'ok' if c['ok'] else 'MISMATCH'}]; first training step's loss: dnnbind "
           f"{c['first_step_loss_dnnbind']:.6f}, torch {c['first_step_loss_torch']:.6f}", flush=True)
     return row
+
+
+def float64_twins(spec, net, tnet, ctx) -> dict:
+    """float64 copies of both models from the same initial weights, each with its own SGD (--float64). FP32
+    rounding differences grow in a chaotic training (see --float64 in the module docstring); in float64 they
+    start 1e9 times smaller, so the two frameworks' float64 runs show whether the implementations agree over a
+    whole epoch, and float64 against FP32 shows how far FP32 rounding alone moves one framework's result."""
+    net64 = spec.build_mx()
+    net64.initialize(INIT(), ctx=ctx)
+    net64(nd.zeros((2, 1, spec.size, spec.size), ctx=ctx))
+    for p64, p in zip(net64.collect_params().values(), net.collect_params().values(), strict=True):
+        p64.set_data(p.data())
+    net64.cast("float64")
+    t64 = copy.deepcopy(tnet).double()
+    return {"net": net64, "trainer": gluon.Trainer(net64.collect_params(), "sgd", {"learning_rate": spec.lr}),
+            "tnet": t64, "opt": _torch().torch.optim.SGD(t64.parameters(), lr=spec.lr)}
+
+
+def train_float64(twins, x, y, bs, tx, ty, ctx, dev) -> dict:
+    """One epoch of both float64 twins on the same batches; their losses and test accuracies."""
+    net, tnet = twins["net"], twins["tnet"]
+    s_mx, loss_mx, _ = epoch_mx(net, twins["trainer"], x, y, bs, ctx, "float64")
+    s_t, loss_t, _ = epoch_torch(tnet, twins["opt"], x, y, bs, dev, "float64")
+    acc_mx = accuracy(lambda b: logits_mx(net, b, ctx, "float64"), tx, ty, bs)
+    acc_t = accuracy(lambda b: logits_torch(tnet, b, dev, "float64"), tx, ty, bs)
+    print(f"  float64 twins: dnnbind {s_mx:.2f} s, loss {loss_mx:.4f}, test acc {acc_mx:.4f} | "
+          f"torch {s_t:.2f} s, loss {loss_t:.4f}, test acc {acc_t:.4f}", flush=True)
+    return {"train_loss_dnnbind_f64": loss_mx, "train_loss_torch_f64": loss_t,
+            "test_acc_dnnbind_f64": acc_mx, "test_acc_torch_f64": acc_t}
 
 
 def print_table(rows, title):
@@ -451,6 +492,15 @@ def print_table(rows, title):
               f"{c['loss_dnnbind']:>15.6f}{c['loss_torch']:>13.6f}  {'ok' if c['ok'] else 'MISMATCH'}")
     print("s, acc: the last epoch; diff pp: dnnbind - torch, percentage points; loss0: the first training batch "
           "scored in predict mode before training (the weight-copy check)")
+    f64 = [r for r in rows if "test_acc_torch_f64" in r["epochs"][-1]]
+    if f64:
+        cols = f"{'model':<11}{'fp32 dnnbind':>14}{'fp32 torch':>12}{'fp64 dnnbind':>14}{'fp64 torch':>12}"
+        print(f"\nfloat64 twins (same weights, same batches), test accuracy\n{cols}\n{'-' * len(cols)}")
+        for r in f64:
+            e = r["epochs"][-1]
+            print(f"{r['model']:<11}" + "".join(f"{100 * e[k]:>{w - 1}.2f}%" for k, w in (
+                ("test_acc_dnnbind", 14), ("test_acc_torch", 12), ("test_acc_dnnbind_f64", 14),
+                ("test_acc_torch_f64", 12))))
 
 
 def parse_args(argv=None):
@@ -463,6 +513,8 @@ def parse_args(argv=None):
                    help="train on the first K batches, test on the first K test batches (smoke runs)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--float64", action="store_true",
+                   help="also train float64 copies of both models from the same weights on the same batches")
     return p.parse_args(argv)
 
 

@@ -68,3 +68,26 @@ def test_copied_weights_give_the_same_logits(d2l_compare, name):
     ours = d2l_compare.logits_mx(net, x, dnnbind.cpu())
     theirs = d2l_compare.logits_torch(tnet, x, torch.device("cpu"))
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_float64_twins_train_in_step(d2l_compare):
+    """--float64: both frameworks' float64 copies start from the FP32 model's weights, and one SGD step on the same
+    batch leaves them within float64 rounding of each other (1e-10), where FP32 would differ by ~1e-6. (LeNet: no
+    BatchNorm, whose running variance follows another convention in torch.)"""
+    spec = d2l_compare.SPECS["lenet"]
+    net, tnet, _ = d2l_compare.build_pair(spec, dnnbind.cpu(), seed=2)
+    twins = d2l_compare.float64_twins(spec, net, tnet, dnnbind.cpu())
+    params = list(twins["net"].collect_params().values())
+    assert {p.data().dtype for p in params} == {np.dtype(np.float64)}
+    rng = np.random.default_rng(3)
+    x, y = rng.random((16, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 16)
+    d2l_compare.epoch_mx(twins["net"], twins["trainer"], x, y, 16, dnnbind.cpu(), "float64")
+    d2l_compare.epoch_torch(twins["tnet"], twins["opt"], x, y, 16, torch.device("cpu"), "float64")
+    state = [v for k, v in twins["tnet"].state_dict().items() if not k.endswith("num_batches_tracked")]
+    moved = 0.0
+    for p, t, p0 in zip(params, state, net.collect_params().values(), strict=True):
+        ours, theirs = p.data().asnumpy(), t.detach().numpy()
+        assert ours.dtype == theirs.dtype == np.float64
+        np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-12, err_msg=p.name)
+        moved = max(moved, float(np.abs(ours - p0.data().asnumpy()).max()))
+    assert moved > 1e-4  # the step did move the weights (lr 0.9)

@@ -366,3 +366,20 @@ def test_backward_without_head_gradient_any_float_dtype(dtype):
     y.backward()
     np.testing.assert_allclose(x.grad.asnumpy().astype(np.float64), 2 * x.asnumpy().astype(np.float64),
                                rtol=2e-3 if dtype == np.float16 else 1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_gradients_accumulate_in_any_float_dtype(device, dtype):
+    """A variable used twice sums its two gradients, and grad_req='add' sums across backward() calls, float16 too
+    (cuBLAS's axpy takes float32/64 only; the others go through a generated kernel)."""
+    rtol = 2e-3 if dtype == np.float16 else 1e-6
+    h = RNG.uniform(0.5, 2.0, (2, 5)).astype(dtype)
+    x = nd.array(h, ctx=device, dtype=dtype)
+    x.attach_grad(grad_req="add")
+    for _ in range(2):
+        with autograd.record():
+            y = x * x + x  # x reaches y by two paths: 2x + 1 per call
+        y.backward()
+    assert x.grad.dtype == dtype
+    np.testing.assert_allclose(x.grad.asnumpy().astype(np.float64), 2 * (2 * h.astype(np.float64) + 1), rtol=rtol)

@@ -345,10 +345,12 @@ def test_each_step_gives_the_same_update(lockstep):
 def test_each_step_updates_running_statistics_alike(lockstep):
     """BatchNorm's running mean and variance after every step, torch's variance mapped to MXNet's convention
     (_bessel_undone). The forward has no flips: rounding only (~1e-7 on the CPU), so 2e-5. That also tells the two
-    variance conventions apart from the 512-channel layers on (m = 288: a step moves the variance by 0.1 / 288)."""
+    variance conventions apart from the 512-channel layers on (m = 288: a step moves the variance by 0.1 / 288).
+    On the GPU the timed algorithm search may pick FFT or Winograd kernels, whose rounding is coarser: 3.7e-5 was
+    seen on an H100 (7.1.bn1.running_mean), so 1e-4, still 3x below the variance-convention difference."""
     worst = max((e, k, i) for i, errs in enumerate(lockstep.stats_err) for k, e in errs.items())
     print(f"\nlockstep: running statistics, worst relative error {worst[0]:.1e} ({worst[1]}, step {worst[2]})")
-    assert worst[0] < 2e-5, worst
+    assert worst[0] < 1e-4, worst
 
 
 def test_trained_networks_predict_the_same(lockstep):
@@ -364,9 +366,11 @@ def test_trained_networks_predict_the_same(lockstep):
 def test_free_running_first_step_agrees(free):
     ours, theirs = free.losses
     # step 0 from the same weights: rounding only; step 1 after one update: the first update's gradient can be
-    # ill-conditioned (see the module docstring), so 1e-3
+    # ill-conditioned (see the module docstring; a conv bias gradient is a sum that nearly cancels, and torch's FP32
+    # misses its float64 value by up to half its size on an H100), so 1e-2: 3.2e-3 was seen. A wrong learning rate
+    # or gradient scale moves the step-1 loss by ~1e-1.
     assert abs(ours[0] - theirs[0]) <= 1e-5 * abs(theirs[0]), (ours[0], theirs[0])
-    assert abs(ours[1] - theirs[1]) <= 1e-3 * abs(theirs[1]), (ours[1], theirs[1])
+    assert abs(ours[1] - theirs[1]) <= 1e-2 * abs(theirs[1]), (ours[1], theirs[1])
 
 
 def test_free_running_both_learn_alike(free):
