@@ -5,6 +5,12 @@ beside the op's forward (in dnnbind.nd) that maps the output's gradient to one g
 where an input needs none). ``backward()`` below is a topological sort and one loop. Gradients of leaves
 land in their preallocated ``_grad`` buffers (``attach_grad``/``mark_variables``): overwritten for
 grad_req "write", accumulated for "add".
+
+NOTE: a Node's inputs are the inputs' Nodes (and, for leaves, the leaf arrays), never intermediate arrays: the
+graph itself keeps no activation alive. An activation lives only as long as some backward closure saves it (as
+in PyTorch), so one that no gradient formula needs (BatchNorm's output feeding a ReLU that differentiates from
+its own output) is freed in the forward. backward() also drops each Node's closure once it has run, so saved
+activations are freed during the backward, not after it.
 """
 
 from __future__ import annotations
@@ -76,25 +82,57 @@ def set_training(flag: bool) -> bool:
 
 
 class Node:
-    __slots__ = ("backward", "inputs", "name", "scope")
+    """One taped op. ``inputs[i]``: the Node that made input i, the leaf array itself (a gradient goes into its
+    ``_grad``), or None (input i needs no gradient). ``output``: a weak reference to the output array, whose
+    ``_node`` is cleared when the graph is freed (so the array no longer counts as taped)."""
+    __slots__ = ("backward", "inputs", "name", "scope", "output")
 
-    def __init__(self, backward, inputs, name):
+    def __init__(self, backward, inputs, name, output):
         self.backward, self.inputs, self.name, self.scope = backward, inputs, name, None
+        self.output = weakref.ref(output)
+
+    def free(self) -> None:
+        """Drop the closure (and the activations it saves) and the edges; untape the output."""
+        out = self.output()
+        if out is not None and out._node is self:
+            out._node = None
+        self.backward, self.inputs = None, ()
+
+
+class Released:
+    """Stands in, inside a backward closure, for an operand whose values the gradient formula does not read (an
+    nd op declared with ``saves``): its shape and dtype, and whether it needs a gradient, without its memory."""
+    __slots__ = ("_shape", "dtype", "needs")
+
+    def __init__(self, x: NDArray):
+        self._shape, self.dtype, self.needs = x._shape, x._dtype, needs_grad(x)
+
+    @property
+    def shape(self) -> tuple:
+        return self._shape
 
 
 def needs_grad(x) -> bool:
-    return isinstance(x, NDArray) and (x._node is not None or x._grad_req != "null")
+    if isinstance(x, NDArray):
+        return x._node is not None or x._grad_req != "null"
+    return type(x) is Released and x.needs
 
 
 def record_op(name: str, output: NDArray, inputs: tuple, backward) -> NDArray:
     """Tape ``output = op(*inputs)`` if recording and some input needs a gradient."""
     if getattr(_tls, "recording", False):
-        for x in inputs:
-            if x is not None and (x._node is not None or x._grad_req != "null"):
-                node = output._node = Node(backward, inputs, name)
-                if TRACING:  # keep the Block path (net.conv1) so the backward's calls are traced under it
-                    node.scope = hooks.current_path()
-                break
+        edges = None
+        for i, x in enumerate(inputs):
+            if x is not None:
+                n = x._node
+                if n is not None or x._grad_req != "null":
+                    if edges is None:
+                        edges = [None] * len(inputs)
+                    edges[i] = n if n is not None else x
+        if edges is not None:
+            node = output._node = Node(backward, tuple(edges), name, output)
+            if TRACING:  # keep the Block path (net.conv1) so the backward's calls are traced under it
+                node.scope = hooks.current_path()
     return output
 
 
@@ -150,12 +188,21 @@ def grad(heads, variables, head_grads=None, retain_graph=None, create_graph: boo
                              "attach_grad() on it before autograd.record()")
     if retain_graph is None:
         retain_graph = create_graph
-    got = _run(heads, head_grads, retain_graph, variables, create_graph, train_mode)
-    out = [got.get(id(v)) if got.get(id(v)) is not None else zeros(v.shape, v.dtype, v.device) for v in variables]
+    keys = [id(_vertex(v)) for v in variables]  # before _run: freeing the graph untapes the arrays
+    got = _run(heads, head_grads, retain_graph, keys, create_graph, train_mode)
+    out = [got.get(k) if got.get(k) is not None else zeros(v.shape, v.dtype, v.device)
+           for k, v in zip(keys, variables)]
     return out[0] if single else out
 
 
-def _run(heads, head_grads, retain_graph, variables, create_graph, train_mode):
+def _vertex(x):
+    """x's place in the graph: the Node that made it, or x itself for a leaf."""
+    return x._node if x._node is not None else x
+
+
+def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode):
+    """The backward pass. Vertices are Nodes and leaf arrays, keyed by id; ``wanted_keys``: the vertex ids whose
+    gradients autograd.grad() returns (None: backward(), which writes the leaves' ``_grad``)."""
     if isinstance(heads, NDArray):
         heads, head_grads = [heads], [head_grads]
     elif head_grads is None:
@@ -166,21 +213,22 @@ def _run(heads, head_grads, retain_graph, variables, create_graph, train_mode):
     for h in heads:
         if h._node is None and h._grad_req == "null":
             raise RuntimeError("backward: this array was not computed inside `with autograd.record():` from "
-                               "arrays with attach_grad() (or Parameters); nothing to differentiate")
-        _topo(h, seen, order)
-    wanted = None if variables is None else {id(v) for v in variables}
+                               "arrays with attach_grad() (or Parameters), or its graph was already freed by a "
+                               "backward() without retain_graph=True; nothing to differentiate")
+        _topo(_vertex(h), seen, order)
+    wanted = None if wanted_keys is None else set(wanted_keys)
     found: dict[int, NDArray] = {}
     # Leaves with grad_req "write" that receive exactly one gradient can have it written straight into their
     # grad buffer by the op's backward (see grad_out): no temporary, no copy (8 fewer copies per CNN step).
     uses: dict[int, int] = {}
-    for x in order:
-        if x._node is not None:
-            for inp in x._node.inputs:
-                if inp is not None and inp._node is None:
+    for v in order:
+        if type(v) is Node:
+            for inp in v.inputs:
+                if inp is not None and type(inp) is not Node:
                     uses[id(inp)] = uses.get(id(inp), 0) + 1
     _tls.direct = {} if wanted is not None else {
-        i: x._grad for x in order if x._node is None and x._grad_req == "write" and x._grad is not None
-        and uses.get(id(x)) == 1 for i in (id(x),)}
+        id(x): x._grad for x in order if type(x) is not Node and x._grad_req == "write" and x._grad is not None
+        and uses.get(id(x)) == 1}
     grads: dict[int, NDArray] = {}
     # The gradient ops are table ops: taped only when a graph of the gradient is asked for.
     prev = (is_recording(), is_training())
@@ -188,13 +236,12 @@ def _run(heads, head_grads, retain_graph, variables, create_graph, train_mode):
     try:
         for h, g in zip(heads, head_grads):
             g = _ones_like(h) if g is None else (g if isinstance(g, NDArray) else _as_array(g, h))
-            _accumulate(grads, h, g)
+            _accumulate(grads, _vertex(h), g)
         for x in reversed(order):
             g = grads.pop(id(x), None)
-            node = x._node
             if wanted is not None and id(x) in wanted and g is not None:
                 found[id(x)] = g
-            if node is None:  # a leaf
+            if type(x) is not Node:  # a leaf
                 if wanted is None and g is not None and x._grad_req != "null":
                     if x._grad_req == "add":
                         _add_into(g, x._grad)
@@ -202,7 +249,8 @@ def _run(heads, head_grads, retain_graph, variables, create_graph, train_mode):
                         copy_into(g, x._grad)
                     _fresh[id(x)] = x
                 continue
-            if g is None:
+            node = x
+            if g is None or node.backward is None:  # no gradient reached it, or an earlier backward freed it
                 continue
             if node.scope is not None and TRACING:
                 with hooks.scopes(node.scope):
@@ -210,10 +258,10 @@ def _run(heads, head_grads, retain_graph, variables, create_graph, train_mode):
             else:
                 in_grads = node.backward(g)
             for inp, ig in zip(node.inputs, in_grads):
-                if ig is not None and inp is not None and (inp._node is not None or inp._grad_req != "null"):
+                if ig is not None and inp is not None:
                     _accumulate(grads, inp, ig)
             if not retain_graph:
-                x._node = None
+                node.free()
     finally:
         _tls.recording, _tls.training = prev
         _tls.direct = None
@@ -226,21 +274,22 @@ def grad_out(x):
     return direct.get(id(x)) if direct else None
 
 
-def _topo(x, seen, order):
+def _topo(vertex, seen, order):
+    """Post-order of the vertices (Nodes, leaf arrays) reachable from ``vertex``: inputs before their users."""
     # Iterative DFS: deep graphs (long RNN-like chains) must not hit Python's recursion limit.
-    stack = [(x, False)]
+    stack = [(vertex, False)]
     while stack:
-        node, done = stack.pop()
+        v, done = stack.pop()
         if done:
-            order.append(node)
+            order.append(v)
             continue
-        if id(node) in seen:
+        if id(v) in seen:
             continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if node._node is not None:
-            for inp in node._node.inputs:
-                if inp is not None and id(inp) not in seen and (inp._node is not None or inp._grad_req != "null"):
+        seen.add(id(v))
+        stack.append((v, True))
+        if type(v) is Node:
+            for inp in v.inputs:
+                if inp is not None and id(inp) not in seen:
                     stack.append((inp, False))
 
 

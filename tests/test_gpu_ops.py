@@ -358,3 +358,69 @@ def test_conv_ops_through_backend_plans_match_reference(case, monkeypatch):
         for t_, table in algos._chosen.items():
             table.clear()
             table.update(saved[t_])
+
+
+@pytest.fixture
+def fresh_algo_choices(monkeypatch):
+    """No conv algorithm chosen yet, none on disk, an empty per-stream workspace; all restored afterwards."""
+    from dnnbind.ops import _common, algo_cache, algos
+    monkeypatch.setattr(algo_cache, "lookup", lambda *a: None)
+    monkeypatch.setattr(algo_cache, "store", lambda *a: None)
+    monkeypatch.setattr(_common, "_workspaces", {})
+    saved = {t: dict(table) for t, table in algos._chosen.items()}
+    for table in algos._chosen.values():
+        table.clear()
+    yield algos
+    for t, table in algos._chosen.items():
+        table.clear()
+        table.update(saved[t])
+
+
+# a 5x5 conv on 26x26: cuDNN offers FFT/Winograd-style candidates needing hundreds of MiB of scratch
+BIG_WS_CASE = ((64, 48, 26, 26), (96, 48, 5, 5), 1, 2, 1, 1)
+
+
+def test_algorithm_search_leaves_only_the_chosen_workspace(fresh_algo_choices):
+    """Timing every candidate must not leave the largest candidate's scratch allocated for the process: the shared
+    workspace ends no larger than the largest chosen algorithm's (rounded to 2 MiB), and results stay right."""
+    from dnnbind.ops import _common
+    algos = fresh_algo_choices
+    seen = []
+    real = algos.candidates
+    algos_candidates = lambda *a: seen.extend(c[1] for c in real(*a)) or real(*a)  # noqa: E731
+    try:
+        algos.candidates = algos_candidates
+        xs, ws, stride, padding, dilation, groups = BIG_WS_CASE
+        x, w = rnd(xs, 60), rnd(ws, 61)
+        y_ref = R.conv_forward(f64(x), f64(w), None, stride, padding, dilation, groups)
+        y = d.conv_forward(g(x), g(w), None, stride, padding, dilation, groups)
+        dy = rnd(y_ref.shape, 62)
+        dx = d.ops.conv_backward_data(g(w), g(dy), xs, stride, padding, dilation, groups)
+    finally:
+        algos.candidates = real
+    assert_close(y, y_ref, *tol_for(y_ref))
+    dx_ref = R.conv_backward_data(f64(w), f64(dy), xs, stride, padding, dilation, groups)
+    assert_close(dx, dx_ref, *tol_for(dx_ref))
+    chosen = [ws for k, (_, ws) in algos.chosen().items() if k[1] == xs]
+    buffers = [b.nbytes for b in _common._workspaces.values()]
+    largest_chosen = max(chosen)
+    assert max(buffers, default=0) == -(-largest_chosen // (2 << 20)) * (2 << 20), (buffers, chosen)
+    if max(seen) > 2 * max(largest_chosen, 2 << 20):  # the search did try a much bigger one
+        assert max(buffers, default=0) < max(seen)
+
+
+def test_workspace_limit_keeps_the_search_within_it(fresh_algo_choices):
+    """set_conv_algo_policy(workspace_limit_mb=0): only algorithms without scratch are timed and chosen; the policy
+    change forgets earlier choices; bad limits are refused by name."""
+    algos = fresh_algo_choices
+    before = algos._policy["workspace_limit"] >> 20
+    try:
+        d.set_conv_algo_policy("time", workspace_limit_mb=0)
+        xs, ws, stride, padding, dilation, groups = BIG_WS_CASE
+        x, w = rnd(xs, 63), rnd(ws, 64)
+        y_ref = R.conv_forward(f64(x), f64(w), None, stride, padding, dilation, groups)
+        assert_close(d.conv_forward(g(x), g(w), None, stride, padding, dilation, groups), y_ref, *tol_for(y_ref))
+        chosen = {k: v for k, v in algos.chosen().items() if k[1] == xs}
+        assert chosen and all(ws_bytes == 0 for _, ws_bytes in chosen.values()), chosen
+    finally:
+        d.set_conv_algo_policy("time", workspace_limit_mb=before)

@@ -453,3 +453,9 @@ def test_fuzz_leaves_the_process_usable():
     y = dnnbind.conv_forward(dnnbind.array(x, device="cpu"), dnnbind.array(w, device="cpu"), stride=(2, 1))
     expected = R.conv_forward(x.astype(np.float64), w.astype(np.float64), stride=(2, 1))
     np.testing.assert_allclose(y.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "1024", True])
+def test_conv_workspace_limit_is_checked(bad):
+    with pytest.raises(ValueError, match="set_conv_algo_policy: workspace_limit_mb"):
+        dnnbind.set_conv_algo_policy("time", workspace_limit_mb=bad)

@@ -43,13 +43,13 @@ class Op:
 
     __slots__ = ("name", "kind", "numpy", "expr", "lib", "grad", "check", "cpu", "gpu", "reduce", "map_expr",
                  "post_expr", "ints", "out_dtype", "nd_names", "methods", "differentiable", "doc", "_exprs", "arity",
-                 "params", "same")
+                 "params", "same", "saves")
 
     def __init__(self, name: str, kind: str, numpy=None, *, expr: str | None = None, lib=None, grad=None,
                  check=None, cpu=None, gpu=None, reduce: str | None = None, map_expr: str = "a",
                  post_expr: str = "acc", ints: bool = True, out_dtype=None, nd=None, methods=(),
                  differentiable: bool = True, doc: str = "", arity: int = 1, params: tuple = (),
-                 same: tuple | None = None):
+                 same: tuple | None = None, saves: tuple | None = None):
         self.name, self.kind, self.numpy, self.expr, self.lib, self.grad = name, kind, numpy, expr, lib, grad
         self.check, self.cpu, self.gpu, self.reduce = check, cpu, gpu, reduce
         self.map_expr, self.post_expr, self.ints, self.out_dtype = map_expr, post_expr, ints, out_dtype
@@ -59,6 +59,9 @@ class Op:
         # arity: leading operands (arrays, or scalars for map ops); params: positional parameters after them
         # (nd.clip(x, 0, 1)); same: operand indices whose dtypes must agree (default: all array operands).
         self.arity, self.params, self.same = arity, tuple(params), same
+        # saves: what ``grad`` reads, "out" and/or operand indices (None: everything). The backward closure keeps
+        # only those alive; the other array operands become autograd.Released (shape, dtype, needs-gradient).
+        self.saves = None if saves is None else tuple(saves)
 
     def __repr__(self) -> str:
         return f"<nd op {self.name} ({self.kind})>"
@@ -176,15 +179,20 @@ def _tape(op: Op, out, arrays, params) -> None:
     if not any(autograd.needs_grad(a) for a in inputs if a is not None):
         return
     shapes = tuple(a.shape if a is not None else None for a in inputs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    saved_out, saved = out, arrays
+    if op.saves is not None:  # keep only what the gradient formula reads (module docstring of autograd)
+        saved_out = out if "out" in op.saves else None
+        saved = tuple(a if i in op.saves or not isinstance(a, NDArray) else autograd.Released(a)
+                      for i, a in enumerate(arrays))
 
     def backward(g):
-        grads = op.grad(g, out, *arrays, **params)
+        grads = op.grad(g, saved_out, *saved, **params)
         if not isinstance(grads, tuple):
             grads = (grads,)
         return tuple(None if gi is None or shape is None else unbroadcast(gi, shape)
                      for gi, shape in zip(grads, shapes))
 
-    outs = out if isinstance(out, (tuple, list)) else (out,)
     autograd.record_op(op.name, outs[0], inputs, backward)
 
 

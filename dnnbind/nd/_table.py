@@ -32,15 +32,20 @@ def _np_rint(x):
     return np.where(x - f <= 0.5, f, np.ceil(x))
 
 
-def unary(name, numpy, expr, grad, ints=False, methods=None, nd=None, differentiable=True, lib=None):
+def unary(name, numpy, expr, grad, ints=False, methods=None, nd=None, differentiable=True, lib=None, saves=None):
     return register(Op(name, "map", numpy, expr=expr, grad=grad, ints=ints, lib=lib,
-                       methods=(name,) if methods is None else methods, nd=nd, differentiable=differentiable))
+                       methods=(name,) if methods is None else methods, nd=nd, differentiable=differentiable,
+                       saves=saves))
 
 
-def binary(name, numpy, expr, grad, nd=(), methods=(), ints=True, out_dtype=None, differentiable=True, lib=None):
+def binary(name, numpy, expr, grad, nd=(), methods=(), ints=True, out_dtype=None, differentiable=True, lib=None,
+           saves=None):
     return register(Op(name, "map", numpy, expr=expr, grad=grad, ints=ints,
                        nd=() if nd == () and name.startswith("_") else (name, *nd), methods=methods,
-                       out_dtype=out_dtype, differentiable=differentiable, lib=lib, arity=2))
+                       out_dtype=out_dtype, differentiable=differentiable, lib=lib, arity=2, saves=saves))
+
+
+OUT = ("out",)  # saves=OUT: the gradient is a function of the output alone (exp, relu, sigmoid, ...)
 
 
 def _zero(g, out, *inputs, **_):
@@ -59,20 +64,20 @@ def _b(x, term):
 
 # -- unary math ------------------------------------------------------------------------------------------------
 
-unary("exp", np.exp, "exp(a)", lambda g, y, a: g * y)
+unary("exp", np.exp, "exp(a)", lambda g, y, a: g * y, saves=OUT)
 unary("log", np.log, "log(a)", lambda g, y, a: g / a)
 unary("log2", np.log2, "log2(a)", lambda g, y, a: g / (a * math.log(2.0)))
 unary("log10", np.log10, "log10(a)", lambda g, y, a: g / (a * math.log(10.0)))
 unary("log1p", np.log1p, "log1p(a)", lambda g, y, a: g / (a + 1.0))
-unary("expm1", np.expm1, "expm1(a)", lambda g, y, a: g * (y + 1.0))
-unary("sqrt", np.sqrt, "sqrt(a)", lambda g, y, a: g * 0.5 / y)
-unary("rsqrt", lambda x: 1.0 / np.sqrt(x), "rsqrt(a)", lambda g, y, a: g * (y * y * y) * -0.5)
-unary("cbrt", np.cbrt, "cbrt(a)", lambda g, y, a: g / (y * y * 3.0))
+unary("expm1", np.expm1, "expm1(a)", lambda g, y, a: g * (y + 1.0), saves=OUT)
+unary("sqrt", np.sqrt, "sqrt(a)", lambda g, y, a: g * 0.5 / y, saves=OUT)
+unary("rsqrt", lambda x: 1.0 / np.sqrt(x), "rsqrt(a)", lambda g, y, a: g * (y * y * y) * -0.5, saves=OUT)
+unary("cbrt", np.cbrt, "cbrt(a)", lambda g, y, a: g / (y * y * 3.0), saves=OUT)
 unary("square", np.square, "a * a", lambda g, y, a: g * a * 2, ints=True)
-unary("reciprocal", np.reciprocal, "1 / a", lambda g, y, a: -(g * y * y))
+unary("reciprocal", np.reciprocal, "1 / a", lambda g, y, a: -(g * y * y), saves=OUT)
 unary("abs", np.abs, "a < 0 ? -a : a", lambda g, y, a: g * sign(a), ints=True)
 unary("sign", np.sign, "(a > 0) - (a < 0)", _zero, ints=True)
-unary("negative", np.negative, "-a", lambda g, y, a: -g, ints=True)
+unary("negative", np.negative, "-a", lambda g, y, a: -g, ints=True, saves=())
 unary("floor", np.floor, "floor(a)", _zero)
 unary("ceil", np.ceil, "ceil(a)", _zero)
 unary("trunc", np.trunc, "trunc(a)", _zero, nd=("trunc", "fix"))
@@ -80,18 +85,18 @@ unary("round", _np_round, "round(a)", _zero)
 unary("rint", _np_rint, "(a - floor(a) <= 0.5 ? floor(a) : ceil(a))", _zero)
 unary("sin", np.sin, "sin(a)", lambda g, y, a: g * cos(a))
 unary("cos", np.cos, "cos(a)", lambda g, y, a: -(g * sin(a)))
-unary("tan", np.tan, "tan(a)", lambda g, y, a: g * (y * y + 1.0))
+unary("tan", np.tan, "tan(a)", lambda g, y, a: g * (y * y + 1.0), saves=OUT)
 unary("arcsin", np.arcsin, "asin(a)", lambda g, y, a: g * rsqrt(1.0 - a * a))
 unary("arccos", np.arccos, "acos(a)", lambda g, y, a: -(g * rsqrt(1.0 - a * a)))
 unary("arctan", np.arctan, "atan(a)", lambda g, y, a: g / (a * a + 1.0))
 unary("sinh", np.sinh, "sinh(a)", lambda g, y, a: g * cosh(a))
 unary("cosh", np.cosh, "cosh(a)", lambda g, y, a: g * sinh(a))
-unary("tanh", np.tanh, "tanh(a)", lambda g, y, a: _act_grad("tanh", g, y), lib=activation("tanh"))
+unary("tanh", np.tanh, "tanh(a)", lambda g, y, a: _act_grad("tanh", g, y), lib=activation("tanh"), saves=OUT)
 unary("erf", lambda x: np.asarray(_erf(x), dtype=np.result_type(x)), "erf(a)", lambda g, y, a: g * exp(-(a * a)) * _SQRT_PI_2)
 unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), "1 / (1 + exp(-a))", lambda g, y, a: _act_grad("sigmoid", g, y),
-      lib=activation("sigmoid"))
+      lib=activation("sigmoid"), saves=OUT)
 unary("relu", lambda x: np.maximum(x, 0), "a > 0 ? a : 0", lambda g, y, a: _act_grad("relu", g, y), ints=True,
-      lib=activation("relu"))
+      lib=activation("relu"), saves=OUT)
 unary("softrelu", lambda x: np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))),
       "a > 20 ? a : log1p(exp(a))", lambda g, y, a: g * sigmoid(a))
 unary("softsign", lambda x: x / (1 + np.abs(x)), "a / (1 + (a < 0 ? -a : a))",
@@ -116,11 +121,11 @@ binary("_tanh_backward", lambda g, y: g * (1 - y * y), "a * (1 - b * b)",
 # -- binary, broadcasting (MXNet's broadcast_* and elemwise_* names, and the NDArray operators) ------------------
 
 binary("add", np.add, "a + b", lambda g, y, a, b: (g, _b(b, lambda: g)),
-       nd=("broadcast_add", "broadcast_plus", "elemwise_add", "_plus"), lib=optensor("add"))
+       nd=("broadcast_add", "broadcast_plus", "elemwise_add", "_plus"), lib=optensor("add"), saves=())
 binary("subtract", np.subtract, "a - b", lambda g, y, a, b: (_b(a, lambda: g), _b(b, lambda: -g)),
-       nd=("broadcast_sub", "broadcast_minus", "elemwise_sub", "_minus"))
+       nd=("broadcast_sub", "broadcast_minus", "elemwise_sub", "_minus"), saves=())
 binary("multiply", np.multiply, "a * b", lambda g, y, a, b: (_b(a, lambda: g * b), _b(b, lambda: g * a)),
-       nd=("broadcast_mul", "elemwise_mul", "_mul"), lib=optensor("mul"))
+       nd=("broadcast_mul", "elemwise_mul", "_mul"), lib=optensor("mul"), saves=(0, 1))
 binary("divide", lambda a, b: np.divide(a, b) if np.result_type(a).kind == "f" else np.trunc(np.divide(a, b)),
        "a / b", lambda g, y, a, b: (_b(a, lambda: g / b), _b(b, lambda: -(g * y) / b)),
        nd=("broadcast_div", "elemwise_div", "true_divide", "_div"))

@@ -39,6 +39,7 @@ def blas(x: NDArray) -> int:
 
 
 _workspaces: dict = {}
+_WORKSPACE_ROUND = 2 << 20
 
 
 def workspace(device, nbytes: int) -> tuple[int, int]:
@@ -48,8 +49,9 @@ def workspace(device, nbytes: int) -> tuple[int, int]:
     stream = current_stream(device)
     buf = _workspaces.get(stream)
     if buf is None or buf.nbytes < nbytes:
-        # Grow geometrically so a sequence of slightly larger requests does not reallocate each time.
-        size = max(nbytes, 2 * buf.nbytes if buf is not None else 0)
+        # Exactly what is asked, rounded up to 2 MiB: the buffer stays for the process, and the requests come from
+        # the algorithms chosen for a model's shapes, which grow it a few times in the first step and then never.
+        size = -(-nbytes // _WORKSPACE_ROUND) * _WORKSPACE_ROUND
         buf = _workspaces[stream] = DeviceBuffer(size, device, stream)
     return buf.ptr, buf.nbytes
 

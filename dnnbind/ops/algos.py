@@ -29,13 +29,15 @@ import threading
 import time
 
 from .._lib import cudnn
-from .._lib.errors import CudnnError
+from .._lib.errors import CudaError, CudnnError
 from ..runtime.device import gpu_properties
+from ..runtime.memory import DeviceBuffer
 from ..runtime.stream import Event, current_stream
 from . import algo_cache
 
 L = cudnn.lib
-_policy = {"mode": "time", "deterministic": False,
+WORKSPACE_LIMIT = 1 << 30  # MXNet's Convolution(workspace=1024) default: at most 1024 MiB of scratch per call
+_policy = {"mode": "time", "deterministic": False, "workspace_limit": WORKSPACE_LIMIT,
            "backend": os.environ.get("DNNBIND_CONV_BACKEND", "1").strip().lower() not in ("0", "false", "no", "off")}
 BACKEND = 1000  # algorithm ids >= BACKEND name backend execution plans (see module docstring)
 _plan_names: dict = {}  # (key, algo >= BACKEND) -> the plan's name, for chosen()
@@ -55,17 +57,25 @@ DIRECTIONS = {
 }
 
 
-def set_conv_algo_policy(mode: str = "time", deterministic: bool = False, backend: bool | None = None) -> None:
+def set_conv_algo_policy(mode: str = "time", deterministic: bool = False, backend: bool | None = None,
+                         workspace_limit_mb: int | None = None) -> None:
     """"time" (default): time the candidates once per shape; "heuristic": cuDNN's first usable choice.
-    ``backend``: whether eager calls may use backend-API execution plans (None: leave as is)."""
+    ``backend``: whether eager calls may use backend-API execution plans (None: leave as is).
+    ``workspace_limit_mb``: the timed search skips algorithms needing more scratch than this (default 1024, as
+    MXNet's Convolution ``workspace``; None: leave as is). It applies to shapes not yet chosen."""
     if mode not in ("time", "heuristic"):
         raise ValueError(f"set_conv_algo_policy: mode must be 'time' or 'heuristic', got {mode!r}")
+    if workspace_limit_mb is not None and (isinstance(workspace_limit_mb, bool)
+                                           or not isinstance(workspace_limit_mb, int) or workspace_limit_mb < 0):
+        raise ValueError(f"set_conv_algo_policy: workspace_limit_mb must be an int >= 0, got {workspace_limit_mb!r}")
     backend = _policy["backend"] if backend is None else bool(backend)
-    if (mode, deterministic, backend) != (_policy["mode"], _policy["deterministic"], _policy["backend"]):
+    limit = _policy["workspace_limit"] if workspace_limit_mb is None else workspace_limit_mb << 20
+    if (mode, deterministic, backend, limit) != (_policy["mode"], _policy["deterministic"], _policy["backend"],
+                                                 _policy["workspace_limit"]):
         with _chosen_lock:
             for table in _chosen.values():
                 table.clear()
-    _policy.update(mode=mode, deterministic=bool(deterministic), backend=backend)
+    _policy.update(mode=mode, deterministic=bool(deterministic), backend=backend, workspace_limit=limit)
 
 
 def use_backend() -> bool:
@@ -145,7 +155,8 @@ def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device, o
         return hit
     timed = _policy["mode"] == "time"
     backend = plans is not None and use_backend()
-    disk_key = key + (target, _policy["deterministic"]) + (("backend",) if backend else ())
+    disk_key = key + (target, _policy["deterministic"], _policy["workspace_limit"] >> 20) + \
+        (("backend",) if backend else ())
     if timed:
         hit = algo_cache.lookup(_device_identity(device), disk_key)
         if hit is not None and hit[0] >= BACKEND:
@@ -196,12 +207,20 @@ def _time_candidates(cands, run, device, target: str = "graph") -> tuple[int, in
     REPEAT launches and the graph's replay is timed: kernel time only, as it will run in a captured step.
     A candidate that cannot be captured is timed eagerly instead.
     """
-    from ._common import workspace
     stream = current_stream(device)
     start, end = Event(device), Event(device)
     results = []
-    for algo, ws_bytes, _ in cands:
-        ptr, size = workspace(device, ws_bytes)
+    limit = _policy["workspace_limit"]
+    fitting = [c for c in cands if c[1] <= limit] or [min(cands, key=lambda c: c[1])]
+    for algo, ws_bytes, _ in fitting:
+        # NOTE: each candidate gets its own scratch, freed (stream-ordered) after its timing. Timing from the
+        # shared per-stream workspace (ops._common.workspace) would grow it to the largest candidate's size,
+        # often gigabytes, and keep it for the life of the process.
+        try:
+            scratch = DeviceBuffer(ws_bytes, device, stream)
+        except CudaError:  # out of memory for this candidate's workspace: it cannot run in this process
+            continue
+        ptr, size = scratch.ptr, scratch.nbytes
         try:
             run(algo, ptr, size)  # warm-up: the first launch may load kernels
             if target == "eager":
@@ -218,12 +237,19 @@ def _time_candidates(cands, run, device, target: str = "graph") -> tuple[int, in
                     best_ms = min(best_ms, end.elapsed_ms(start))
         except CudnnError:
             continue
+        finally:
+            del scratch
         results.append((best_ms, ws_bytes, algo))
     if not results:
-        return cands[0][:2]
+        return fitting[0][:2]
     results.sort()
-    _, ws_bytes, algo = results[0]
+    # Within TIE of the fastest, the smallest workspace: a step keeps the largest chosen workspace in memory.
+    fastest = results[0][0]
+    _, ws_bytes, algo = min((r for r in results if r[0] <= fastest * (1 + TIE)), key=lambda r: (r[1], r[0]))
     return algo, ws_bytes
+
+
+TIE = 0.03  # timing differences below 3% are within run-to-run noise (FACTS.md: repeat timings vary 1-3%)
 
 
 REPEAT = 5
