@@ -32,3 +32,4 @@ from .ops import set_conv_algo_policy  # noqa: E402,F401
 from . import trace  # noqa: E402,F401  (dnnbind.trace() records every library call)
 from .mxnet import install_mxnet_alias  # noqa: E402,F401  (`import mxnet` -> dnnbind; python -m dnnbind.mxnet)
 from . import distributed  # noqa: E402,F401  (rank/world size; python -m dnnbind.launch starts workers)
+from . import amp  # noqa: E402,F401  (loss scaling for net.cast("float16") training, MXNet contrib.amp calls)

@@ -277,14 +277,14 @@ class TrainingStep:
     """
 
     def __init__(self, net, loss_fn, trainer, data_shape, label_shape=None, label_dtype=np.int32,
-                 replay: str = "graph", device=None, warmup: int = 2):
+                 replay: str = "graph", device=None, warmup: int = 2, data_dtype=np.float32):
         if replay not in REPLAYS:
             raise ValueError(f"training_step: replay must be one of {sorted(REPLAYS)}, got {replay!r}")
         device = as_device(device if device is not None else _first_param_device(net))
         batch = int(data_shape[0])
-        self.data = empty(tuple(data_shape), np.float32, device)
+        self.data = empty(tuple(data_shape), data_dtype, device)  # float16 for a network cast to float16
         self.label = empty(tuple(label_shape) if label_shape is not None else (batch,), label_dtype, device)
-        self.data.copy_(np.random.default_rng(0).random(self.data.shape, dtype=np.float32))
+        self.data.copy_(np.random.default_rng(0).random(self.data.shape, dtype=np.float32).astype(data_dtype))
         self.label.copy_(np.zeros(self.label.shape, label_dtype))
         x, y = self.data, self.label
 
@@ -312,8 +312,9 @@ class TrainingStep:
 
 
 def training_step(net, loss_fn, trainer, data_shape, label_shape=None, label_dtype=np.int32,
-                  replay: str = "graph", device=None, warmup: int = 2) -> TrainingStep:
-    return TrainingStep(net, loss_fn, trainer, data_shape, label_shape, label_dtype, replay, device, warmup)
+                  replay: str = "graph", device=None, warmup: int = 2, data_dtype=np.float32) -> TrainingStep:
+    return TrainingStep(net, loss_fn, trainer, data_shape, label_shape, label_dtype, replay, device, warmup,
+                        data_dtype)
 
 
 training_step.__doc__ = TrainingStep.__doc__

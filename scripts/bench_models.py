@@ -58,7 +58,8 @@ MODELS = {"resnet18": ("resnet", "ResNet-18 (d2l-zh v1.0.0 resnet.md)"),  # --mo
 class Mode:
     label: str
     framework: str  # "dnnbind" or "torch"
-    math: str       # "fp32" strict, "tf32", or "bf16": AMP bf16 with channels_last
+    math: str       # "fp32" strict, "tf32", "bf16" (torch: AMP bf16 with channels_last) or "fp16" (dnnbind:
+    #                 net.cast('float16') with float32 master weights, MXNet's mixed precision; NCHW)
     kind: str       # "eager", "host" (dnnbind's recorded step), "graph" (whole step in a CUDA graph), "compile"
 
 
@@ -67,7 +68,8 @@ MODES = {
     "dnnbind-tf32": Mode("dnnbind eager, tf32", "dnnbind", "tf32", "eager"),
     "dnnbind-recorded": Mode("dnnbind recorded step, tf32", "dnnbind", "tf32", "host"),
     "dnnbind-captured": Mode("dnnbind captured step, tf32", "dnnbind", "tf32", "graph"),
-    "dnnbind-amp": Mode("dnnbind AMP bf16 + NHWC", "dnnbind", "bf16", "eager"),
+    "dnnbind-amp": Mode("dnnbind AMP fp16 (net.cast), eager", "dnnbind", "fp16", "eager"),
+    "dnnbind-amp-captured": Mode("dnnbind AMP fp16, captured step", "dnnbind", "fp16", "graph"),
     "torch-fp32": Mode("PyTorch eager, fp32 strict", "torch", "fp32", "eager"),
     "torch-tf32": Mode("PyTorch eager, tf32", "torch", "tf32", "eager"),
     "torch-amp": Mode("PyTorch eager, AMP bf16 + ch_last", "torch", "bf16", "eager"),
@@ -75,7 +77,8 @@ MODES = {
     "torch-compile": Mode("PyTorch torch.compile, tf32", "torch", "tf32", "compile"),
     "torch-compile-amp": Mode("PyTorch compile, AMP bf16 + ch_last", "torch", "bf16", "compile"),
 }
-TORCH_EAGER = {"fp32": "torch-fp32", "tf32": "torch-tf32", "bf16": "torch-amp"}  # the same-math reference
+# the same-math reference; dnnbind's fp16 mixed precision is compared with torch's AMP (bf16, channels_last)
+TORCH_EAGER = {"fp32": "torch-fp32", "tf32": "torch-tf32", "bf16": "torch-amp", "fp16": "torch-amp"}
 
 
 # ---- one training step, per framework and mode ---------------------------------------------------------------------
@@ -91,10 +94,15 @@ def make_mx(d2l, spec, ctx, seed):
 
 def dnnbind_step(mode, d2l, spec, ctx, data, args):
     """step(i) -> loss for batch i of the pool, and close()."""
-    mx.set_math_mode(mode.math)
+    half = mode.math == "fp16"
+    mx.set_math_mode("tf32" if half else mode.math)  # fp16: what stays float32 (BatchNorm's statistics) in TF32
     xs, ys = data["mx"]
     net = make_mx(d2l, spec, ctx, args.seed)
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr, "momentum": MOMENTUM})
+    if half:  # MXNet's mixed precision: the network in float16, float32 master weights in the Trainer
+        net.cast("float16")
+        xs = [x.astype("float16") for x in xs]
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr, "momentum": MOMENTUM,
+                                                          "multi_precision": half})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     if mode.kind == "eager":
         def step(i):
@@ -104,7 +112,8 @@ def dnnbind_step(mode, d2l, spec, ctx, data, args):
             trainer.step(xs[0].shape[0])  # rescales by 1/batch: the mean loss's gradient, as torch's
             return loss
         return step, lambda: None
-    recorded = training_step(net, loss_fn, trainer, xs[0].shape, replay=mode.kind, device=ctx)
+    recorded = training_step(net, loss_fn, trainer, xs[0].shape, replay=mode.kind, device=ctx,
+                             data_dtype=xs[0].dtype)
     return (lambda i: recorded(xs[i % len(xs)], ys[i % len(xs)])), getattr(recorded.replay, "close", lambda: None)
 
 
@@ -166,8 +175,6 @@ def torch_step(mode, torch, tnet0, data, args, dev):
 
 def run_mode(key, ctx, torch, d2l, spec, tnet0, data, args) -> dict:
     mode = MODES[key]
-    if mode.framework == "dnnbind" and mode.math == "bf16":
-        return {"status": "not implemented", "reason": "dnnbind has no mixed precision yet (no bfloat16, no autocast)"}
     if mode.framework == "torch" and torch is None:
         return {"status": "skipped", "reason": "torch is not installed"}
     if not ctx.is_gpu and (mode.math != "fp32" or mode.kind != "eager"):
@@ -244,15 +251,15 @@ def add_ratios(results: dict) -> None:
 def print_table(results: dict, title: str) -> None:
     x = lambda v: f"{v:.2f}x" if v else "-"  # noqa: E731
     print(f"\n{title}")
-    print(f"{'mode':<38}{'ms/step':>9}{'p10-p90':>18}{'images/s':>10}{'peak MiB':>10}"
+    print(f"{'mode':<40}{'ms/step':>9}{'p10-p90':>18}{'images/s':>10}{'peak MiB':>10}"
           f"{'vs torch eager':>16}{'vs graph':>10}{'vs best':>9}")
     for k, r in results.items():
         if r.get("status") != "ok":
-            print(f"{MODES[k].label:<38}  {r['status']}: {r.get('reason', '')[:150]}")
+            print(f"{MODES[k].label:<40}  {r['status']}: {r.get('reason', '')[:150]}")
             continue
         peak = f"{r['peak_mib']:.0f}" if r.get("peak_mib") is not None else "-"
         spread = f"{r['ms_p10']:.2f}-{r['ms_p90']:.2f}"
-        print(f"{MODES[k].label:<38}{r['ms']:>9.2f}{spread:>18}{r['images_per_s']:>10,.0f}"
+        print(f"{MODES[k].label:<40}{r['ms']:>9.2f}{spread:>18}{r['images_per_s']:>10,.0f}"
               f"{peak:>10}{x(r['vs_torch_eager_same_math']):>16}{x(r['vs_torch_graph']):>10}{x(r['vs_torch_best']):>9}")
     print("ms/step ratios against PyTorch eager in the same math, PyTorch's CUDA graph and PyTorch's best mode")
 
@@ -308,8 +315,8 @@ def main(argv=None) -> dict:
         net, tnet0, pairs = d2l.build_pair(spec, ctx, args.seed)  # raises unless every shape pairs 1:1
         out["paired_tensors"] = len(pairs)
         out["weights_check"] = weights_check(d2l, net, tnet0, torch, data, ctx)
-        del net
-        print(f"{len(pairs)} tensors copied into the torch model; predict-mode check on batch 0: "
+        del net, pairs  # the pairs hold the reference model's Parameters: device memory every mode would count
+        print(f"{out['paired_tensors']} tensors copied into the torch model; predict-mode check on batch 0: "
               + ", ".join(f"{k} {v:.6g}" for k, v in out["weights_check"].items()), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     for k in modes:

@@ -182,19 +182,46 @@ def find_notebooks(repo: str, chapters: list[str], only: list[str] | None = None
     return out
 
 
-def prepare_home(home: str, mnist_dir: str) -> str:
-    """Link the IDX files of mnist_dir into home/.mxnet/datasets/fashion-mnist; returns a note to print."""
+def prepare_home(home: str, mnist_dir: str, limit: int | None = None) -> str:
+    """Link the IDX files of mnist_dir into home/.mxnet/datasets/fashion-mnist (or, with ``limit``, write copies
+    holding only the first ``limit`` images and labels of each); returns a note to print."""
     target = os.path.join(home, ".mxnet", "datasets", "fashion-mnist")
     os.makedirs(target, exist_ok=True)
     found = [n for n in IDX_FILES if os.path.isfile(os.path.join(mnist_dir, n))]
     for n in found:
-        os.symlink(os.path.abspath(os.path.join(mnist_dir, n)), os.path.join(target, n))
+        if limit is None:
+            os.symlink(os.path.abspath(os.path.join(mnist_dir, n)), os.path.join(target, n))
+        else:
+            truncate_idx(os.path.join(mnist_dir, n), os.path.join(target, n), limit)
     if len(found) < len(IDX_FILES):
         missing = sorted(set(IDX_FILES) - set(found))
         return (f"WARNING: {mnist_dir} lacks {', '.join(missing)}: notebooks loading Fashion-MNIST will fail "
                 "(offline, nothing can be downloaded)")
-    return (f"Fashion-MNIST is not reachable offline: linked the MNIST digit IDX files of {mnist_dir} into "
-            f"{target} (a temporary HOME); accuracies are MNIST's, not the book's")
+    what = "linked the MNIST digit IDX files" if limit is None else \
+        f"wrote the first {limit} images and labels of each MNIST digit IDX file"
+    return (f"Fashion-MNIST is not reachable offline: {what} of {mnist_dir} into {target} (a temporary HOME); "
+            "accuracies are MNIST's, not the book's")
+
+
+def truncate_idx(src: str, dst: str, limit: int) -> None:
+    """A gzipped IDX file (magic: 0, 0, dtype code, rank; then rank big-endian uint32 sizes; then the data in C
+    order) cut to its first ``limit`` items along the first axis."""
+    import gzip
+    import struct
+    with gzip.open(src, "rb") as f:
+        raw = f.read()
+    if raw[:2] != b"\0\0" or raw[2] != 0x08:
+        raise ValueError(f"{src}: not an unsigned-byte IDX file (magic {raw[:4].hex()})")
+    rank = raw[3]
+    dims = list(struct.unpack(f">{rank}I", raw[4:4 + 4 * rank]))
+    n = min(limit, dims[0])
+    item = 1
+    for d in dims[1:]:
+        item *= d
+    header = raw[:4] + struct.pack(f">{rank}I", n, *dims[1:])
+    body = raw[4 + 4 * rank: 4 + 4 * rank + n * item]
+    with gzip.open(dst, "wb") as f:
+        f.write(header + body)
 
 
 def _env(repo: str, home: str, device: str) -> dict:
@@ -291,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per notebook")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--mnist-dir", default=MNIST_DIR)
+    p.add_argument("--limit-images", type=int, default=None, metavar="N",
+                   help="give the notebooks only the first N training and N test images (the cells run unchanged "
+                        "on less data: chapter 5 on a CPU in minutes, not hours)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--log-dir", help="keep each notebook's output here (default: a temporary folder)")
     p.add_argument("--worker", nargs=2, metavar=("CELLS_JSON", "STATUS_JSONL"), help=argparse.SUPPRESS)
@@ -315,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     home = tempfile.mkdtemp(prefix="d2l_home_")
     results = []
     try:
-        print(prepare_home(home, args.mnist_dir))
+        print(prepare_home(home, args.mnist_dir, args.limit_images))
         for rel, cells in notebooks:
             r = run_notebook(repo, rel, cells, home, args.timeout, args.device, log_dir)
             results.append(r)
@@ -330,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": args.device,
                 "timeout_s": args.timeout, "python": platform.python_version(), "machine": platform.processor()
                 or platform.machine(), "cpus": os.cpu_count(), "dnnbind_commit": _git_commit(PROJECT_ROOT),
-                "d2l_commit": _git_commit(repo), "repo": repo}
+                "d2l_commit": _git_commit(repo), "repo": repo, "limit_images": args.limit_images}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "summary": {**counts, "cells_ran": ran, "cells": total}, "results": results},
                       f, indent=1)

@@ -114,10 +114,49 @@ def test_twin_errors_before_any_work():
         R.batchnorm_forward_inference(x, gamma, beta, rm, rv, eps=-1.0)
     with pytest.raises(ValueError, match="more than one value per channel"):
         R.batchnorm_forward_training(x[:1, :, :1, :1], gamma, beta, rm, rv)
-    with pytest.raises(TypeError, match="dtype"):
-        R.batchnorm_forward_inference(x.astype(np.float16), gamma, beta, rm, rv)
+    with pytest.raises(TypeError, match="batchnorm_forward_inference: gamma has dtype float16; expected one of "
+                                        "float32"):
+        R.batchnorm_forward_inference(x.astype(np.float16), gamma.astype(np.float16), beta, rm, rv)
+    with pytest.raises(TypeError, match="batchnorm_forward_training: .*dtype float64 but the data is float32"):
+        R.batchnorm_forward_training(x, *(a.astype(np.float64) for a in (gamma, beta, rm, rv)))
     with pytest.raises(ValueError, match=r"batchnorm_backward: shapes differ"):
         R.batchnorm_backward(x, x[:2], gamma, rm, rv)
+
+
+def _half_inputs(shape, seed):
+    """float16 data, float32 parameters and statistics (mixed precision), and float64 copies of all of them."""
+    x, gamma, beta, rm, rv = _inputs(shape, np.float32, seed)
+    dy = np.random.RandomState(seed + 1).randn(*shape)
+    return (x.astype(np.float16), gamma, beta, rm, rv, dy.astype(np.float16))
+
+
+def _check_half_against_float64(ops, x, gamma, beta, rm, rv, dy, to_host):
+    """ops (the twin or the cuDNN ops) on float16 data against the twin in float64 on the same (rounded) values:
+    outputs in float16 within half rounding (2e-3 relative), statistics and parameter gradients in float32."""
+    f64 = [np.asarray(to_host(a), np.float64) for a in (x, gamma, beta, rm, rv, dy)]
+    rm64, rv64 = f64[3].copy(), f64[4].copy()
+    y, sm, si = ops.batchnorm_forward_training(x, gamma, beta, rm, rv, 0.9, 1e-5)
+    ey, esm, esi = R.batchnorm_forward_training(f64[0], f64[1], f64[2], rm64, rv64, 0.9, 1e-5)
+    assert to_host(y).dtype == np.float16 and to_host(sm).dtype == to_host(si).dtype == np.float32
+    np.testing.assert_allclose(to_host(y), ey, rtol=2e-3, atol=4e-3 * np.abs(ey).max())
+    np.testing.assert_allclose(to_host(sm), esm, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(to_host(si), esi, rtol=1e-4)
+    np.testing.assert_allclose(to_host(rm), rm64, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(to_host(rv), rv64, rtol=1e-4)
+    dx, dg, db = ops.batchnorm_backward(x, dy, gamma, sm, si, 1e-5)
+    edx, edg, edb = R.batchnorm_backward(f64[0], f64[5], f64[1], esm, esi, 1e-5)
+    assert to_host(dx).dtype == np.float16 and to_host(dg).dtype == np.float32
+    np.testing.assert_allclose(to_host(dx), edx, rtol=5e-3, atol=5e-3 * np.abs(edx).max())
+    np.testing.assert_allclose(to_host(dg), edg, rtol=1e-3, atol=1e-3 * np.abs(edg).max())
+    np.testing.assert_allclose(to_host(db), edb, rtol=1e-3, atol=1e-3 * np.abs(edb).max())
+    y = ops.batchnorm_forward_inference(x, gamma, beta, rm, rv, 1e-3)
+    ey = R.batchnorm_forward_inference(f64[0], f64[1], f64[2], rm64, rv64, 1e-3)
+    np.testing.assert_allclose(to_host(y), ey, rtol=2e-3, atol=4e-3 * np.abs(ey).max())
+
+
+@pytest.mark.parametrize("shape", [(6, 3), (4, 3, 5, 5), (2, 1, 3, 4)])
+def test_twin_float16_data_with_float32_parameters(shape):
+    _check_half_against_float64(R, *_half_inputs(shape, 30), to_host=np.asarray)
 
 
 # -- the cuDNN binding, host side (no GPU needed) -------------------------------------------------------------
@@ -452,6 +491,15 @@ def test_gpu_ops_match_twin(gpu, shape, dtype):
     assert_close(db, edb, 10 * rtol, rtol, "dbeta")
     y = B.batchnorm_forward_inference(dev["x"], dev["g"], dev["b"], dev["rm"], dev["rv"], 1e-3)
     assert_close(y, R.batchnorm_forward_inference(x, gamma, beta, rm_c, rv_c, 1e-3), rtol, rtol, "inference")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(6, 3), (16, 8, 7, 9), (2, 1, 3, 4)])
+def test_gpu_float16_data_with_float32_parameters(gpu, shape):
+    """cuDNN's mixed mode: half x, dy, y, dx; float gamma, beta, statistics and their gradients."""
+    host = _half_inputs(shape, 40)
+    dev = [nd.array(a, ctx=gpu, dtype=a.dtype) for a in host]
+    _check_half_against_float64(B, *dev, to_host=lambda a: a.asnumpy() if hasattr(a, "asnumpy") else np.asarray(a))
 
 
 @pytest.mark.gpu

@@ -125,3 +125,40 @@ def test_main_runs_mxnet_cells_and_writes_json(tmp_path, capsys):
     assert "linked the MNIST digit IDX files" in printed
     data = json.loads(out.read_text())
     assert data["summary"]["ok"] == 1 and data["results"][0]["ran"] == 2
+
+
+def test_limit_images_writes_truncated_idx_files_the_dataset_reads(tmp_path):
+    """--limit-images: each IDX file keeps its header (first size cut to N) and the first N items, and dnnbind's
+    FashionMNIST reads the cut files from the prepared HOME."""
+    import gzip
+    import struct
+
+    import numpy as np
+
+    from dnnbind.gluon.data.vision import FashionMNIST
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    images = {"train": rng.integers(0, 256, (7, 28, 28), dtype=np.uint8),
+              "t10k": rng.integers(0, 256, (5, 28, 28), dtype=np.uint8)}
+    labels = {k: rng.integers(0, 10, len(v), dtype=np.uint8) for k, v in images.items()}
+    for k in images:
+        with gzip.open(src / f"{k}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(b"\0\0\x08\x03" + struct.pack(">3I", *images[k].shape) + images[k].tobytes())
+        with gzip.open(src / f"{k}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(b"\0\0\x08\x01" + struct.pack(">I", len(labels[k])) + labels[k].tobytes())
+    home = tmp_path / "home"
+    note = d2l_check.prepare_home(str(home), str(src), limit=3)
+    assert "first 3 images" in note
+    root = home / ".mxnet" / "datasets" / "fashion-mnist"
+    for k, train in (("train", True), ("t10k", False)):
+        ds = FashionMNIST(root=str(root), train=train)
+        assert len(ds) == 3
+        x, y = ds[2]
+        np.testing.assert_array_equal(np.asarray(x.asnumpy()).reshape(28, 28), images[k][2])
+        assert int(y) == int(labels[k][2])
+    with pytest.raises(ValueError, match="not an unsigned-byte IDX file"):
+        bad = tmp_path / "bad.gz"
+        with gzip.open(bad, "wb") as f:
+            f.write(b"\0\0\x0d\x01\0\0\0\x01abcd")
+        d2l_check.truncate_idx(str(bad), str(tmp_path / "out.gz"), 1)

@@ -19,6 +19,10 @@ CUBLAS_POINTER_MODE_HOST, CUBLAS_POINTER_MODE_DEVICE = 0, 1
 # cublasMath_t
 CUBLAS_DEFAULT_MATH, CUBLAS_PEDANTIC_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 2, 3
 CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16
+# cudaDataType (library_types.h), cublasComputeType_t, cublasGemmAlgo_t: what cublasGemmEx takes for float16
+CUDA_R_32F, CUDA_R_16F = 0, 2
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_GEMM_DEFAULT = -1
 
 _STATUS_NAMES = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
                  7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH",
@@ -55,6 +59,12 @@ _TABLE = {
     "cublasSgemm_v2": (STATUS, [vp, i32, i32, i32, i32, i32, _pf, vp, i32, vp, i32, _pf, vp, i32]),
     # cublasStatus_t cublasDgemm_v2(...same with double...)
     "cublasDgemm_v2": (STATUS, [vp, i32, i32, i32, i32, i32, _pf, vp, i32, vp, i32, _pf, vp, i32]),
+    # cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+    #     int n, int k, const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
+    #     cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
+    #     cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+    "cublasGemmEx": (STATUS, [vp, i32, i32, i32, i32, i32, _pf, vp, i32, i32, vp, i32, i32, _pf, vp, i32, i32, i32,
+                              i32]),
     # cublasStatus_t cublasSgemv_v2(handle, cublasOperation_t trans, int m, int n, const float* alpha,
     #     const float* A, int lda, const float* x, int incx, const float* beta, float* y, int incy)
     "cublasSgemv_v2": (STATUS, [vp, i32, i32, i32, _pf, vp, i32, vp, i32, _pf, vp, i32]),

@@ -194,8 +194,13 @@ class Block:
         """Accepted for MXNet compatibility; there is no symbolic graph to build (see module docstring)."""
 
     def cast(self, dtype) -> None:
-        for p in self.collect_params().values():
-            p.cast(dtype)
+        """Cast this Block's Parameters and, through their own ``cast``, its children's (so a child can refuse:
+        BatchNorm keeps float32 when the network goes float16, as in MXNet)."""
+        for child in self._children.values():
+            child.cast(dtype)
+        for p in self._reg_params.values():
+            if p is not None:
+                p.cast(dtype)
 
     def apply(self, fn) -> Block:
         for child in self._children.values():

@@ -11,6 +11,13 @@ created are stale afterwards: fetch them again.
 
 ``step(batch_size)`` sets ``rescale_grad = 1 / batch_size`` (the loss was summed over the batch by
 backward) and refuses gradients that no backward wrote since the last step, as MXNet does.
+
+Mixed precision (``net.cast('float16')``, BatchNorm staying float32): float16 Parameters keep their data and
+gradients in float16 buffers of their own, and the flat float32 buffers hold their *master* copy, so the update
+runs in float32 on float32 weights and optimizer state: one cast of all float16 gradients in, one of all updated
+weights out. This is MXNet's ``multi_precision=True``; float16 Parameters get it whatever the flag says (updating
+float16 weights in float16 loses small updates, which MXNet only warns about). As in MXNet, the master copy is
+the optimizer's: ``set_data`` on a float16 Parameter after the Trainer packed it does not reach it.
 """
 
 from __future__ import annotations
@@ -89,35 +96,50 @@ class Trainer:
             params[i].data()  # raises the clear deferred/uninitialized error if a shape is still unknown
         if not trainable:
             self._layout = [(p._data, p._grad, p.grad_req) for p in params]
-            self._groups, self._offsets, self._states = [], {}, ()
+            self._groups, self._offsets, self._states, self._half_end = [], {}, (), 0
             return
         where = {i: params[i]._ctx for i in trainable}
         if len(set(where.values())) > 1:
             listing = ", ".join(f"{self._names[i]} on {d!r}" for i, d in where.items())
             raise ValueError(f"Trainer: all Parameters must be on one device, found {listing}")
         dtypes = {params[i].dtype for i in trainable}
-        if len(dtypes) > 1:
-            raise ValueError(f"Trainer: all trainable Parameters must share one dtype, found {sorted(map(str, dtypes))}")
-        device, dtype = where[trainable[0]], dtypes.pop()
+        half = np.dtype(np.float16)
+        if half in dtypes and dtypes <= {half, np.dtype(np.float32)}:
+            dtype = np.dtype(np.float32)  # mixed precision: float32 master weights (module docstring)
+        elif len(dtypes) > 1:
+            raise ValueError(f"Trainer: all trainable Parameters must share one dtype (or be float16 and float32), "
+                             f"found {sorted(map(str, dtypes))}")
+        else:
+            dtype = next(iter(dtypes))
+        device = where[trainable[0]]
         keys: dict[tuple, list[int]] = {}
-        for i in trainable:
-            keys.setdefault((params[i].lr_mult, params[i].wd_mult), []).append(i)
-        offsets, groups, off = {}, [], 0
-        for (lr_mult, wd_mult), members in keys.items():
+        for i in sorted(trainable, key=lambda i: params[i].dtype != half):  # float16 first: one contiguous range
+            keys.setdefault((params[i].dtype == half, params[i].lr_mult, params[i].wd_mult), []).append(i)
+        offsets, groups, off, half_end = {}, [], 0, 0
+        for (is_half, lr_mult, wd_mult), members in keys.items():
             start = off
             for i in members:
                 offsets[i] = off
                 off = _align(off + params[i].data().size)
             groups.append(_Group(lr_mult, wd_mult, members, start, off))
+            half_end = off if is_half else half_end
         total = max(off, ALIGN)
         flat_data, flat_grad = zeros((total,), dtype, device), zeros((total,), dtype, device)
+        half_data = half_grad = None
+        if half_end:  # the float16 Parameters' own data and gradients, laid out like the master range
+            half_data, half_grad = zeros((half_end,), half, device), zeros((half_end,), half, device)
         states = self._optimizer.create_state_flat(total, dtype, device)
         old_states = getattr(self, "_states", None)
         for i in trainable:
             p, o = params[i], offsets[i]
             n = p._data.size
-            data_view = flat_data[o:o + n].reshape(p._data.shape)
-            grad_view = flat_grad[o:o + n].reshape(p._data.shape)
+            if p.dtype == half:
+                ops.copy(p._data.astype(dtype).reshape((n,)), flat_data[o:o + n])  # the master copy
+                data, grad = half_data, half_grad
+            else:
+                data, grad = flat_data, flat_grad
+            data_view = data[o:o + n].reshape(p._data.shape)
+            grad_view = grad[o:o + n].reshape(p._data.shape)
             ops.copy(p._data, data_view)
             if p._grad is not None:
                 ops.copy(p._grad, grad_view)
@@ -134,6 +156,7 @@ class Trainer:
             g.data, g.grad = flat_data[g.start:g.end], flat_grad[g.start:g.end]
             g.states = tuple(s[g.start:g.end] for s in states)
         self._flat_data, self._flat_grad, self._states = flat_data, flat_grad, states
+        self._half_data, self._half_grad, self._half_end = half_data, half_grad, half_end
         self._offsets, self._groups = offsets, groups
         self._layout = [(p._data, p._grad, p.grad_req) for p in params]
 
@@ -165,13 +188,16 @@ class Trainer:
         self._ensure_packed()
         if not self._groups:
             return []
-        return [self._flat_data, self._flat_grad, *self._states]
+        half = [self._half_data, self._half_grad] if self._half_end else []
+        return [self._flat_data, self._flat_grad, *half, *self._states]
 
     def zero_grad(self) -> None:
         """Zero every gradient at once: one memset over the flat gradient buffer (for grad_req='add')."""
         self._ensure_packed()
         if self._groups:
             self._flat_grad.zero_()
+            if self._half_end:
+                self._half_grad.zero_()
 
     def allreduce_grads(self) -> None:
         """Nothing to reduce: one device, gradients already in the flat buffer."""
@@ -207,6 +233,19 @@ class Trainer:
             o.num_update = max(o.num_update, int(self._counts[fresh].max()) + 1)
         lr, wd = o.learning_rate, o.wd
         fresh_set = set(fresh)
+        h = self._half_end
+        if h:  # float16 gradients into the float32 master range: the update runs in float32
+            ops.copy(self._half_grad.astype(np.float32), self._flat_grad[:h])
+        scaler = getattr(self, "_amp_loss_scaler", None)
+        if scaler is not None and self._groups:  # dnnbind.amp: skip a step whose gradients overflowed
+            from ..amp import has_overflow
+            overflow = has_overflow(self._flat_grad)
+            scaler.update_scale(overflow)
+            if overflow:
+                for i in trainable:
+                    autograd.clear_fresh(params[i]._data)
+                self._carried_fresh.clear()
+                return
         for g in self._groups:
             counts = self._counts[g.members]
             if all(i in fresh_set for i in g.members) and (counts == counts[0]).all():
@@ -220,6 +259,8 @@ class Trainer:
                     o.update_flat(self._flat_data[a:b], self._flat_grad[a:b], tuple(s[a:b] for s in self._states),
                                   lr * g.lr_mult, wd * g.wd_mult, int(self._counts[i]) + 1)
                     self._counts[i] += 1
+        if h:  # the updated master weights, rounded to the float16 Parameters
+            ops.copy(self._flat_data[:h].astype(np.float16), self._half_data)
         for i in trainable:
             autograd.clear_fresh(params[i]._data)
         self._carried_fresh.clear()

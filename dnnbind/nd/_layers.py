@@ -200,7 +200,11 @@ def log_softmax(data, axis=-1, temperature=None, **_ignored):
 
 
 def softmax_cross_entropy(logits, labels):
-    """Per-sample -log softmax(logits)[label]: cuDNN log-softmax + a gather kernel; backward (p - onehot) * dl."""
+    """Per-sample -log softmax(logits)[label]: cuDNN log-softmax + a gather kernel; backward (p - onehot) * dl.
+    float16 logits (a network cast to float16) are cast to float32 first, taped: the loss and its softmax are
+    computed in float32, as mixed precision keeps them (MXNet's AMP lists softmax losses as float32 ops)."""
+    if getattr(logits, "dtype", None) == np.float16:
+        logits = _call("cast", logits, dtype="float32")
     loss = ops.softmax_cross_entropy(logits, labels)
     if is_recording():
         record_op("softmax_cross_entropy", loss, (logits, None),

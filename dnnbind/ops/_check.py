@@ -399,3 +399,23 @@ def check_label_values(op: str, labels: np.ndarray, num_classes: int) -> None:
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{op}: labels must be in [0, {num_classes}); labels[{i}] = {int(labels[i])} "
                          f"({int(bad.sum())} out of range)")
+
+
+def float16_via_float32(fn):
+    """A numpy twin that takes float16 as the GPU op does (float16 data, float32 arithmetic): float16 array
+    arguments are computed on in float32 and float32 results rounded back to float16. Other dtypes pass through."""
+    import functools
+
+    def up(a):
+        return a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype == np.float16 else a
+
+    def down(r):
+        return r.astype(np.float16) if isinstance(r, np.ndarray) and r.dtype == np.float32 else r
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if not any(isinstance(a, np.ndarray) and a.dtype == np.float16 for a in (*args, *kwargs.values())):
+            return fn(*args, **kwargs)
+        out = fn(*map(up, args), **{k: up(v) for k, v in kwargs.items()})
+        return tuple(map(down, out)) if isinstance(out, tuple) else down(out)
+    return wrapper

@@ -2,8 +2,9 @@
 
 x is (N, C), (N, C, L), (N, C, H, W) or (N, C, D, H, W), channels on axis 1 (descriptors.as4d views it as
 NCHW; spatial mode normalizes over everything but C). float32 and float64, with gamma, beta and the
-statistics in x's dtype (cuDNN wants double parameters for double data, float otherwise; float16 data with
-float32 parameters is not offered here). Other channel axes are nd.BatchNorm's business (a transpose).
+statistics in x's dtype; and float16 data with float32 parameters and statistics (cuDNN wants double parameters
+for double data, float otherwise), which is what mixed precision needs. Other channel axes are nd.BatchNorm's
+business (a transpose).
 
 Semantics are MXNet 1.x's (see ops/reference/batchnorm.py): running = momentum * running + (1 - momentum) *
 batch, with the BIASED batch variance. NOTE: cuDNN's resultRunningVariance averages the UNBIASED variance
@@ -23,10 +24,10 @@ from .._lib import cudnn
 from .._lib.errors import CudnnError
 from . import _check
 from . import descriptors as D
-from ._common import dnn, float_dtype, out_like, with_context
+from ._common import dnn, out_like, with_context
 from ._dispatch import op
 from .reference import batchnorm as reference
-from .reference.batchnorm import bn_scalars, bn_shapes, items_per_channel
+from .reference.batchnorm import bn_dtypes, bn_scalars, bn_shapes, items_per_channel
 
 L = cudnn.lib
 SPATIAL = cudnn.CUDNN_BATCHNORM_SPATIAL
@@ -61,26 +62,27 @@ def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, moment
     """Batch statistics: ``cudnnBatchNormalizationForwardTraining`` (spatial). Updates running_mean and
     running_var IN PLACE with MXNet's convention; returns (y, save_mean, save_inv_std)."""
     name = "batchnorm_forward_training"
-    dtype = float_dtype(name, _check.FLOAT32_64, x=x, gamma=gamma, beta=beta, running_mean=running_mean,
-                        running_var=running_var)
+    dtype, pdtype = bn_dtypes(name, {"x": x}, {"gamma": gamma, "beta": beta, "running_mean": running_mean,
+                                               "running_var": running_var})
     c = bn_shapes(name, x._shape, gamma=gamma._shape, beta=beta._shape, running_mean=running_mean._shape,
                   running_var=running_var._shape)
     eps, momentum = bn_scalars(name, eps, momentum)
     m = items_per_channel(name, x._shape)
     y = out_like(x._shape, dtype, x._device)
-    save_mean, save_inv_std = out_like((c,), dtype, x._device), out_like((c,), dtype, x._device)
-    scratch = out_like((c,), dtype, x._device)
+    save_mean, save_inv_std = out_like((c,), pdtype, x._device), out_like((c,), pdtype, x._device)
+    scratch = out_like((c,), pdtype, x._device)
     xd, bnd = _descs(x._shape, dtype)
     h = dnn(x)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
-    up, down = _scalar(m / (m - 1), dtype), _scalar((m - 1) / m, dtype)
+    up, down = _scalar(m / (m - 1), pdtype), _scalar((m - 1) / m, pdtype)
     try:
         # scratch = running_var * m / (m - 1): cuDNN's unbiased average into it is the biased one scaled.
-        L.cudnnTransformTensor(h, ctypes.addressof(up), bnd, running_var._ptr, zero, bnd, scratch._ptr)
+        pzero = D.scalar_ptr(0, pdtype)  # the transforms run on the parameter descriptor (float for half data)
+        L.cudnnTransformTensor(h, ctypes.addressof(up), bnd, running_var._ptr, pzero, bnd, scratch._ptr)
         L.cudnnBatchNormalizationForwardTraining(h, SPATIAL, one, zero, xd, x._ptr, xd, y._ptr, bnd, gamma._ptr,
                                                  beta._ptr, 1.0 - momentum, running_mean._ptr, scratch._ptr, eps,
                                                  save_mean._ptr, save_inv_std._ptr)
-        L.cudnnTransformTensor(h, ctypes.addressof(down), bnd, scratch._ptr, zero, bnd, running_var._ptr)
+        L.cudnnTransformTensor(h, ctypes.addressof(down), bnd, scratch._ptr, pzero, bnd, running_var._ptr)
     except CudnnError as exc:
         raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
     return y, save_mean, save_inv_std
@@ -90,7 +92,7 @@ def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, moment
 def batchnorm_forward_inference(x, gamma, beta, mean, var, eps=1e-5):
     """Given statistics: ``cudnnBatchNormalizationForwardInference`` (spatial)."""
     name = "batchnorm_forward_inference"
-    dtype = float_dtype(name, _check.FLOAT32_64, x=x, gamma=gamma, beta=beta, mean=mean, var=var)
+    dtype, _ = bn_dtypes(name, {"x": x}, {"gamma": gamma, "beta": beta, "mean": mean, "var": var})
     bn_shapes(name, x._shape, gamma=gamma._shape, beta=beta._shape, mean=mean._shape, var=var._shape)
     eps, _ = bn_scalars(name, eps)
     y = out_like(x._shape, dtype, x._device)
@@ -111,14 +113,14 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_inv_std, eps=1e-5):
     """Gradients of the training-mode forward: ``cudnnBatchNormalizationBackward`` (spatial) with the saved
     statistics; returns (dx, dgamma, dbeta)."""
     name = "batchnorm_backward"
-    dtype = float_dtype(name, _check.FLOAT32_64, x=x, dy=dy, gamma=gamma, save_mean=save_mean,
-                        save_inv_std=save_inv_std)
+    dtype, pdtype = bn_dtypes(name, {"x": x, "dy": dy}, {"gamma": gamma, "save_mean": save_mean,
+                                                         "save_inv_std": save_inv_std})
     _check.check_same_shape(name, x=x, dy=dy)
     c = bn_shapes(name, x._shape, gamma=gamma._shape, save_mean=save_mean._shape, save_inv_std=save_inv_std._shape)
     eps, _ = bn_scalars(name, eps)
     items_per_channel(name, x._shape)
     dx = out_like(x._shape, dtype, x._device)
-    dgamma, dbeta = out_like((c,), dtype, x._device), out_like((c,), dtype, x._device)
+    dgamma, dbeta = out_like((c,), pdtype, x._device), out_like((c,), pdtype, x._device)
     xd, bnd = _descs(x._shape, dtype)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
     try:

@@ -26,15 +26,25 @@ _SCAL = {np.dtype(np.float32): "cublasSscal_v2", np.dtype(np.float64): "cublasDs
 
 
 def gemm_into(h, a_ptr, b_ptr, c_ptr, m, n, k, trans_a, trans_b, alpha, beta, dtype) -> None:
-    """Row-major C[m, n] = alpha op(A) op(B) + beta C on raw pointers (the swap explained above)."""
+    """Row-major C[m, n] = alpha op(A) op(B) + beta C on raw pointers (the swap explained above). float16:
+    ``cublasGemmEx`` with half A, B, C and float accumulation (alpha, beta are then float)."""
     lda = m if trans_a else k
     ldb = k if trans_b else n
+    if dtype == np.float16:
+        f32, half = np.float32, cublas.CUDA_R_16F
+        C.cublasGemmEx(h, int(trans_b), int(trans_a), n, m, k, D.scalar_ptr(alpha, f32), b_ptr, half, ldb, a_ptr,
+                       half, lda, D.scalar_ptr(beta, f32), c_ptr, half, n, cublas.CUBLAS_COMPUTE_32F,
+                       cublas.CUBLAS_GEMM_DEFAULT)
+        return
     getattr(C, _GEMM[dtype])(h, int(trans_b), int(trans_a), n, m, k, D.scalar_ptr(alpha, dtype), b_ptr, ldb,
                              a_ptr, lda, D.scalar_ptr(beta, dtype), c_ptr, n)
 
 
 def sum_rows_into(h, a_ptr, ones_ptr, out_ptr, rows, cols, alpha, beta, dtype) -> None:
     """out[cols] = alpha * sum over rows of A[rows, cols] + beta * out: one gemv against a ones vector."""
+    if dtype == np.float16:  # no half gemv in cuBLAS: the (1, rows) x (rows, cols) product, float accumulation
+        gemm_into(h, ones_ptr, a_ptr, out_ptr, 1, cols, rows, False, False, alpha, beta, dtype)
+        return
     # Column-major view: A^T is (cols x rows) with ld = cols; out = A^T . ones.
     getattr(C, _GEMV[dtype])(h, cublas.CUBLAS_OP_N, cols, rows, D.scalar_ptr(alpha, dtype), a_ptr, cols,
                              ones_ptr, 1, D.scalar_ptr(beta, dtype), out_ptr, 1)
@@ -42,6 +52,9 @@ def sum_rows_into(h, a_ptr, ones_ptr, out_ptr, rows, cols, alpha, beta, dtype) -
 
 def row_sums_into(h, a_ptr, ones_ptr, out_ptr, rows, cols, alpha, beta, dtype) -> None:
     """out[rows] = alpha * sum over columns of A[rows, cols] + beta * out (gemv, transposed view)."""
+    if dtype == np.float16:
+        gemm_into(h, a_ptr, ones_ptr, out_ptr, rows, 1, cols, False, False, alpha, beta, dtype)
+        return
     getattr(C, _GEMV[dtype])(h, cublas.CUBLAS_OP_T, cols, rows, D.scalar_ptr(alpha, dtype), a_ptr, cols,
                              ones_ptr, 1, D.scalar_ptr(beta, dtype), out_ptr, 1)
 
@@ -74,7 +87,7 @@ def gemm(a, b, c=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
 @op(reference.linear_forward, "x", "w", "b")
 def linear_forward(x, w, b=None):
     """y = x w^T + b (Dense): one Sgemm, bias by a rank-1 Sgemm (ones[N] b^T) so it is one more cuBLAS call."""
-    dtype = float_dtype("linear_forward", _check.FLOAT32_64, x=x, w=w, b=b)
+    dtype = float_dtype("linear_forward", _check.FLOAT_DTYPES, x=x, w=w, b=b)
     n, units = _check.linear_params("linear_forward", x._shape, w._shape, None if b is None else b._shape)
     k = x._shape[1]
     y = out_like((n, units), dtype, x._device)
@@ -91,7 +104,7 @@ def linear_forward(x, w, b=None):
 @op(reference.linear_backward, "x", "w", "dy")
 def linear_backward(x, w, dy, bias=True):
     """(dx, dw, db): dx = dy w, dw = dy^T x (two Sgemm), db = column sums of dy (Sgemv with ones)."""
-    dtype = float_dtype("linear_backward", _check.FLOAT32_64, x=x, w=w, dy=dy)
+    dtype = float_dtype("linear_backward", _check.FLOAT_DTYPES, x=x, w=w, dy=dy)
     _check.linear_grad_params("linear_backward", x._shape, w._shape, dy._shape)
     n, k = x._shape
     units = w._shape[0]

@@ -20,6 +20,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
+@_check.float16_via_float32
 def activation_forward(x: np.ndarray, mode: str = "relu", coef: float = 0.0) -> np.ndarray:
     """relu, sigmoid, tanh, clipped_relu (min(max(x, 0), coef)), elu (x if x > 0 else coef*(exp(x) - 1))."""
     x = np.asarray(x)
@@ -37,6 +38,7 @@ def activation_forward(x: np.ndarray, mode: str = "relu", coef: float = 0.0) -> 
     return np.where(x > 0, x, coef * np.expm1(np.minimum(x, 0))).astype(x.dtype, copy=False)
 
 
+@_check.float16_via_float32
 def activation_backward(y: np.ndarray, dy: np.ndarray, x: np.ndarray, mode: str = "relu",
                         coef: float = 0.0) -> np.ndarray:
     """dx = dy * f'(x)."""
@@ -63,6 +65,7 @@ def _softmax_view(x: np.ndarray, mode: str) -> np.ndarray:
     return x.reshape(x.shape[0], -1) if mode == "instance" else x
 
 
+@_check.float16_via_float32
 def softmax_forward(x: np.ndarray, algorithm: str = "accurate", mode: str = "instance") -> np.ndarray:
     """Softmax (or log-softmax) over C*H*W per sample (instance) or over C per pixel (channel)."""
     x = np.asarray(x)
@@ -77,6 +80,7 @@ def softmax_forward(x: np.ndarray, algorithm: str = "accurate", mode: str = "ins
     return np.ascontiguousarray(y.reshape(x.shape).astype(x.dtype, copy=False))
 
 
+@_check.float16_via_float32
 def softmax_backward(y: np.ndarray, dy: np.ndarray, algorithm: str = "accurate",
                      mode: str = "instance") -> np.ndarray:
     """accurate: dx = y * (dy - sum(dy * y)); log: dx = dy - exp(y) * sum(dy); sums over the softmax axis."""

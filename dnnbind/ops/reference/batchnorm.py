@@ -8,7 +8,8 @@ over every other axis. The semantics are MXNet 1.x's (src/operator/nn/batch_norm
   ``running = momentum * running + (1 - momentum) * batch`` (batch_norm.cc, BatchNormBackwardImpl, the
   ``runningVarDataPtr[channel] * param_.momentum + variance * (1 - momentum)`` lines);
 - ``save_inv_std`` is 1 / sqrt(var + eps), what cuDNN's ``resultSaveInvVariance`` holds too.
-Statistics are accumulated in float64 and rounded to the data's dtype.
+Statistics are accumulated in float64 and rounded to the data's dtype (the parameters' dtype for the
+per-channel results: float32 for float16 data).
 """
 
 from __future__ import annotations
@@ -16,6 +17,20 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _check
+
+
+def bn_dtypes(op: str, data: dict, params: dict) -> tuple:
+    """(data dtype, parameter dtype). The data arrays (x, dy) share float16, float32 or float64; the per-channel
+    arrays share the data's dtype, or float32 for float16 data (cuDNN's mixed mode: half data, float scale, bias
+    and statistics, as MXNet keeps BatchNorm's parameters in float32 under net.cast('float16'))."""
+    dtype = _check.check_dtype(op, _check.FLOAT_DTYPES, **data)
+    pdtype = _check.check_dtype(op, _check.FLOAT32_64, **params)
+    want = np.dtype(np.float32) if dtype == np.float16 else dtype
+    if pdtype != want:
+        names = ", ".join(k for k, v in params.items() if v is not None)
+        raise TypeError(f"{op}: {names} have dtype {pdtype.name} but the data is {dtype.name}; expected {want.name}"
+                        + (" (float16 data takes float32 parameters and statistics)" if dtype == np.float16 else ""))
+    return dtype, pdtype
 
 
 def bn_shapes(op: str, x_shape: tuple, **params) -> int:
@@ -68,8 +83,8 @@ def batchnorm_forward_training(x: np.ndarray, gamma: np.ndarray, beta: np.ndarra
     Returns (y, save_mean, save_inv_std)."""
     op = "batchnorm_forward_training"
     x, gamma, beta = np.asarray(x), np.asarray(gamma), np.asarray(beta)
-    dtype = _check.check_dtype(op, _check.FLOAT32_64, x=x, gamma=gamma, beta=beta, running_mean=running_mean,
-                               running_var=running_var)
+    dtype, pdtype = bn_dtypes(op, {"x": x}, {"gamma": gamma, "beta": beta, "running_mean": running_mean,
+                                             "running_var": running_var})
     bn_shapes(op, x.shape, gamma=gamma.shape, beta=beta.shape, running_mean=np.shape(running_mean),
               running_var=np.shape(running_var))
     eps, momentum = bn_scalars(op, eps, momentum)
@@ -86,7 +101,7 @@ def batchnorm_forward_training(x: np.ndarray, gamma: np.ndarray, beta: np.ndarra
     y = (x64 - _bcast(mean, x.ndim)) * _bcast(inv_std * gamma, x.ndim) + _bcast(beta.astype(np.float64), x.ndim)
     running_mean[...] = momentum * running_mean + (1.0 - momentum) * mean
     running_var[...] = momentum * running_var + (1.0 - momentum) * var
-    return y.astype(dtype), mean.astype(dtype), inv_std.astype(dtype)
+    return y.astype(dtype), mean.astype(pdtype), inv_std.astype(pdtype)
 
 
 def batchnorm_forward_inference(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, mean: np.ndarray,
@@ -94,7 +109,7 @@ def batchnorm_forward_inference(x: np.ndarray, gamma: np.ndarray, beta: np.ndarr
     """y = gamma * (x - mean) / sqrt(var + eps) + beta with given (running) statistics."""
     op = "batchnorm_forward_inference"
     x, gamma, beta, mean, var = (np.asarray(a) for a in (x, gamma, beta, mean, var))
-    dtype = _check.check_dtype(op, _check.FLOAT32_64, x=x, gamma=gamma, beta=beta, mean=mean, var=var)
+    dtype, _ = bn_dtypes(op, {"x": x}, {"gamma": gamma, "beta": beta, "mean": mean, "var": var})
     bn_shapes(op, x.shape, gamma=gamma.shape, beta=beta.shape, mean=mean.shape, var=var.shape)
     eps, _ = bn_scalars(op, eps)
     scale = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
@@ -112,8 +127,8 @@ def batchnorm_backward(x: np.ndarray, dy: np.ndarray, gamma: np.ndarray, save_me
     holds it) but kept so the signature matches cudnnBatchNormalizationBackward's."""
     op = "batchnorm_backward"
     x, dy, gamma, save_mean, save_inv_std = (np.asarray(a) for a in (x, dy, gamma, save_mean, save_inv_std))
-    dtype = _check.check_dtype(op, _check.FLOAT32_64, x=x, dy=dy, gamma=gamma, save_mean=save_mean,
-                               save_inv_std=save_inv_std)
+    dtype, pdtype = bn_dtypes(op, {"x": x, "dy": dy}, {"gamma": gamma, "save_mean": save_mean,
+                                                       "save_inv_std": save_inv_std})
     _check.check_same_shape(op, x=x, dy=dy)
     bn_shapes(op, x.shape, gamma=gamma.shape, save_mean=save_mean.shape, save_inv_std=save_inv_std.shape)
     bn_scalars(op, eps)
@@ -125,4 +140,4 @@ def batchnorm_backward(x: np.ndarray, dy: np.ndarray, gamma: np.ndarray, save_me
     dbeta = g.sum(axis=axes)
     dgamma = (g * xhat).sum(axis=axes)
     dx = _bcast(gamma.astype(np.float64) * inv, nd) * (g - _bcast(dbeta / m, nd) - xhat * _bcast(dgamma / m, nd))
-    return dx.astype(dtype), dgamma.astype(dtype), dbeta.astype(dtype)
+    return dx.astype(dtype), dgamma.astype(pdtype), dbeta.astype(pdtype)

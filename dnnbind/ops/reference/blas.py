@@ -34,12 +34,18 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) ->
     x, w = np.asarray(x), np.asarray(w)
     b = None if b is None else np.asarray(b)
     op = "linear_forward"
-    _check.check_dtype(op, _check.FLOAT32_64, x=x, w=w, b=b)
+    dtype = _check.check_dtype(op, _check.FLOAT_DTYPES, x=x, w=w, b=b)
     _check.linear_params(op, x.shape, w.shape, None if b is None else b.shape)
-    y = x @ w.T
+    acc = _accumulator(dtype)
+    y = x.astype(acc) @ w.T.astype(acc)
     if b is not None:
         y += b
-    return y
+    return y.astype(dtype, copy=False)
+
+
+def _accumulator(dtype) -> np.dtype:
+    """float16 products accumulate in float32 (as cublasGemmEx with CUBLAS_COMPUTE_32F); others in their own."""
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
 
 
 def linear_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, bias: bool = True
@@ -47,9 +53,12 @@ def linear_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, bias: bool = T
     """(dx, dw, db) = (dy @ w, dy.T @ x, dy summed over rows, or None when bias is False)."""
     x, w, dy = np.asarray(x), np.asarray(w), np.asarray(dy)
     op = "linear_backward"
-    _check.check_dtype(op, _check.FLOAT32_64, x=x, w=w, dy=dy)
+    dtype = _check.check_dtype(op, _check.FLOAT_DTYPES, x=x, w=w, dy=dy)
     _check.linear_grad_params(op, x.shape, w.shape, dy.shape)
-    return dy @ w, dy.T @ x, (dy.sum(axis=0) if bias else None)
+    acc = _accumulator(dtype)
+    x, w, dy = x.astype(acc, copy=False), w.astype(acc, copy=False), dy.astype(acc, copy=False)
+    return tuple(None if r is None else r.astype(dtype, copy=False)
+                 for r in (dy @ w, dy.T @ x, (dy.sum(axis=0) if bias else None)))
 
 
 def _target(op: str, name: str, a) -> np.ndarray:

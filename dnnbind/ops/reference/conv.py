@@ -58,6 +58,7 @@ def _dy_matrix(dy: np.ndarray, groups: int) -> np.ndarray:
     return np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(groups, k // groups, n * p * q)
 
 
+@_check.float16_via_float32
 def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stride=1, padding=0, dilation=1,
                  groups: int = 1) -> np.ndarray:
     """y[n, k] = sum over c in k's group, r, s of x_padded[n, c, p*sh + r*dh, q*sw + s*dw] * w[k, c, r, s] + b[k]."""
@@ -76,6 +77,7 @@ def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stri
     return np.ascontiguousarray(y)
 
 
+@_check.float16_via_float32
 def conv_backward_data(w: np.ndarray, dy: np.ndarray, x_shape, stride=1, padding=0, dilation=1,
                        groups: int = 1) -> np.ndarray:
     """dx = the adjoint of conv_forward in x, applied to dy."""
@@ -92,6 +94,7 @@ def conv_backward_data(w: np.ndarray, dy: np.ndarray, x_shape, stride=1, padding
     return _col2im(dcols.reshape(cg * groups, r, s, n, p, q), x_shape, stride, padding, dilation)
 
 
+@_check.float16_via_float32
 def conv_backward_filter(x: np.ndarray, dy: np.ndarray, w_shape, stride=1, padding=0, dilation=1,
                          groups: int = 1) -> np.ndarray:
     """dw[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] * x_padded[n, c, p*sh + r*dh, q*sw + s*dw]."""
@@ -108,6 +111,7 @@ def conv_backward_filter(x: np.ndarray, dy: np.ndarray, w_shape, stride=1, paddi
     return np.ascontiguousarray(dw.reshape(w_shape))
 
 
+@_check.float16_via_float32
 def conv_backward_bias(dy: np.ndarray) -> np.ndarray:
     """db[k] = sum of dy[:, k]."""
     dy = np.asarray(dy)
@@ -116,6 +120,7 @@ def conv_backward_bias(dy: np.ndarray) -> np.ndarray:
     return dy.sum(axis=(0, 2, 3))
 
 
+@_check.float16_via_float32
 def add_tensor(x: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x + b, b (C,) broadcast over x (N, C, ...) or b the same shape as x. Returns a new array."""
     x, b = np.asarray(x), np.asarray(b)

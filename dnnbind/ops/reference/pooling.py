@@ -56,6 +56,7 @@ def _max(xp: np.ndarray, window, stride, p: int, q: int) -> np.ndarray:
     return y
 
 
+@_check.float16_via_float32
 def pooling_forward(x: np.ndarray, mode: str = "max", window=2, stride=None, padding=0) -> np.ndarray:
     """y (N, C, P, Q) with P = floor((H + 2*pad - window) / stride) + 1, like cuDNN."""
     x = np.asarray(x)
@@ -72,6 +73,7 @@ def pooling_forward(x: np.ndarray, mode: str = "max", window=2, stride=None, pad
     return (total / _divisor(mode, x.shape, window, stride, padding, p, q, x.dtype)).astype(x.dtype, copy=False)
 
 
+@_check.float16_via_float32
 def pooling_backward(y: np.ndarray, dy: np.ndarray, x: np.ndarray, mode: str = "max", window=2, stride=None,
                      padding=0) -> np.ndarray:
     """dx: max routes each window's dy to the window's first maximal x; avg spreads dy / divisor evenly."""

@@ -1,0 +1,161 @@
+"""Mixed precision the MXNet way: ``net.cast('float16')`` (BatchNorm stays float32), the Trainer keeping float32
+master weights (``multi_precision``), float16 Dense (cublasGemmEx) and a float32 loss; on the CPU (numpy twins) and,
+marker ``gpu``, on the GPU (cuDNN half convolutions, cuDNN's half-data BatchNorm)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dnnbind import autograd, gluon, init, nd
+
+DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def _ctx(device):
+    import dnnbind
+    return dnnbind.gpu(0) if device == "gpu" else dnnbind.cpu()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_master_weights_keep_updates_float16_would_lose(device):
+    """lr * grad = 1e-4 is a fifth of float16's spacing at 1.0 (2^-10): updated in float16 the weight would never
+    move. The float32 master copy accumulates the ten updates, and the float16 weight shows them (0.999)."""
+    ctx = _ctx(device)
+    p = gluon.Parameter("w", shape=(4,))
+    p.initialize(init=init.One(), ctx=ctx)
+    p.cast("float16")
+    trainer = gluon.Trainer([p], "sgd", {"learning_rate": 1e-4, "multi_precision": True})
+    ones = nd.ones((4,), ctx=ctx, dtype="float16")
+    for _ in range(10):
+        with autograd.record():
+            y = (p.data() * ones).sum()
+        y.backward()
+        trainer.step(1)
+    w = p.data().asnumpy()
+    assert w.dtype == np.float16
+    np.testing.assert_allclose(w.astype(np.float64), 0.999, atol=2.5e-4)  # float16(0.999) = 0.99902
+
+
+def _mlp():
+    net = gluon.nn.Sequential()
+    net.add(gluon.nn.Dense(16), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"), gluon.nn.Dense(5))
+    return net
+
+
+def _cnn():  # conv (+bias, fused relu), BatchNorm, pooling, a residual add, global pooling, Dense
+    class Net(gluon.nn.Block):
+        def __init__(self):
+            super().__init__()
+            self.c1 = gluon.nn.Conv2D(8, 3, padding=1, activation="relu")
+            self.c2 = gluon.nn.Conv2D(8, 3, padding=1, use_bias=False)
+            self.bn = gluon.nn.BatchNorm()
+            self.pool = gluon.nn.MaxPool2D(2)
+            self.gap = gluon.nn.GlobalAvgPool2D()
+            self.out = gluon.nn.Dense(5)
+
+        def forward(self, x):
+            y = self.c1(x)
+            y = nd.relu(self.bn(self.c2(y)) + y)
+            return self.out(self.gap(self.pool(y)))
+    return Net()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("build, shape", [(_mlp, (8, 12)), (_cnn, (4, 3, 8, 8))], ids=["mlp", "cnn"])
+def test_cast_network_trains_like_its_float64_twin(device, build, shape):
+    """A network cast to float16, SGD with momentum, 3 steps: every float16 weight within float16 rounding of the
+    same training run in float64 (from the same weights, on the same batches); BatchNorm's parameters and
+    statistics stay float32 and follow too; the loss is float32."""
+    ctx = _ctx(device)
+    rng = np.random.default_rng(0)
+
+    half, ref = build(), build()
+    half.initialize(init.Xavier(), ctx=ctx)
+    ref.initialize(init.Xavier(), ctx=ctx)
+    x0 = rng.standard_normal(shape)
+    half(nd.array(x0, ctx=ctx))
+    ref(nd.array(x0, ctx=ctx))
+    for ph, pr in zip(half.collect_params().values(), ref.collect_params().values()):
+        pr.set_data(ph.data().astype("float64"))
+    half.cast("float16")
+    ref.cast("float64")
+    kinds = {k.rsplit(".", 1)[-1] if "running" not in k else "stat": p.data().dtype
+             for k, p in half.collect_params().items()}
+    assert kinds["weight"] == np.float16 and kinds["gamma"] == np.float32 and kinds["stat"] == np.float32
+    # the float64 run starts from the float16-rounded weights, as the half run does
+    for ph, pr in zip(half.collect_params().values(), ref.collect_params().values()):
+        pr.set_data(ph.data().astype("float64"))
+    opts = {"learning_rate": 0.1, "momentum": 0.9, "multi_precision": True}
+    th, tr = gluon.Trainer(half.collect_params(), "sgd", opts), gluon.Trainer(ref.collect_params(), "sgd", opts)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for _ in range(3):
+        x, y = rng.standard_normal(shape), rng.integers(0, 5, shape[0])
+        for net, trainer, dt in ((half, th, "float16"), (ref, tr, "float64")):
+            with autograd.record():
+                loss = loss_fn(net(nd.array(x, ctx=ctx, dtype=dt)), nd.array(y, ctx=ctx))
+            loss.backward()
+            trainer.step(shape[0])
+            if dt == "float16":
+                assert loss.dtype == np.float32
+    for (name, ph), pr in zip(half.collect_params().items(), ref.collect_params().values()):
+        got, want = ph.data().asnumpy().astype(np.float64), pr.data().asnumpy()
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * scale, err_msg=name)
+        assert np.abs(got - want).max() > 0 or ph.data().dtype != np.float16  # not trivially equal
+
+
+def test_trainer_refuses_other_dtype_mixtures():
+    a, b = gluon.Parameter("a", shape=(2,)), gluon.Parameter("b", shape=(2,))
+    a.initialize()
+    b.initialize()
+    a.cast("float64")
+    with pytest.raises(ValueError, match="Trainer: all trainable Parameters must share one dtype"):
+        gluon.Trainer([a, b], "sgd", {"learning_rate": 0.1})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_loss_scaling_unscales_and_skips_overflowed_steps(device):
+    """amp.scale_loss multiplies the loss by the scale; the Trainer divides it back out (the update equals the
+    unscaled one); a step whose gradients hold an inf is skipped and halves the scale; scale_window clean steps
+    double it."""
+    from dnnbind import amp
+    ctx = _ctx(device)
+    p = gluon.Parameter("w", shape=(3,))
+    p.initialize(init=init.Constant(0.5), ctx=ctx)
+    p.cast("float16")
+    trainer = gluon.Trainer([p], "sgd", {"learning_rate": 0.25, "multi_precision": True})
+    scaler = amp.init_trainer(trainer, amp.LossScaler(init_scale=1024.0, scale_window=2))
+    c = np.array([1.0, -2.0, 0.5], np.float16)
+
+    def step(coef):
+        with autograd.record():
+            loss = (p.data() * nd.array(coef, ctx=ctx, dtype="float16")).sum()
+            with amp.scale_loss(loss, trainer) as scaled:
+                autograd.backward(scaled)
+        np.testing.assert_allclose(p.grad().asnumpy(), coef.astype(np.float32) * scaler.loss_scale, rtol=1e-3)
+        trainer.step(1)
+
+    step(c)
+    np.testing.assert_allclose(p.data().asnumpy(), 0.5 - 0.25 * c, rtol=1e-3)
+    assert scaler.loss_scale == 1024.0
+    before = p.data().asnumpy()
+    step(np.array([np.inf, 1.0, 1.0], np.float16))  # overflow: skipped, scale halved
+    np.testing.assert_array_equal(p.data().asnumpy(), before)
+    assert scaler.loss_scale == 512.0 and scaler.skipped == 1
+    step(c)
+    step(c)  # two clean steps in a row: doubled
+    assert scaler.loss_scale == 1024.0
+    np.testing.assert_allclose(p.data().asnumpy(), before - 0.5 * c, rtol=1e-3)
+
+
+def test_loss_scaler_arguments_and_use_before_init():
+    from dnnbind import amp
+    with pytest.raises(ValueError, match="LossScaler: need init_scale > 0"):
+        amp.LossScaler(scale_factor=1.0)
+    p = gluon.Parameter("w", shape=(2,))
+    p.initialize()
+    trainer = gluon.Trainer([p], "sgd", {"learning_rate": 0.1})
+    with pytest.raises(RuntimeError, match="amp.init_trainer"):
+        with amp.scale_loss(nd.ones((1,)), trainer):
+            pass
