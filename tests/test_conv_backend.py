@@ -232,8 +232,9 @@ def test_candidates_checks_its_arguments_before_cudnn():
     args = ((64, 1, 28, 28), (32, 1, 3, 3), (64, 32, 28, 28), 1, 1, 1)
     with pytest.raises(ValueError, match="direction"):
         cb.candidates(0, "bwd", *args)
-    with pytest.raises(TypeError, match="float32 or float64"):
-        cb.candidates(0, "fwd", *args, dtype=np.float16)
+    with pytest.raises(TypeError, match="float32, float64 or float16"):
+        cb.candidates(0, "fwd", *args, dtype=np.int32)
+    assert cb.candidates(0, "fwd_bias_relu", *args, dtype=np.float16) == []  # float32/64 intermediates only
     with pytest.raises(ValueError, match="math"):
         cb.candidates(0, "fwd", *args, math="bf16")
     with pytest.raises(ValueError, match="y_shape"):
@@ -318,7 +319,7 @@ def _run_case(case, direction, dtype=F32, math="fp32", deterministic=False, per_
                     f"alignment={alignment or dtype.itemsize}) at x={xs} w={ws} stride={stride} padding={padding}; "
                     f"refused/failed: {reasons}")
     assert plans, f"no backend plan for {direction} {case}"
-    rtol = 1e-4 if math == "fp32" else 2e-2
+    rtol = 1e-4 if math == "fp32" and dtype != np.float16 else 2e-2
     atol = rtol * max(1.0, float(np.abs(expected).max()))
     arrays = [d.array(v, device=dev) for v in ins]
     ptrs = tuple(a._ptr for a in arrays)
@@ -342,6 +343,13 @@ def test_backend_plans_match_reference(case, direction):
     for plan in _run_case(case, direction):
         assert C.CUDNN_NUMERICAL_NOTE_TENSOR_CORE not in plan.numerical_notes  # strict fp32
         assert plan.workspace_size >= 0 and plan.name.startswith("eng")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_filter"])
+def test_backend_float16_plans_match_reference(direction):
+    """Half data, float accumulation (tensor cores): within 2e-2 of the float64 reference on the same values."""
+    _run_case(GPU_CASES[1], direction, dtype=np.float16, per_case=3)
 
 
 @pytest.mark.gpu

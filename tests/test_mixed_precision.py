@@ -159,3 +159,17 @@ def test_loss_scaler_arguments_and_use_before_init():
     with pytest.raises(RuntimeError, match="amp.init_trainer"):
         with amp.scale_loss(nd.ones((1,)), trainer):
             pass
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(256, 64, 24, 24), (3, 5, 7, 1), (1, 2, 1, 1)])
+def test_float16_conv_bias_gradient_through_gemmex(shape):
+    """The conv bias gradient (dy summed over N, H, W) for float16 dy: two cublasGemmEx products against ones with
+    float accumulation, within half rounding of the float64 sum."""
+    import dnnbind
+    from dnnbind.ops.conv import conv_backward_bias_gemv
+    dy = np.random.default_rng(7).standard_normal(shape).astype(np.float16)
+    got = conv_backward_bias_gemv(nd.array(dy, ctx=dnnbind.gpu(0), dtype="float16")).asnumpy()
+    want = dy.astype(np.float64).sum((0, 2, 3))
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())

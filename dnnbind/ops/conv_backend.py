@@ -55,8 +55,15 @@ _OPS = {
                     C.CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY), (UID_X, UID_Y, UID_W)),  # (x, dy, dw)
 }
 _OPS["fwd_bias_relu"] = _OPS["fwd"][:5] + ((UID_X, UID_W, UID_B, UID_Y),)  # its conv op is "fwd"'s; (x, w, b, y)
-_DTYPES = {np.dtype(np.float32): C.CUDNN_DATA_FLOAT, np.dtype(np.float64): C.CUDNN_DATA_DOUBLE}
-DTYPES = tuple(_DTYPES)  # what candidates() builds plans for (float16 convs stay on the legacy API)
+_DTYPES = {np.dtype(np.float32): C.CUDNN_DATA_FLOAT, np.dtype(np.float64): C.CUDNN_DATA_DOUBLE,
+           np.dtype(np.float16): C.CUDNN_DATA_HALF}
+DTYPES = tuple(_DTYPES)  # what candidates() builds plans for
+
+
+def _compute_code(dtype) -> int:
+    """The conv's accumulation type: double for double, float otherwise (half data accumulates in float, as the
+    legacy descriptor's "pseudo half" does)."""
+    return C.CUDNN_DATA_DOUBLE if dtype == np.float64 else C.CUDNN_DATA_FLOAT
 _NOTE_TAGS = {C.CUDNN_NUMERICAL_NOTE_TENSOR_CORE: "tc", C.CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS: "down",
               C.CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION: "rpr", C.CUDNN_NUMERICAL_NOTE_FFT: "fft",
               C.CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC: "nondet", C.CUDNN_NUMERICAL_NOTE_WINOGRAD: "wino"}
@@ -360,7 +367,7 @@ def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1,
     """Usable execution plans for one conv, in heuristic order (mode A, or INSTANT if A fails, then the
     FALLBACK engines not already listed); [] when no engine supports the graph (never raises NOT_SUPPORTED).
     ``direction``: see _OPS (for "fwd_bias_relu" y_shape is y's and the bias is (1, K, 1, 1), K = w_shape[0]).
-    Shapes NCHW / KCRS, fully packed; float32 or float64; groups=1 only (else []). ``alignment``: the byte
+    Shapes NCHW / KCRS, fully packed; float32, float64 or float16 (float accumulation); groups=1 only (else []). ``alignment``: the byte
     alignment promised for every pointer (default: the element size, see below). ``limit``: stop after that
     many plans. ``skipped``: a list that receives (name, reason) for each engine config refused or failing to
     finalize (NOT_SUPPORTED or an internal/compile error)."""
@@ -368,7 +375,9 @@ def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1,
         raise ValueError(f"conv_backend.candidates: direction must be one of {sorted(_OPS)}, got {direction!r}")
     dtype = np.dtype(dtype)
     if dtype not in _DTYPES:
-        raise TypeError(f"conv_backend.candidates: dtype must be float32 or float64, got {dtype}")
+        raise TypeError(f"conv_backend.candidates: dtype must be float32, float64 or float16, got {dtype}")
+    if dtype == np.float16 and direction == "fwd_bias_relu":
+        return []  # the fused graph's intermediates are built in the data's precision: float32/64 only
     if math not in ("fp32", "tf32"):
         raise ValueError(f"conv_backend.candidates: math must be 'fp32' or 'tf32', got {math!r}")
     if groups != 1:
@@ -393,7 +402,7 @@ def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1,
         except (LibraryNotFoundError, OSError) as exc:
             skipped.append(("nvrtc", exc))
     try:
-        conv = _conv(stride, padding, dilation, _DTYPES[dtype]).finalize()
+        conv = _conv(stride, padding, dilation, _compute_code(dtype)).finalize()
         # NOTE: CUDNN_ATTR_OPERATIONGRAPH_HANDLE / EXECUTION_PLAN_HANDLE are marked deprecated in 9.28's enum,
         # but the header's descriptor docs still list them as required; cudnn-frontend sets both.
         graph = Descriptor(C.CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)
