@@ -418,6 +418,7 @@ def compare(name: str, args, ctx, dev) -> dict:
     row = {"model": name, "notebook": spec.notebook, "size": spec.size, "lr": spec.lr, "batch_size": bs,
            "init": "Xavier()", "num_params": int(sum(p.data().size for _, p, _, _ in pairs)), "epochs": []}
     twins = float64_twins(spec, net, tnet, ctx) if args.float64 else None
+    half = float16_twin(spec, net, ctx) if args.float16 else None
     for epoch in range(args.epochs):
         perm = rng.permutation(len(labels))[:n_train]  # drawn once, used by both frameworks
         t0 = time.perf_counter()
@@ -442,6 +443,13 @@ def compare(name: str, args, ctx, dev) -> dict:
               f"torch {s_t:.2f} s, loss {loss_t:.4f}, test acc {acc_t:.4f}", flush=True)
         if twins:
             row["epochs"][-1].update(train_float64(twins, x, y, bs, tx, ty, ctx, dev))
+        if half:
+            s16, loss16, _ = epoch_mx(half["net"], half["trainer"], x, y, bs, ctx, "float16")
+            acc16 = accuracy(lambda b: logits_mx(half["net"], b, ctx, "float16"), tx, ty, bs)
+            print(f"  float16 twin (net.cast, float32 master weights): dnnbind {s16:.2f} s, loss {loss16:.4f}, "
+                  f"test acc {acc16:.4f}", flush=True)
+            row["epochs"][-1].update(seconds_dnnbind_f16=s16, train_loss_dnnbind_f16=loss16,
+                                     test_acc_dnnbind_f16=acc16)
     c = row["check"]
     c["ok"] = abs(c["loss_dnnbind"] - c["loss_torch"]) <= CHECK_RTOL * max(1.0, abs(c["loss_torch"]))
     print(f"  check, first batch from the copied weights (predict mode): loss dnnbind {c['loss_dnnbind']:.6f}, "
@@ -465,6 +473,19 @@ def float64_twins(spec, net, tnet, ctx) -> dict:
     t64 = copy.deepcopy(tnet).double()
     return {"net": net64, "trainer": gluon.Trainer(net64.collect_params(), "sgd", {"learning_rate": spec.lr}),
             "tnet": t64, "opt": _torch().torch.optim.SGD(t64.parameters(), lr=spec.lr)}
+
+
+def float16_twin(spec, net, ctx) -> dict:
+    """dnnbind's model in mixed precision from the same initial weights (--float16): net.cast('float16')
+    (BatchNorm stays float32) and SGD with float32 master weights (multi_precision), MXNet's recipe."""
+    net16 = spec.build_mx()
+    net16.initialize(INIT(), ctx=ctx)
+    net16(nd.zeros((2, 1, spec.size, spec.size), ctx=ctx))
+    for p16, p in zip(net16.collect_params().values(), net.collect_params().values(), strict=True):
+        p16.set_data(p.data())
+    net16.cast("float16")
+    return {"net": net16, "trainer": gluon.Trainer(net16.collect_params(), "sgd",
+                                                   {"learning_rate": spec.lr, "multi_precision": True})}
 
 
 def train_float64(twins, x, y, bs, tx, ty, ctx, dev) -> dict:
@@ -492,6 +513,15 @@ def print_table(rows, title):
               f"{c['loss_dnnbind']:>15.6f}{c['loss_torch']:>13.6f}  {'ok' if c['ok'] else 'MISMATCH'}")
     print("s, acc: the last epoch; diff pp: dnnbind - torch, percentage points; loss0: the first training batch "
           "scored in predict mode before training (the weight-copy check)")
+    f16 = [r for r in rows if "test_acc_dnnbind_f16" in r["epochs"][-1]]
+    if f16:
+        print(f"\nmixed precision (dnnbind, net.cast('float16')) against FP32, test accuracy\n"
+              f"{'model':<11}{'fp32 dnnbind':>14}{'fp16 dnnbind':>14}{'diff pp':>9}{'fp32 torch':>12}")
+        for r in f16:
+            e = r["epochs"][-1]
+            print(f"{r['model']:<11}{100 * e['test_acc_dnnbind']:>13.2f}%{100 * e['test_acc_dnnbind_f16']:>13.2f}%"
+                  f"{100 * (e['test_acc_dnnbind_f16'] - e['test_acc_dnnbind']):>+9.2f}"
+                  f"{100 * e['test_acc_torch']:>11.2f}%")
     f64 = [r for r in rows if "test_acc_torch_f64" in r["epochs"][-1]]
     if f64:
         cols = f"{'model':<11}{'fp32 dnnbind':>14}{'fp32 torch':>12}{'fp64 dnnbind':>14}{'fp64 torch':>12}"
@@ -513,6 +543,8 @@ def parse_args(argv=None):
                    help="train on the first K batches, test on the first K test batches (smoke runs)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--float16", action="store_true",
+                   help="also train dnnbind's model in mixed precision (net.cast('float16'), float32 master weights)")
     p.add_argument("--float64", action="store_true",
                    help="also train float64 copies of both models from the same weights on the same batches")
     return p.parse_args(argv)
