@@ -278,6 +278,8 @@ def parse_args(argv=None):
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), metavar="MODE",
                    help=f"modes to run, in this order (default: all): {' '.join(MODES)}")
     p.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile modes")
+    p.add_argument("--bn-mode", choices=("spatial", "persistent"), default="spatial",
+                   help="dnnbind's training BatchNorm algorithm (dnnbind.set_batchnorm_mode)")
     p.add_argument("--compile-budget", type=float, default=COMPILE_BUDGET,
                    help="seconds a torch.compile mode may spend warming up (compiling); 0: no limit")
     p.add_argument("--json", default=None, help="default: runs/bench_<model>.json")
@@ -302,7 +304,9 @@ def main(argv=None) -> dict:
     args.batch = args.batch or spec.batch_size
     ctx = mx.gpu(0) if args.device == "gpu" else mx.cpu()
     env = bench.environment(torch)
-    out = {"model": args.model, "book": title, "input": [1, spec.size, spec.size], "classes": 10,
+    mx.set_batchnorm_mode(args.bn_mode)
+    out = {"model": args.model, "book": title, "bn_mode": args.bn_mode, "input": [1, spec.size, spec.size],
+           "classes": 10,
            "batch": args.batch, "lr": args.lr, "momentum": MOMENTUM, "pool_batches": args.pool,
            "warmup_steps": args.warmup, "timed_steps": args.steps, "device": args.device, **env, "runs": {}}
     if torch is not None:

@@ -543,6 +543,8 @@ def parse_args(argv=None):
                    help="train on the first K batches, test on the first K test batches (smoke runs)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--bn-mode", choices=("spatial", "persistent"), default="spatial",
+                   help="dnnbind's training BatchNorm algorithm (dnnbind.set_batchnorm_mode)")
     p.add_argument("--float16", action="store_true",
                    help="also train dnnbind's model in mixed precision (net.cast('float16'), float32 master weights)")
     p.add_argument("--float64", action="store_true",
@@ -552,6 +554,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    dnnbind.set_batchnorm_mode(args.bn_mode)
     torch = _torch().torch
     ctx = mx.gpu(0) if args.device == "gpu" else mx.cpu()
     dev = torch.device("cuda" if args.device == "gpu" else "cpu")
@@ -572,6 +575,7 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         config = {"book": BOOK, "data": DATA_NOTE, "device": args.device, "epochs": args.epochs,
                   "limit_batches": args.limit_batches, "seed": args.seed, "torch": torch.__version__,
+                  "bn_mode": args.bn_mode,
                   "numpy": np.__version__, "python": platform.python_version(),
                   "gpu": torch.cuda.get_device_name(0) if args.device == "gpu" else None,
                   "math": "strict FP32 (dnnbind's default; torch with TF32 off)"}

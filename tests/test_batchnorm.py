@@ -494,6 +494,37 @@ def test_gpu_ops_match_twin(gpu, shape, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_gpu_persistent_mode_matches_twin(gpu, dtype):
+    """set_batchnorm_mode("persistent") (CUDNN_BATCHNORM_SPATIAL_PERSISTENT): same results as the twin, in float32
+    and in mixed precision; the previous mode comes back."""
+    import dnnbind
+    shape = (32, 16, 12, 12)
+    previous = dnnbind.set_batchnorm_mode("persistent")
+    try:
+        if dtype == np.float16:
+            host = _half_inputs(shape, 50)
+            dev = [nd.array(a, ctx=gpu, dtype=a.dtype) for a in host]
+            _check_half_against_float64(B, *dev, to_host=lambda a: a.asnumpy())
+        else:
+            x, gamma, beta, rm, rv = _inputs(shape, dtype, seed=51)
+            dy = np.random.RandomState(52).randn(*shape).astype(dtype)
+            dev = {k: nd.array(v, ctx=gpu) for k, v in dict(x=x, g=gamma, b=beta, rm=rm, rv=rv, dy=dy).items()}
+            y, sm, si = B.batchnorm_forward_training(dev["x"], dev["g"], dev["b"], dev["rm"], dev["rv"], 0.9, 1e-5)
+            ey, esm, esi = R.batchnorm_forward_training(x, gamma, beta, rm, rv, 0.9, 1e-5)
+            assert_close(y, ey, 1e-4, 1e-4, "y")
+            assert_close(dev["rv"], rv, 1e-5, 1e-5, "running_var")
+            dx, dg, db = B.batchnorm_backward(dev["x"], dev["dy"], dev["g"], sm, si, 1e-5)
+            edx, edg, edb = R.batchnorm_backward(x, dy, gamma, esm, esi, 1e-5)
+            for got, want, name in ((dx, edx, "dx"), (dg, edg, "dgamma"), (db, edb, "dbeta")):
+                assert_close(got, want, 1e-4, 1e-4 * max(1.0, float(np.abs(want).max())), name)
+    finally:
+        assert dnnbind.set_batchnorm_mode(previous) == "persistent"
+    with pytest.raises(ValueError, match="set_batchnorm_mode: mode must be one of"):
+        dnnbind.set_batchnorm_mode("fast")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(6, 3), (16, 8, 7, 9), (2, 1, 3, 4)])
 def test_gpu_float16_data_with_float32_parameters(gpu, shape):
     """cuDNN's mixed mode: half x, dy, y, dx; float gamma, beta, statistics and their gradients."""

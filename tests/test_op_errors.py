@@ -459,3 +459,10 @@ def test_fuzz_leaves_the_process_usable():
 def test_conv_workspace_limit_is_checked(bad):
     with pytest.raises(ValueError, match="set_conv_algo_policy: workspace_limit_mb"):
         dnnbind.set_conv_algo_policy("time", workspace_limit_mb=bad)
+
+
+def test_batchnorm_mode_is_checked_and_restorable():
+    before = dnnbind.set_batchnorm_mode("persistent")
+    assert dnnbind.set_batchnorm_mode(before) == "persistent"
+    with pytest.raises(ValueError, match="set_batchnorm_mode: mode must be one of"):
+        dnnbind.set_batchnorm_mode("per_activation")
