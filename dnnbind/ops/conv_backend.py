@@ -367,7 +367,8 @@ def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1,
     """Usable execution plans for one conv, in heuristic order (mode A, or INSTANT if A fails, then the
     FALLBACK engines not already listed); [] when no engine supports the graph (never raises NOT_SUPPORTED).
     ``direction``: see _OPS (for "fwd_bias_relu" y_shape is y's and the bias is (1, K, 1, 1), K = w_shape[0]).
-    Shapes NCHW / KCRS, fully packed; float32, float64 or float16 (float accumulation); groups=1 only (else []). ``alignment``: the byte
+    Shapes NCHW / KCRS, fully packed; float32, float64 or float16 (float accumulation); groups=1 only
+    (else []). ``alignment``: the byte
     alignment promised for every pointer (default: the element size, see below). ``limit``: stop after that
     many plans. ``skipped``: a list that receives (name, reason) for each engine config refused or failing to
     finalize (NOT_SUPPORTED or an internal/compile error)."""
