@@ -16,7 +16,8 @@ steps it doubles again. The numbers are MXNet's (contrib/amp/loss_scaler.py): st
             autograd.backward(scaled)
     trainer.step(batch_size)      # unscales; skips the update when a gradient overflowed
 
-MXNet's ``amp.init()`` (rewriting float32 operators to float16 ones as they run) is not provided: cast the network.
+MXNet's ``amp.init()`` (rewriting float32 operators to float16 ones as they run) is not provided: it raises,
+naming this recipe. Through the ``mxnet`` alias this module is ``mxnet.contrib.amp``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import logging
 
 import numpy as np
 
-__all__ = ["LossScaler", "init_trainer", "scale_loss", "unscale"]
+__all__ = ["LossScaler", "init", "init_trainer", "scale_loss", "unscale"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,14 @@ class LossScaler:
 
     def __repr__(self) -> str:
         return f"LossScaler(loss_scale={self.loss_scale:g}, skipped={self.skipped})"
+
+
+def init(*_args, **_kwargs):
+    """MXNet's ``amp.init()`` rewrites float32 operators to float16 ones as they run; dnnbind does not. Refused
+    rather than ignored, so a program never trains in float32 believing it runs in float16."""
+    raise NotImplementedError("amp.init() (automatic casting of float32 operators) is not supported by dnnbind: "
+                              "cast the network instead, net.cast('float16'), feed float16 data, give the Trainer "
+                              "multi_precision=True, then amp.init_trainer(trainer) and amp.scale_loss as usual")
 
 
 def init_trainer(trainer, scaler: LossScaler | None = None) -> LossScaler:

@@ -173,3 +173,29 @@ def test_float16_conv_bias_gradient_through_gemmex(shape):
     want = dy.astype(np.float64).sum((0, 2, 3))
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
+
+
+def test_mxnet_contrib_amp_is_dnnbind_amp_and_init_says_what_to_do():
+    """Through the alias, ``from mxnet.contrib import amp`` and ``import mxnet.contrib.amp`` give dnnbind.amp, while
+    the rest of mxnet.contrib stays a stand-in; amp.init() refuses with the recipe that works."""
+    import importlib
+    import sys
+
+    import dnnbind
+    from dnnbind import amp
+    from dnnbind.mxnet import _finder
+    meta, mods = list(sys.meta_path), dict(sys.modules)
+    dnnbind.install_mxnet_alias()
+    try:
+        contrib = importlib.import_module("mxnet.contrib")
+        assert contrib.amp is amp
+        assert importlib.import_module("mxnet.contrib.amp") is amp
+        with pytest.raises(NotImplementedError, match=r"net.cast\('float16'\)"):
+            contrib.amp.init()
+        with pytest.raises(NotImplementedError, match="mxnet.contrib.text"):
+            contrib.text.vocab.Vocabulary()
+    finally:
+        _finder.uninstall_mxnet_alias()
+        sys.meta_path[:] = meta
+        for name in [n for n in sys.modules if n not in mods and (n == "mxnet" or n.startswith("mxnet."))]:
+            del sys.modules[name]

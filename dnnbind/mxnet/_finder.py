@@ -57,7 +57,7 @@ def load(fullname: str) -> types.ModuleType | None:
     """
     from . import _unsupported
     rest = fullname[len(ALIAS) + 1:]
-    if rest in _unsupported.NAMESPACES:
+    if rest in _unsupported.NAMESPACES or rest in _unsupported.REAL:
         _unsupported.install(rest)
     for name in targets(fullname):
         try:

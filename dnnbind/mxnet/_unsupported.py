@@ -11,6 +11,7 @@ out by the alias only while dnnbind has no module of that name.
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import sys
 import types
@@ -36,7 +37,6 @@ NAMESPACES: dict[str, str] = {
     "contrib.text.vocab": "",
     "contrib.text.utils": "",
     "contrib.onnx": "",
-    "contrib.amp": "",
     "contrib.quantization": "",
     "contrib.autograd": "use mxnet.autograd",
     "contrib.ndarray": "",
@@ -63,6 +63,10 @@ NAMESPACES: dict[str, str] = {
     "registry": "",
     "torch": "",
 }
+
+# Namespaces under an unbacked parent that dnnbind does back: ``mxnet.contrib.amp`` is dnnbind.amp (loss scaling for
+# a network cast to float16), though ``mxnet.contrib`` itself is a stand-in.
+REAL: dict[str, str] = {"contrib.amp": "dnnbind.amp"}
 
 # Unbacked children of modules dnnbind does back (mxnet.gluon.rnn): served only through the alias, when the
 # dnnbind module (dnnbind.gluon.rnn) does not exist; never registered under a dnnbind name.
@@ -98,7 +102,7 @@ class UnsupportedModule(types.ModuleType):
         if ns is None:
             raise AttributeError(attr)
         sub = f"{ns}.{attr}"
-        if sub in NAMESPACES:
+        if sub in NAMESPACES or sub in REAL:
             return install(sub)
         if sub in CHILDREN:
             return child(sub)
@@ -116,6 +120,11 @@ def install(ns: str) -> types.ModuleType:
         return mod
     parent_ns, _, leaf = ns.rpartition(".")
     parent = install(parent_ns) if parent_ns else sys.modules[__package__]
+    if ns in REAL:  # a real dnnbind module, registered under the alias's name too
+        mod = importlib.import_module(REAL[ns])
+        sys.modules[full] = mod
+        setattr(parent, leaf, mod)
+        return mod
     hint = NAMESPACES.get(ns, "")
     mod = UnsupportedModule(full, f"mxnet.{ns}: not supported by dnnbind yet" + (f" ({hint})" if hint else "")
                             + "; importing works, the first use raises NotImplementedError.")
