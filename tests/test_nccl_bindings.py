@@ -80,10 +80,14 @@ def test_enum_values_and_unique_id_size_match_the_header(header):
     values = {k: int(v) for k, v in re.findall(r"\b(nccl[A-Z]\w*)\s*=\s*(\d+)\s*[,}]", header)}
     ours = {k: v for k, v in vars(N).items() if re.match(r"nccl[A-Z]", k) and type(v) is int}
     assert len(ours) == 9 + 5 + 10, sorted(ours)
-    missing = sorted(set(ours) - set(values))
+    # ncclTimeout (8) is newer than NCCL 2.28's header (the cu13 wheel on the GPU machine); older libraries report
+    # the code as unknown, which result_name handles
+    newer = {"ncclTimeout"}
+    missing = sorted(set(ours) - set(values) - newer)
     assert not missing, f"not in nccl.h: {missing}"
-    assert {k: v for k, v in ours.items() if values[k] != v} == {}
-    assert {values[name]: name for name in N.RESULT_NAMES.values()} == N.RESULT_NAMES
+    assert {k: v for k, v in ours.items() if k in values and values[k] != v} == {}
+    assert {values[name]: name for name in N.RESULT_NAMES.values() if name in values} == \
+        {k: v for k, v in N.RESULT_NAMES.items() if v in values}
     size = int(re.search(r"#define\s+NCCL_UNIQUE_ID_BYTES\s+(\d+)", header).group(1))
     assert size == N.NCCL_UNIQUE_ID_BYTES == ctypes.sizeof(N.ncclUniqueId)
 

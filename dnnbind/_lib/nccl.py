@@ -135,6 +135,14 @@ def version() -> int:
     return v.value
 
 
+def get_unique_id() -> bytes:
+    """``ncclGetUniqueId``: the 128 bytes every rank of a new clique passes to ncclCommInitRank (rank 0 makes it).
+    NOTE: NCCL may start its bootstrap network listener here; it needs a GPU driver but no device selected."""
+    uid = ncclUniqueId()
+    lib.ncclGetUniqueId(ctypes.byref(uid))
+    return bytes(uid)
+
+
 def version_tuple(v: int) -> tuple[int, int, int]:
     if v >= 10000:
         return v // 10000, (v // 100) % 100, v % 100

@@ -1,7 +1,8 @@
 """Multi-process state: which rank this process is, how many there are, and how they meet.
 
-Layer: distributed (below gluon); stdlib only at import. dnnbind._lib.nccl is imported lazily, and only by
-nccl_unique_id(), so this package works (and init() works) on a machine without NCCL.
+Layer: distributed (below gluon); imports runtime at import. dnnbind._lib.nccl is imported lazily, by
+nccl_unique_id() and the communicators (comm.py), so this package works (and init() works) on a machine without
+NCCL. ``communicator()`` gives this process's rank of the world's NCCL clique.
 
 The environment is torchrun's, as set by `python -m dnnbind.launch`: RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT. With none of them set, init() makes a single-process world of size 1.
@@ -12,9 +13,10 @@ from __future__ import annotations
 import os
 
 from ._rendezvous import RendezvousError, barrier, exchange
+from .comm import Communicator, group  # imports NCCL only when a communicator is made
 
-__all__ = ["RendezvousError", "barrier", "exchange", "init", "is_initialized", "local_rank", "master",
-           "nccl_unique_id", "rank", "shutdown", "world_size"]
+__all__ = ["Communicator", "RendezvousError", "barrier", "communicator", "exchange", "group", "init",
+           "is_initialized", "local_rank", "master", "nccl_unique_id", "rank", "shutdown", "world_size"]
 
 _state: dict | None = None
 
@@ -103,3 +105,11 @@ def nccl_unique_id(timeout: float | None = None) -> bytes:
         blob = uid if isinstance(uid, bytes) else bytes(uid)  # a ctypes struct gives its raw bytes
     addr, port = master()
     return exchange(blob, r, ws, addr, port, _get("timeout") if timeout is None else timeout)
+
+
+def communicator(device=None, timeout: float | None = None) -> Communicator:
+    """This process's rank of the world's NCCL clique, on ``device`` (default: gpu(LOCAL_RANK)), after init():
+    the unique id goes through the rendezvous, then ``ncclCommInitRank``."""
+    from ..runtime.device import gpu
+    uid = nccl_unique_id(timeout)
+    return Communicator.from_unique_id(uid, rank(), world_size(), gpu(local_rank()) if device is None else device)
