@@ -89,15 +89,14 @@ def master() -> tuple[str, int]:
 def nccl_unique_id(timeout: float | None = None) -> bytes:
     """Rank 0 makes an ncclUniqueId and every rank returns the same 128 bytes (the input of ncclCommInitRank).
 
-    Creating the communicator itself is left to the NCCL bindings; this is only the exchange.
+    ``communicator()`` below makes the communicator from it; this is only the exchange.
     """
-    try:
-        from dnnbind._lib import nccl  # lazy: the module may not exist yet, and importing it opens nothing
+    import importlib
+    try:  # lazy (importing opens nothing); through sys.modules, so a blocked import is seen as one
+        nccl = importlib.import_module("dnnbind._lib.nccl")
     except ImportError as e:
         raise NotImplementedError("dnnbind.distributed.nccl_unique_id needs NCCL bindings (dnnbind._lib.nccl), "
                                   "which are not available") from e
-    if not hasattr(nccl, "get_unique_id"):
-        raise NotImplementedError("dnnbind.distributed.nccl_unique_id needs NCCL bindings with get_unique_id()")
     r, ws = rank(), world_size()
     blob = None
     if r == 0:
