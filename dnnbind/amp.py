@@ -1,4 +1,5 @@
-"""Loss scaling for float16 training, with MXNet's ``contrib.amp`` calls. Layer: gluon helpers; imports gluon.
+"""Loss scaling for float16 training, with MXNet's ``contrib.amp`` calls. Layer: gluon helpers; imports numpy only
+(gluon.trainer imports has_overflow from here).
 
 Mixed precision the MXNet 1.x way is ``net.cast('float16')`` (BatchNorm keeps float32) and a Trainer keeping
 float32 master weights (``multi_precision=True``; see gluon.trainer). float16 gradients underflow where float32
@@ -79,7 +80,7 @@ def init_trainer(trainer, scaler: LossScaler | None = None) -> LossScaler:
 def scale_loss(loss, trainer):
     """``with amp.scale_loss(loss, trainer) as scaled: autograd.backward(scaled)``: the loss (or list of losses)
     times the current scale, and the trainer set to divide the gradients by it."""
-    scaler = getattr(trainer, "_amp_loss_scaler", None)
+    scaler = trainer._amp_loss_scaler
     if scaler is None:
         raise RuntimeError("amp.scale_loss: call amp.init_trainer(trainer) first")
     trainer._scale = trainer._amp_original_scale / scaler.loss_scale
@@ -92,7 +93,7 @@ def scale_loss(loss, trainer):
 def unscale(trainer) -> None:
     """Divide the current gradients by the loss scale now (before clipping them by norm, say); the next step then
     rescales by the batch size only."""
-    scaler = getattr(trainer, "_amp_loss_scaler", None)
+    scaler = trainer._amp_loss_scaler
     if scaler is None:
         raise RuntimeError("amp.unscale: call amp.init_trainer(trainer) first")
     for p in trainer._params:

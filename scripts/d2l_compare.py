@@ -459,17 +459,24 @@ def compare(name: str, args, ctx, dev) -> dict:
     return row
 
 
+def _cast_copy(spec, net, ctx, dtype: str):
+    """Another dnnbind model of ``spec`` holding ``net``'s current values, cast to ``dtype`` (its deferred init
+    finished by one predict-mode forward, as build_pair does)."""
+    twin = spec.build_mx()
+    twin.initialize(INIT(), ctx=ctx)
+    twin(nd.zeros((2, 1, spec.size, spec.size), ctx=ctx))
+    for pt, p in zip(twin.collect_params().values(), net.collect_params().values(), strict=True):
+        pt.set_data(p.data())
+    twin.cast(dtype)
+    return twin
+
+
 def float64_twins(spec, net, tnet, ctx) -> dict:
     """float64 copies of both models from the same initial weights, each with its own SGD (--float64). FP32
     rounding differences grow in a chaotic training (see --float64 in the module docstring); in float64 they
     start 1e9 times smaller, so the two frameworks' float64 runs show whether the implementations agree over a
     whole epoch, and float64 against FP32 shows how far FP32 rounding alone moves one framework's result."""
-    net64 = spec.build_mx()
-    net64.initialize(INIT(), ctx=ctx)
-    net64(nd.zeros((2, 1, spec.size, spec.size), ctx=ctx))
-    for p64, p in zip(net64.collect_params().values(), net.collect_params().values(), strict=True):
-        p64.set_data(p.data())
-    net64.cast("float64")
+    net64 = _cast_copy(spec, net, ctx, "float64")
     t64 = copy.deepcopy(tnet).double()
     return {"net": net64, "trainer": gluon.Trainer(net64.collect_params(), "sgd", {"learning_rate": spec.lr}),
             "tnet": t64, "opt": _torch().torch.optim.SGD(t64.parameters(), lr=spec.lr)}
@@ -478,12 +485,7 @@ def float64_twins(spec, net, tnet, ctx) -> dict:
 def float16_twin(spec, net, ctx) -> dict:
     """dnnbind's model in mixed precision from the same initial weights (--float16): net.cast('float16')
     (BatchNorm stays float32) and SGD with float32 master weights (multi_precision), MXNet's recipe."""
-    net16 = spec.build_mx()
-    net16.initialize(INIT(), ctx=ctx)
-    net16(nd.zeros((2, 1, spec.size, spec.size), ctx=ctx))
-    for p16, p in zip(net16.collect_params().values(), net.collect_params().values(), strict=True):
-        p16.set_data(p.data())
-    net16.cast("float16")
+    net16 = _cast_copy(spec, net, ctx, "float16")
     return {"net": net16, "trainer": gluon.Trainer(net16.collect_params(), "sgd",
                                                    {"learning_rate": spec.lr, "multi_precision": True})}
 

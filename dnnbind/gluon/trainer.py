@@ -27,6 +27,7 @@ import json
 import numpy as np
 
 from .. import autograd, ops
+from ..amp import has_overflow
 from ..runtime.array import zeros
 from . import optimizer as opt
 from .parameter import Parameter, ParameterDict
@@ -82,6 +83,7 @@ class Trainer:
         self._custom_states: dict[int, object] = {}  # state of a custom (per-Parameter) optimizer, by index
         self._layout = None  # set by _pack: what each Parameter must still be for the packing to hold
         self._carried_fresh: set[int] = set()
+        self._amp_loss_scaler = None  # dnnbind.amp.init_trainer sets it (and _amp_original_scale)
         if all(p._data is not None for p in self._params):
             self._pack()
 
@@ -236,9 +238,8 @@ class Trainer:
         h = self._half_end
         if h:  # float16 gradients into the float32 master range: the update runs in float32
             ops.copy(self._half_grad.astype(np.float32), self._flat_grad[:h])
-        scaler = getattr(self, "_amp_loss_scaler", None)
+        scaler = self._amp_loss_scaler
         if scaler is not None and self._groups:  # dnnbind.amp: skip a step whose gradients overflowed
-            from ..amp import has_overflow
             overflow = has_overflow(self._flat_grad)
             scaler.update_scale(overflow)
             if overflow:

@@ -95,12 +95,11 @@ def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, moment
     up, down = _scalar(m / (m - 1), pdtype), _scalar((m - 1) / m, pdtype)
     try:
         # scratch = running_var * m / (m - 1): cuDNN's unbiased average into it is the biased one scaled.
-        pzero = D.scalar_ptr(0, pdtype)  # the transforms run on the parameter descriptor (float for half data)
-        L.cudnnTransformTensor(h, ctypes.addressof(up), bnd, running_var._ptr, pzero, bnd, scratch._ptr)
+        L.cudnnTransformTensor(h, ctypes.addressof(up), bnd, running_var._ptr, zero, bnd, scratch._ptr)
         L.cudnnBatchNormalizationForwardTraining(h, TRAIN_MODE, one, zero, xd, x._ptr, xd, y._ptr, bnd, gamma._ptr,
                                                  beta._ptr, 1.0 - momentum, running_mean._ptr, scratch._ptr, eps,
                                                  save_mean._ptr, save_inv_std._ptr)
-        L.cudnnTransformTensor(h, ctypes.addressof(down), bnd, scratch._ptr, pzero, bnd, running_var._ptr)
+        L.cudnnTransformTensor(h, ctypes.addressof(down), bnd, scratch._ptr, zero, bnd, running_var._ptr)
     except CudnnError as exc:
         raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
     return y, save_mean, save_inv_std
