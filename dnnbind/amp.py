@@ -1,5 +1,5 @@
-"""Loss scaling for float16 training, with MXNet's ``contrib.amp`` calls. Layer: gluon helpers; imports numpy only
-(gluon.trainer imports has_overflow from here).
+"""Loss scaling for float16 training, with MXNet's ``contrib.amp`` calls. Layer: gluon helpers; imports nothing of dnnbind
+(the Trainer checks for overflow itself).
 
 Mixed precision the MXNet 1.x way is ``net.cast('float16')`` (BatchNorm keeps float32) and a Trainer keeping
 float32 master weights (``multi_precision=True``; see gluon.trainer). float16 gradients underflow where float32
@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import logging
 
-import numpy as np
 
 __all__ = ["LossScaler", "init", "init_trainer", "scale_loss", "unscale"]
 
@@ -101,7 +100,3 @@ def unscale(trainer) -> None:
             p._grad.copy_(p._grad * (1.0 / scaler.loss_scale))
     trainer._scale = trainer._amp_original_scale
 
-
-def has_overflow(grad) -> bool:
-    """Whether a float32 gradient buffer holds an inf or NaN: its sum does (one reduction, one host read)."""
-    return not np.isfinite(float(grad.sum().asscalar()))
