@@ -33,3 +33,4 @@ from . import trace  # noqa: E402,F401  (dnnbind.trace() records every library c
 from .mxnet import install_mxnet_alias  # noqa: E402,F401  (`import mxnet` -> dnnbind; python -m dnnbind.mxnet)
 from . import distributed  # noqa: E402,F401  (rank/world size; python -m dnnbind.launch starts workers)
 from . import amp  # noqa: E402,F401  (loss scaling for net.cast("float16") training, MXNet contrib.amp calls)
+from . import hybrid  # noqa: E402,F401  (Block.hybridize(): recorded forward/backward, replayed per call)

@@ -85,7 +85,7 @@ class Node:
     """One taped op. ``inputs[i]``: the Node that made input i, the leaf array itself (a gradient goes into its
     ``_grad``), or None (input i needs no gradient). ``output``: a weak reference to the output array, whose
     ``_node`` is cleared when the graph is freed (so the array no longer counts as taped)."""
-    __slots__ = ("backward", "inputs", "name", "scope", "output")
+    __slots__ = ("backward", "inputs", "name", "scope", "output", "__weakref__")  # weak: hybrid.py
 
     def __init__(self, backward, inputs, name, output):
         self.backward, self.inputs, self.name, self.scope = backward, inputs, name, None
@@ -164,6 +164,11 @@ def is_fresh(x: NDArray) -> bool:
     return _fresh.get(id(x)) is x
 
 
+def mark_fresh(x: NDArray) -> None:
+    """Say that a backward just wrote x's gradient (a hybridized Block's replayed backward writes it directly)."""
+    _fresh[id(x)] = x
+
+
 def clear_fresh(x: NDArray) -> None:
     _fresh.pop(id(x), None)
 
@@ -221,6 +226,9 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
     # Leaves with grad_req "write" that receive exactly one gradient can have it written straight into their
     # grad buffer by the op's backward (see grad_out): no temporary, no copy (8 fewer copies per CNN step).
     uses: dict[int, int] = {}
+    prev_direct = getattr(_tls, "direct", None)  # a backward run inside another's (a hybridized Block's)
+    prev_writes = getattr(_tls, "writes", True)
+    _tls.writes = wanted_keys is None
     for v in order:
         if type(v) is Node:
             for inp in v.inputs:
@@ -264,8 +272,14 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
                 node.free()
     finally:
         _tls.recording, _tls.training = prev
-        _tls.direct = None
+        _tls.direct, _tls.writes = prev_direct, prev_writes
     return found
+
+
+def writes_leaf_grads() -> bool:
+    """Inside backward: whether this pass writes the leaves' ``.grad`` (backward()) or only returns gradients
+    (autograd.grad()); a hybridized Block's replayed backward, which writes them itself, needs to know."""
+    return getattr(_tls, "writes", True)
 
 
 def grad_out(x):

@@ -145,53 +145,53 @@ _QUERY = re.compile(r"^(cudnn|cublas)(Get|Create)|^cudnnDropoutGet|^cudnnBackend
 _DESTROY = re.compile(r"^(cudnn|cublas)Destroy|^cudnnBackendDestroy")
 
 
-class RecordedStep(_StaticStep):
-    """``step = RecordedStep(fn, inputs=[x, y], preserve=[...])``; ``out = step()`` re-issues the recorded calls.
+class CallRecording:
+    """The library calls one run of a function made, re-issued by ``replay()`` with the same arguments.
 
-    The recording runs the step once for real (then restores ``preserve``), noting every cuDNN/cuBLAS call with
-    its arguments, every kernel launch with its packed parameters and every device-to-device copy or memset.
-    Memory those calls point at stays allocated while the step exists (runtime.memory.Hold). Conv algorithms
-    are chosen for eager calls (wall time, cuDNN's host work included): a replay pays that host work.
-    ``step.calls`` lists the recorded functions in order; a replay inside ``dnnbind.trace()`` goes through the
-    traced cuDNN/cuBLAS functions, so the trace lists and times them (kernel launches and copies excepted).
+    ``out = rec.record(fn)`` runs ``fn`` once for real, noting every cuDNN/cuBLAS call with its arguments, every
+    kernel launch with its packed parameters and every device-to-device copy or memset. The memory those calls
+    point at stays allocated while the recording exists (runtime.memory.Hold): everything freed during the run
+    (its temporaries keep distinct addresses), and everything allocated during it (so an activation kept past
+    the run, or a view into one, outlives its arrays). ``calls`` lists the recorded functions in order; a replay
+    inside ``dnnbind.trace()`` goes through the traced library functions, so the trace lists and times them.
+    Shared by RecordedStep (a whole training step) and hybridize() (a Block's forward and its backward).
     """
 
-    _objective = "eager"
-    _kind = "a recorded step"
-
-    def _record(self, stream) -> None:
-        if TRACING or Library._on_bind is not None:
-            raise CaptureError("cannot record a step inside dnnbind.trace(); trace the replay instead")
-        old = getattr(self, "_hold", None)
+    def __init__(self) -> None:
         self._calls, self.calls, self._libs, self._keep, self._destroys = [], [], [], [], []
-        self._hold = Hold()
+        self._hold: Hold | None = None
+
+    def record(self, fn, parent: CallRecording | None = None):
+        """Run ``fn`` once, recording it; returns its result. ``parent``: a recording always replayed just before
+        this one (a hybridized Block's forward before its backward), whose freed memory this one may reuse."""
+        if TRACING or Library._on_bind is not None:
+            raise CaptureError("cannot record inside dnnbind.trace() (or another recording); trace the replay "
+                               "instead")
+        self._calls, self.calls, self._libs, self._keep, self._destroys = [], [], [], [], []
+        hold = Hold(parent._hold if parent is not None else None)
         undo = intercept((cudnn.lib, cublas.lib), self._wrap)
         RECORDING.append(self)
         try:
-            with self._hold:
-                out = self.fn()
-                if not isinstance(out, NDArray):
-                    raise CaptureError("the step function must return an NDArray")
-                self.output = out  # its buffer is held: every replay rewrites it in place
+            with hold:
+                out = fn()
         except BaseException as exc:
             self._calls, self._keep = [], []
-            self._hold.release()
-            self._hold = old
+            hold.release()
             if isinstance(exc, CaptureError):
                 raise
-            raise CaptureError(f"recording the step failed: {exc}") from exc
+            raise CaptureError(f"recording failed: {type(exc).__name__}: {exc}") from exc
         finally:
             RECORDING.remove(self)
             undo()
-        pointers = set()
+        pointers = set(hold.allocated)
         for args in [args for _, args, _ in self._calls] + self._keep:  # call arguments, kernel parameters
             for a in args:
                 v = getattr(a, "value", a)
                 if type(v) is int and v > 0xFFFF:
                     pointers.add(v)
-        self._hold.pin(pointers)
-        if old is not None:
-            old.release()
+        hold.pin(pointers)
+        self._hold = hold
+        return out
 
     def _wrap(self, lib, name, fn):
         if _QUERY.match(name):
@@ -219,42 +219,91 @@ class RecordedStep(_StaticStep):
 
     def runtime(self, name, args) -> None:
         if name == "cudaMemcpyAsync" and args[3] != D2D:
-            raise CaptureError("the step copies between host and device (.numpy(), .item(), an array from "
-                               "numpy): a recorded step can replay device work only")
+            raise CaptureError("the recorded code copies between host and device (.numpy(), .asscalar(), an "
+                               "array from numpy): a recording can replay device work only")
         self._calls.append((functools.partial(cudart.call, name), args, None))  # raises CudaError on failure
         self.calls.append(name)
         self._libs.append(None)
 
-    def __call__(self) -> NDArray:
-        self._check_inputs()
+    def refuse(self, why: str) -> None:
+        """Called (through hooks.RECORDING) by code whose GPU work a replay could not repeat faithfully."""
+        raise CaptureError(f"cannot record: {why}")
+
+    def replay(self) -> None:
         if self._hold is None:
-            raise CaptureError("this recorded step was closed; record it again with recapture()")
+            raise CaptureError("this recording was closed; record it again")
         if TRACING:  # replay through the libraries' (traced) functions, so dnnbind.trace() lists every call
             for (fn, args, _), bound, name in zip(self._calls, self._libs, self.calls):
                 if bound is not None:
                     getattr(bound[0], name)(*bound[1])
                 else:
                     fn(*args)
-            return self.output
+            return
         for fn, args, bound in self._calls:
             status = fn(*args)
             if status and bound is not None:  # raise as the bound function would: function, status, cuDNN's text
                 bound.errcheck(status, bound, args)
-        return self.output
-
-    replay = __call__
 
     def close(self) -> None:
-        """Free what the recording holds now (also done when the step is garbage collected)."""
+        """Free what the recording holds now (also done when it is garbage collected)."""
         for fn, args in self._destroys:
             try:
                 fn(*args)
             except Exception:
                 pass
         self._destroys, self._calls, self._libs, self._keep = [], [], [], []
-        if getattr(self, "_hold", None) is not None:
-            self._hold.release()
-            self._hold = None
+        if self._hold is not None:
+            hold, self._hold = self._hold, None
+            hold.release()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class RecordedStep(_StaticStep):
+    """``step = RecordedStep(fn, inputs=[x, y], preserve=[...])``; ``out = step()`` re-issues the recorded calls.
+
+    The recording (a CallRecording) runs the step once for real (then restores ``preserve``). Conv algorithms
+    are chosen for eager calls (wall time, cuDNN's host work included): a replay pays that host work.
+    ``step.calls`` lists the recorded functions in order.
+    """
+
+    _objective = "eager"
+    _kind = "a recorded step"
+
+    def _record(self, stream) -> None:
+        old = getattr(self, "_rec", None)
+        rec = CallRecording()
+        out = rec.record(self.fn)
+        if not isinstance(out, NDArray):
+            rec.close()
+            raise CaptureError("the step function must return an NDArray")
+        self.output = out  # its buffer is held: every replay rewrites it in place
+        self._rec = rec
+        if old is not None:
+            old.close()
+
+    @property
+    def calls(self) -> list:
+        return self._rec.calls if getattr(self, "_rec", None) is not None else []
+
+    def __call__(self) -> NDArray:
+        self._check_inputs()
+        if getattr(self, "_rec", None) is None:
+            raise CaptureError("this recorded step was closed; record it again with recapture()")
+        self._rec.replay()
+        return self.output
+
+    replay = __call__
+
+    def close(self) -> None:
+        """Free what the recording holds now (also done when the step is garbage collected)."""
+        rec, self._rec = getattr(self, "_rec", None), None
+        if rec is not None:
+            rec.close()
 
     def __del__(self):
         try:

@@ -53,9 +53,13 @@ def accuracy_dnnbind(net, tx, ty, dev):
 
 
 def bench_dnnbind(xs, ys, tx, ty, dev, seed, replay):
-    """replay: None (eager, autograd every step), "graph" (the step captured as one CUDA graph) or "host" (the
-    step's library calls recorded once and re-issued from the host, no CUDA graph)."""
+    """replay: None (eager, autograd every step), "hybridize" (the same loop after ``net.hybridize()``: the net's
+    forward and backward replay their recorded calls), "graph" (the step captured as one CUDA graph) or "host"
+    (the step's library calls recorded once and re-issued from the host, no CUDA graph)."""
     net = make_net(dev, seed)
+    if replay == "hybridize":
+        net.hybridize()
+        replay = None
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR, "momentum": MOMENTUM})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     stream = mx.current_stream(dev)
@@ -240,6 +244,7 @@ def main(argv=None):
 
     def runs_for(xs, ys, seed):
         runs = [("dnnbind eager", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, None)),
+                ("dnnbind hybridized", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, "hybridize")),
                 ("dnnbind recorded step", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, "host")),
                 ("dnnbind captured step", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, "graph"))]
         if torch is not None:

@@ -60,7 +60,8 @@ class Mode:
     framework: str  # "dnnbind" or "torch"
     math: str       # "fp32" strict, "tf32", "bf16" (torch: AMP bf16 with channels_last) or "fp16" (dnnbind:
     #                 net.cast('float16') with float32 master weights, MXNet's mixed precision; NCHW)
-    kind: str       # "eager", "host" (dnnbind's recorded step), "graph" (whole step in a CUDA graph), "compile"
+    kind: str       # "eager", "hybrid" (the eager loop after net.hybridize()), "host" (dnnbind's recorded step),
+    #                 "graph" (whole step in a CUDA graph), "compile"
 
 
 MODES = {
@@ -68,6 +69,8 @@ MODES = {
     "dnnbind-tf32": Mode("dnnbind eager, tf32", "dnnbind", "tf32", "eager"),
     "dnnbind-recorded": Mode("dnnbind recorded step, tf32", "dnnbind", "tf32", "host"),
     "dnnbind-captured": Mode("dnnbind captured step, tf32", "dnnbind", "tf32", "graph"),
+    "dnnbind-hybrid": Mode("dnnbind hybridize(), tf32", "dnnbind", "tf32", "hybrid"),
+    "dnnbind-amp-hybrid": Mode("dnnbind AMP fp16, hybridize()", "dnnbind", "fp16", "hybrid"),
     "dnnbind-amp": Mode("dnnbind AMP fp16 (net.cast), eager", "dnnbind", "fp16", "eager"),
     "dnnbind-amp-captured": Mode("dnnbind AMP fp16, captured step", "dnnbind", "fp16", "graph"),
     "torch-fp32": Mode("PyTorch eager, fp32 strict", "torch", "fp32", "eager"),
@@ -104,7 +107,9 @@ def dnnbind_step(mode, d2l, spec, ctx, data, args):
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr, "momentum": MOMENTUM,
                                                           "multi_precision": half})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    if mode.kind == "eager":
+    if mode.kind == "hybrid":
+        net.hybridize()  # the user's loop below, unchanged: forward and backward replay their recorded calls
+    if mode.kind in ("eager", "hybrid"):
         def step(i):
             with autograd.record():
                 loss = loss_fn(net(xs[i % len(xs)]), ys[i % len(xs)])

@@ -58,7 +58,7 @@ def profile(dev, batch: int, replays: int, backend: bool, fuse_relu: bool) -> No
     print(f"  recorded step replayed: {replayed:6.0f} us/step   eager step: {eager:6.0f} us/step")
     host, count = defaultdict(float), Counter()
     for _ in range(replays):
-        for (fn, args, _), name in zip(rec._calls, rec.calls):
+        for (fn, args, _), name in zip(rec._rec._calls, rec.calls):
             t0 = time.perf_counter()
             fn(*args)
             host[name] += time.perf_counter() - t0

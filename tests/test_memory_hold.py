@@ -70,3 +70,45 @@ def test_a_pointer_two_steps_pin_is_freed_after_both_let_go(frees):
     assert frees == []  # the second step still replays with it
     second.release()
     assert frees == [0x80000]
+
+
+def test_a_recording_reuses_only_what_it_allocated_and_freed_itself(frees):
+    """Temporaries of one recording share memory as an eager run's do (same size, same stream), never memory
+    from before the recording and never after it ends; everything is freed at release."""
+    hold = memory.Hold()
+    other = types.SimpleNamespace(handle=8)
+    with hold:
+        hold.note(0x90000, 256)  # as DeviceBuffer does for what it allocates while a Hold records
+        hold.note(0xA0000, 512)
+        assert hold.reuse(256, STREAM) == 0  # nothing freed yet
+        memory._free(0x90000, STREAM)
+        memory._free(0xB0000, STREAM)  # allocated before the recording: deferred, not handed out
+        assert hold.reuse(512, STREAM) == 0 and hold.reuse(256, other) == 0  # other size, other stream
+        assert hold.reuse(256, STREAM) == 0x90000
+        assert hold.reuse(256, STREAM) == 0  # handed out once
+        memory._free(0xA0000, STREAM)
+    assert hold.reuse(512, STREAM) == 0  # the recording is over
+    hold.pin(hold.allocated)
+    memory._free(0x90000, STREAM)  # the reused block's last array goes: deferred (pinned)
+    assert frees == []
+    hold.release()
+    assert sorted(frees) == [0x90000, 0xA0000, 0xB0000]
+
+
+def test_a_child_recording_reuses_what_its_parent_frees_while_it_records(frees):
+    """A hybridized Block's backward recording reuses the activations its forward recording made and the
+    backward releases; the forward's Hold still frees them."""
+    fwd = memory.Hold()
+    with fwd:
+        fwd.note(0xC0000, 1024)
+    fwd.pin(fwd.allocated)
+    bwd = memory.Hold(parent=fwd)
+    with bwd:
+        memory._free(0xC0000, STREAM)  # the activation's last array goes during the backward
+        assert bwd.reuse(1024, STREAM) == 0xC0000 and 0xC0000 not in fwd.deferred
+        memory._free(0xC0000, STREAM)  # the gradient that reused it goes too
+    bwd.pin(bwd.allocated)
+    bwd.release()
+    assert frees == []  # the forward still replays into it
+    fwd.release()
+    assert frees == [0xC0000]

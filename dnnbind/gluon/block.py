@@ -7,8 +7,10 @@ style. Prefixes follow MXNet 1.x: a Block made outside any ``name_scope()`` take
 (``simplecnn0_conv0_``). Prefixes name Parameters (``simplecnn0_conv0_weight``), which is what the
 initializers dispatch on and what legacy parameter files use as keys.
 
-There is no graph compilation: ``HybridBlock`` is ``Block`` and ``hybridize()`` is accepted and ignored,
-since every op already runs as a cuDNN/cuBLAS call on the arrays' device.
+``HybridBlock`` is ``Block``: every op is a cuDNN/cuBLAS call on the arrays' device, with no symbolic graph to
+build. ``hybridize()`` is the speed switch it is in MXNet: the Block's forward (and, under autograd.record(), its
+backward) is recorded once per input signature as the library calls it makes and replayed on every call
+(dnnbind.hybrid, a layer above this one, registers itself through ``set_cached_block_factory``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,16 @@ from .parameter import Parameter, ParameterDict
 __all__ = ["Block", "HookHandle", "HybridBlock", "SymbolBlock"]
 
 _tls = threading.local()
+RUN_EAGERLY = object()  # what a hybridized Block's cache returns for "run the forward yourself"
+_cached_block_factory = None  # dnnbind.hybrid.CachedBlock, registered when dnnbind is imported
+
+
+def set_cached_block_factory(factory) -> None:
+    """``factory(block, flags)`` makes the object a hybridized Block calls with its arguments (dnnbind.hybrid)."""
+    global _cached_block_factory
+    _cached_block_factory = factory
+
+
 _global_counts: dict[str, int] = {}
 _global_lock = threading.Lock()
 
@@ -191,7 +203,17 @@ class Block:
         self.collect_params().reset_ctx(ctx)
 
     def hybridize(self, active: bool = True, **kwargs) -> None:
-        """Accepted for MXNet compatibility; there is no symbolic graph to build (see module docstring)."""
+        """Record this Block's calls once per input signature and replay them (dnnbind.hybrid); children too, as
+        in MXNet (a child runs its own recording when called outside this one). ``active=False`` turns it off;
+        calling it again drops the recordings. MXNet's flags (static_alloc, static_shape, ...) are accepted:
+        recordings are always static."""
+        for child in self._children.values():
+            child.hybridize(active, **kwargs)
+        old = self.__dict__.pop("_cached", None)
+        if old is not None:
+            old.close()
+        if active and _cached_block_factory is not None:
+            object.__setattr__(self, "_cached", _cached_block_factory(self, kwargs))
 
     def cast(self, dtype) -> None:
         """Cast this Block's Parameters and, through their own ``cast``, its children's (so a child can refuse:
@@ -257,7 +279,10 @@ class Block:
     def _call(self, args, kwargs):
         for hook in self._forward_pre_hooks:
             hook(self, args)
-        out = self.forward(*args, **kwargs)
+        cached = self.__dict__.get("_cached")
+        out = cached(args) if cached is not None and not kwargs else RUN_EAGERLY
+        if out is RUN_EAGERLY:
+            out = self.forward(*args, **kwargs)
         for hook in self._forward_hooks:
             hook(self, args, out)
         return out

@@ -30,6 +30,10 @@ __all__ = ["Constant", "DeferredInitializationError", "Parameter", "ParameterDic
 
 _REQS = ("write", "add", "null")
 
+# Bumped whenever any Parameter adopts new data/grad arrays or a new grad_req (``_set_arrays``): a hybridized
+# Block's recorded calls point at those arrays, so it checks this one int per call and re-records on a change.
+generation = [0]
+
 
 class DeferredInitializationError(RuntimeError):
     """A Parameter's shape is still unknown: it is inferred on the first forward pass."""
@@ -158,6 +162,7 @@ class Parameter:
 
     def _set_arrays(self, data: NDArray, grad: NDArray | None) -> None:
         """Adopt ``data`` (and ``grad``, allocated if None) and tell autograd where gradients go."""
+        generation[0] += 1
         self._data = data
         if self._grad_req == "null":
             self._grad = None

@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 
+from .._lib.hooks import RECORDING
 from ..runtime.array import NDArray, empty
 from ..runtime.device import as_device
 from ._creation import _dtype, _shape
@@ -87,6 +88,8 @@ def _draw(dist: str, p0, p1, shape, dtype, ctx, out) -> NDArray:
         from ..runtime.stream import current_stream
         from ._lower import contiguous_strides
         r = empty(shape, dtype, dev)
+        if RECORDING:  # the seed and offset are host values baked into the launch: a replay would repeat them
+            RECORDING[-1].refuse(f"nd.random.{dist} draws from a host-side counter that a replay cannot advance")
         s, off = _take(r.size)
         if r.size:
             strided.random_fill(strided.Ref(r._ptr, dtype, contiguous_strides(shape)), r.size, dist, s, off,

@@ -16,10 +16,6 @@ backends: cuDNN averages into a scratch copy of running_var scaled by m / (m - 1
 
 from __future__ import annotations
 
-import ctypes
-
-import numpy as np
-
 from .._lib import cudnn
 from .._lib.errors import CudnnError
 from . import _check
@@ -70,11 +66,6 @@ def _descs(x_shape: tuple, dtype) -> tuple:
     return xd, bnd
 
 
-def _scalar(value: float, dtype) -> ctypes._SimpleCData:
-    """A host scalar of the compute type (double for double data); the caller keeps it alive over the call."""
-    return (ctypes.c_double if np.dtype(dtype) == np.float64 else ctypes.c_float)(value)
-
-
 @op(reference.batchnorm_forward_training, "x", "gamma", "beta", "running_mean", "running_var")
 def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, momentum=0.9, eps=1e-5):
     """Batch statistics: ``cudnnBatchNormalizationForwardTraining`` (spatial). Updates running_mean and
@@ -92,14 +83,16 @@ def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, moment
     xd, bnd = _descs(x._shape, dtype)
     h = dnn(x)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
-    up, down = _scalar(m / (m - 1), pdtype), _scalar((m - 1) / m, pdtype)
+    # NOTE: cached host scalars (D.scalar_ptr), not locals: a recorded step or hybridized Block replays this call
+    # with these addresses after the function returned.
+    up, down = D.scalar_ptr(m / (m - 1), pdtype), D.scalar_ptr((m - 1) / m, pdtype)
     try:
         # scratch = running_var * m / (m - 1): cuDNN's unbiased average into it is the biased one scaled.
-        L.cudnnTransformTensor(h, ctypes.addressof(up), bnd, running_var._ptr, zero, bnd, scratch._ptr)
+        L.cudnnTransformTensor(h, up, bnd, running_var._ptr, zero, bnd, scratch._ptr)
         L.cudnnBatchNormalizationForwardTraining(h, TRAIN_MODE, one, zero, xd, x._ptr, xd, y._ptr, bnd, gamma._ptr,
                                                  beta._ptr, 1.0 - momentum, running_mean._ptr, scratch._ptr, eps,
                                                  save_mean._ptr, save_inv_std._ptr)
-        L.cudnnTransformTensor(h, ctypes.addressof(down), bnd, scratch._ptr, zero, bnd, running_var._ptr)
+        L.cudnnTransformTensor(h, down, bnd, scratch._ptr, zero, bnd, running_var._ptr)
     except CudnnError as exc:
         raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
     return y, save_mean, save_inv_std

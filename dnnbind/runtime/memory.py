@@ -47,12 +47,18 @@ class DeviceBuffer:
         stream = stream or current_stream(device)
         self.nbytes, self.device, self.stream = int(nbytes), device, stream
         self.ptr = 0
+        if self.nbytes and _holds:  # a recording: reuse a block it allocated and freed itself, if one fits
+            self.ptr = _holds[-1].reuse(self.nbytes, stream)
+            if self.ptr:
+                return
         if self.nbytes:
             # NOTE: cuda-python directly, not cudart.call: this runs ~20 times per training step.
             err, ptr = cudart.rt().cudaMallocAsync(self.nbytes, stream.handle)
             if err != 0:  # again through cudart.call: it raises CudaError with CUDA's text (or succeeds)
                 ptr = cudart.call("cudaMallocAsync", self.nbytes, stream.handle)
             self.ptr = int(ptr)
+            if _holds:  # a recording is running: its calls may point into this buffer (see Hold)
+                _holds[-1].note(self.ptr, self.nbytes)
 
     # NOTE: __del__ rather than weakref.finalize: a training step makes ~30 buffers and finalize costs
     # microseconds each. The buffer holds its stream, so the stream outlives every buffer made on it.
@@ -81,7 +87,7 @@ def _free(ptr: int, stream: Stream, raising: bool = True) -> None:
         owners = _pinned.get(ptr)
         owner = owners[-1] if owners else (_holds[-1] if _holds else None)
         if owner is not None:
-            owner.deferred[ptr] = stream
+            owner.defer(ptr, stream, recording=not owners)
             return
     # NOTE: cuda-python directly, not cudart.call: this runs for every buffer freed.
     result = cudart.rt().cudaFreeAsync(ptr, stream.handle)
@@ -114,13 +120,44 @@ class Hold:
     """Keeps the memory a recorded step's calls point at allocated for as long as the step exists.
 
     A step recorded for host replay (dnnbind.graph.RecordedStep) holds raw device pointers. While it records,
-    every free is deferred to the hold, so no temporary's address is handed out again; afterwards ``pin``
-    names the pointers its calls use, and freeing one of those (a workspace that grew, a parameter buffer
+    every free is deferred to the hold, so no temporary's address is handed out again, and every allocation is
+    noted (``allocated``); afterwards ``pin`` names the pointers its calls use (and the allocations, so a view
+    at an offset into one is covered too), and freeing one of those (a workspace that grew, a parameter buffer
     that was replaced) is deferred too. ``release()`` frees what was deferred, stream-ordered.
     """
 
-    def __init__(self):
+    def __init__(self, parent: Hold | None = None):
+        self.parent = parent  # a recording replayed right after the parent's: it may reuse what the parent frees
         self.deferred: dict = {}  # pointer -> the Stream to free it on
+        self.allocated: list = []  # pointers allocated while it was recording (pinned by the recorder)
+        self._sizes: dict = {}  # pointer -> bytes, for what it allocated
+        self._free: dict = {}  # (bytes, stream handle) -> pointers it allocated and freed while recording
+
+    def note(self, ptr: int, nbytes: int) -> None:
+        self.allocated.append(ptr)
+        self._sizes[ptr] = nbytes
+
+    def defer(self, ptr: int, stream: Stream, recording: bool = False) -> None:
+        """Keep ``ptr`` allocated until release(). While recording, a block this Hold allocated itself may be
+        handed out again to a later allocation of the same size in the same recording (``reuse``): the calls
+        that used it came before the free in stream order, and a replay repeats that order, so the recording's
+        temporaries share memory as an eager run's do."""
+        self.deferred[ptr] = stream
+        if recording and ptr in self._sizes:
+            self._free.setdefault((self._sizes[ptr], stream.handle), []).append(ptr)
+        elif _holds and _holds[-1].parent is self and ptr in self._sizes:
+            # Freed while the child records (a hybridized Block's activation, released by its backward): the
+            # child may reuse it, as an eager backward reuses activations for gradients. The parent keeps it.
+            _holds[-1]._free.setdefault((self._sizes[ptr], stream.handle), []).append(ptr)
+
+    def reuse(self, nbytes: int, stream: Stream) -> int:
+        ptrs = self._free.get((nbytes, stream.handle))
+        if not ptrs:
+            return 0
+        ptr = ptrs.pop()
+        if self.deferred.pop(ptr, None) is None and self.parent is not None:
+            self.parent.deferred.pop(ptr, None)  # the parent's block, in use again (it still pins it)
+        return ptr
 
     def __enter__(self) -> Hold:
         _holds.append(self)
@@ -128,6 +165,7 @@ class Hold:
 
     def __exit__(self, *exc) -> None:
         _holds.remove(self)
+        self._free.clear()  # the recording is over: nothing it freed is handed out again
 
     def pin(self, pointers) -> None:
         for p in pointers:

@@ -1,0 +1,297 @@
+"""``hybridize()``: a Block's forward, and under ``autograd.record()`` its backward, recorded once per input
+signature as the library calls they make, then replayed on every call. MXNet's CachedOp with ``static_alloc`` and
+``static_shape``; the user's loop (``record()``, ``backward()``, ``trainer.step()``) is unchanged.
+
+Layer: top (beside graph); imports graph, autograd, gluon, runtime. gluon sits below this layer and cannot import
+it, so importing dnnbind registers ``CachedBlock`` as gluon.block's factory (``set_cached_block_factory``).
+
+For one hybridized Block and one *signature* (input shapes, dtypes and devices, which inputs need a gradient, and
+autograd's recording and training flags):
+
+1. the first call runs eagerly. It initializes deferred Parameters, picks conv algorithms, compiles kernels and
+   fills every cache: work a recording must not contain;
+2. the second call records (graph.CallRecording). The Block's forward runs on *static* input buffers (copies of
+   the inputs) and, when autograd is recording, onto a private tape; the output is copied out to the caller and
+   one tape node stands for the whole Block in the caller's graph;
+3. the first backward through that node copies the head gradient into a static buffer and records the private
+   tape's backward: Parameter gradients are written where eager backward writes them (grad_req honoured);
+4. later calls copy the inputs in, re-issue the forward's calls and copy the output out; their backward copies
+   the head gradient in, re-issues the backward's calls and marks the Parameters' gradients fresh.
+
+Every buffer the recording used stays allocated while it exists (static_alloc): one set of activations per
+signature, ``MAX_SIGNATURES`` signatures per Block, least recently used dropped first.
+
+Falls back to eager, correctly:
+- for a signature whose forward returns something other than one NDArray, takes non-array arguments, runs on
+  the cpu, copies between host and device (``.asscalar()``, data-dependent Python control flow) or draws random
+  numbers with ``nd.random`` (a replay would repeat them): the recording is refused and that signature stays
+  eager (``CachedBlock.eager_reasons`` says why); Parameters with ``grad_req='null'`` (BatchNorm's running
+  statistics) are restored from before the refused attempt;
+- for a call made while an earlier output of the same signature still waits for its backward (the static
+  activations are that output's): ``net(a); net(b); (la + lb).backward()`` runs the second call eagerly;
+- inside another recording (a RecordedStep, a hybridized parent) or ``dnnbind.trace()`` before the recording
+  exists (a traced replay lists the recorded calls).
+Re-recorded: when any of the Block's Parameters adopts new arrays (a Trainer packing them into flat buffers,
+``cast``, ``reset_ctx``, a grad_req change), or after ``hybridize()`` again. In-place writes (``set_data``,
+``load_parameters``) need nothing: the recorded calls read the same buffers.
+
+Not carried over: conv algorithm policy, TF32 and BatchNorm-mode switches changed after the recording (call
+``hybridize()`` again); forward hooks of the Block's children (they ran at the recording only).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+
+from . import autograd
+from ._lib.hooks import RECORDING, TRACING
+from .gluon import block as _block
+from .gluon.block import RUN_EAGERLY
+from .gluon import parameter as _parameter
+from .graph import CallRecording, CaptureError
+from .runtime.array import NDArray, empty
+
+__all__ = ["CachedBlock"]
+
+MAX_SIGNATURES = 8
+
+_WARM, _READY, _EAGER = "warm", "ready", "eager"
+
+_inside = [0]  # > 0 while a hybridized Block records or warms up: Blocks called inside it run eagerly
+
+
+class _Signature:
+    """One recording: static inputs, the forward's and the backward's calls, the static output and head grad."""
+
+    __slots__ = ("state", "inputs", "needs", "fwd", "bwd", "output", "head", "tape", "leaves", "binding",
+                 "last", "serial", "done")
+
+    def __init__(self) -> None:
+        self.state = _WARM
+        self.serial = self.done = 0  # forwards emitted; the forward whose backward ran last
+        self.fwd = self.bwd = self.output = self.head = self.tape = self.last = None
+        self.inputs, self.needs, self.leaves, self.binding = [], (), [], ()
+
+    def close(self) -> None:
+        for rec in (self.fwd, self.bwd):
+            if rec is not None:
+                rec.close()
+        self.fwd = self.bwd = self.output = self.head = self.tape = self.last = None
+        self.inputs, self.leaves, self.binding = [], [], ()
+
+
+def _binding(params) -> tuple:
+    """The arrays (and grad_req) the recorded calls point at, one triple per Parameter, compared by identity."""
+    return tuple((p._data, p._grad, p._grad_req) for p in params)
+
+
+def _same_binding(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x[0] is y[0] and x[1] is y[1] and x[2] == y[2] for x, y in zip(a, b))
+
+
+class CachedBlock:
+    """The recordings of one hybridized Block, keyed by signature. Called by Block._call; returns the output, or
+    ``RUN_EAGERLY`` for "run the forward eagerly yourself"."""
+
+    def __init__(self, block, flags: dict) -> None:
+        self._block = weakref.ref(block)  # the Block holds this object: no reference cycle
+        self.flags = dict(flags)
+        self._sigs: OrderedDict = OrderedDict()
+        self._generation = _parameter.generation[0]
+        self.eager_reasons: dict = {}  # signature -> why it runs eagerly
+        self.replays = 0  # calls served by a replay (tests and benchmarks read it)
+
+    # -- the call ---------------------------------------------------------------------------------------------
+    def __call__(self, args: tuple):
+        if _inside[0] or RECORDING:
+            return RUN_EAGERLY
+        for a in args:
+            if type(a) is not NDArray or a._data is not None:  # not an array, or a cpu (numpy-backed) array
+                return RUN_EAGERLY
+        recording = autograd.is_recording()
+        key = (tuple((a._shape, a._dtype, a.device, autograd.needs_grad(a)) for a in args), recording,
+               autograd.is_training())
+        if self._generation != _parameter.generation[0]:
+            self._drop_stale()
+        sig = self._sigs.get(key)
+        if sig is None:
+            return self._warm(key, args)
+        self._sigs.move_to_end(key)
+        state = sig.state
+        if state is _READY:
+            if recording and sig.last is not None:
+                node = sig.last()
+                if node is not None and node.backward is not None:
+                    return RUN_EAGERLY  # the static activations still belong to an output awaiting its backward
+            return self._replay(sig, args, recording)
+        if state is _WARM:
+            if TRACING:
+                return RUN_EAGERLY
+            return self._record(key, sig, args, recording)
+        return RUN_EAGERLY  # _EAGER
+
+    def _warm(self, key, args):
+        """First call of a signature: eager, outside any recording; tells whether it can be recorded at all."""
+        block = self._block()
+        sig = self._sigs[key] = _Signature()
+        while len(self._sigs) > MAX_SIGNATURES:
+            self._sigs.popitem(last=False)[1].close()
+        _inside[0] += 1
+        try:
+            out = block.forward(*args)
+        finally:
+            _inside[0] -= 1
+        if type(out) is not NDArray:
+            sig.state = _EAGER
+            self.eager_reasons[key] = f"the forward returns a {type(out).__name__}, not one NDArray"
+        return out
+
+    def _params(self) -> list:
+        return list(self._block().collect_params().values())
+
+    def _drop_stale(self) -> None:
+        self._generation = _parameter.generation[0]
+        now = _binding(self._params())
+        stale = [k for k, s in self._sigs.items() if s.state is _READY and not _same_binding(s.binding, now)]
+        for k in stale:
+            self._sigs[k].close()
+            self._sigs[k] = _Signature()
+            self._sigs[k].state = _WARM  # its caches are warm: the next call records straight away
+
+    # -- recording --------------------------------------------------------------------------------------------
+    def _record(self, key, sig: _Signature, args: tuple, recording: bool):
+        block = self._block()
+        params = self._params()
+        aux = [(p._data, p._data.copy()) for p in params if p._data is not None and p._grad_req == "null"]
+        needs = tuple(autograd.needs_grad(a) for a in args)
+        inputs = []
+        for a, need in zip(args, needs):
+            x = empty(a._shape, a._dtype, a.device)
+            x.copy_(a)
+            if need:
+                autograd.attach_grad(x, "write")
+            inputs.append(x)
+        rec = CallRecording()
+
+        def forward():
+            _inside[0] += 1
+            try:
+                return block.forward(*inputs)
+            finally:
+                _inside[0] -= 1
+        try:
+            out = rec.record(forward)
+        except CaptureError as exc:
+            for data, saved in aux:  # the refused run may have updated running statistics: undo it
+                data.copy_(saved)
+            sig.state = _EAGER
+            self.eager_reasons[key] = str(exc)
+            return RUN_EAGERLY
+        if type(out) is not NDArray:
+            rec.close()
+            sig.state = _EAGER
+            self.eager_reasons[key] = f"the forward returns a {type(out).__name__}, not one NDArray"
+            for data, saved in aux:
+                data.copy_(saved)
+            return RUN_EAGERLY
+        sig.inputs, sig.needs, sig.fwd, sig.output = inputs, needs, rec, out
+        sig.binding = _binding(params)
+        if recording:
+            sig.tape = out  # its private tape waits for the first backward
+            sig.head = empty(out._shape, out._dtype, out.device)
+            sig.leaves = [p._data for p in params if p._data is not None and p._grad_req != "null"]
+        sig.state = _READY
+        return self._emit(sig, args, recording)
+
+    def _record_backward(self, sig: _Signature) -> None:
+        tape, sig.tape = sig.tape, None
+
+        def backward():
+            autograd.backward(tape, head_grads=sig.head)
+        if TRACING:  # a recording cannot run inside a trace: this backward runs eagerly (and is traced), and
+            backward()  # the signature records again at its next call, its private tape being spent now
+            sig.state = _WARM
+            return
+        rec = CallRecording()
+        rec.record(backward, parent=sig.fwd)  # a refusal is an error here: the forward ran as recorded
+        sig.bwd = rec
+
+    # -- replaying --------------------------------------------------------------------------------------------
+    def _replay(self, sig: _Signature, args: tuple, recording: bool):
+        for x, a in zip(sig.inputs, args):
+            x.copy_(a)
+        sig.fwd.replay()
+        self.replays += 1
+        return self._emit(sig, args, recording)
+
+    def _emit(self, sig: _Signature, args: tuple, recording: bool):
+        """The caller's output: a copy of the static one (the next call rewrites that), taped as one node."""
+        with autograd.pause(train_mode=autograd.is_training()):
+            out = sig.output.copy()
+        if not recording:
+            return out
+        name = type(self._block()).__name__
+        sig.serial += 1
+        out = autograd.record_op(f"hybridized {name}", out, tuple(args) + tuple(sig.leaves),
+                                 self._grad_fn(sig, sig.serial))
+        sig.last = weakref.ref(out._node) if out._node is not None else None
+        return out
+
+    def _grad_fn(self, sig: _Signature, serial: int):
+        def backward(g):
+            if autograd.is_recording():
+                raise NotImplementedError("a hybridized Block's backward cannot itself be differentiated "
+                                          "(create_graph=True); call hybridize(active=False) for higher-order "
+                                          "gradients")
+            # The recorded backward reuses the activations' memory once it has read them, as eager backward
+            # frees them: it runs once per forward.
+            if sig.done == serial or sig.serial != serial or sig.fwd is None:
+                raise RuntimeError(f"backward through a call of hybridized {type(self._block()).__name__} whose "
+                                   "activations are gone (a second backward with retain_graph=True, or the "
+                                   "recording was dropped); call hybridize(active=False) for this use")
+            sig.done = serial
+            writes = autograd.writes_leaf_grads()
+            before = None if writes else [leaf._grad.copy() for leaf in sig.leaves]  # autograd.grad(): restore
+            sig.head.copy_(g)
+            if sig.bwd is None:
+                self._record_backward(sig)
+            else:
+                sig.bwd.replay()
+            grads = tuple(x._grad.copy() if need else None for x, need in zip(sig.inputs, sig.needs))
+            grads += self._leaf_grads(sig, writes, before)
+            if sig.state is _WARM:  # see _record_backward: drop the spent recording now that its grads are out
+                sig.close()
+            return grads
+        return backward
+
+    @staticmethod
+    def _leaf_grads(sig: _Signature, writes: bool, before) -> tuple:
+        """The recorded backward wrote each Parameter's gradient into its ``.grad`` as a backward() of this Block
+        alone would. What the caller's pass still needs from this node, per Parameter:
+        - backward(), the Parameter used only here (or grad_req 'add', which sums in place): nothing;
+        - backward(), grad_req 'write' and the Parameter also used elsewhere in the graph: this Block's part
+          as a gradient, since the caller's pass writes the sum of all parts over ``.grad``;
+        - autograd.grad(): this Block's part as a gradient, and ``.grad`` as it was before."""
+        out = []
+        if writes:
+            for leaf in sig.leaves:
+                if leaf._grad_req == "write" and autograd.grad_out(leaf) is not leaf._grad:
+                    out.append(leaf._grad.copy())
+                else:
+                    out.append(None)
+                autograd.mark_fresh(leaf)
+            return tuple(out)
+        for leaf, old in zip(sig.leaves, before):
+            out.append(leaf._grad - old if leaf._grad_req == "add" else leaf._grad.copy())
+            leaf._grad.copy_(old)
+            autograd.clear_fresh(leaf)
+        return tuple(out)
+
+    def close(self) -> None:
+        for sig in self._sigs.values():
+            sig.close()
+        self._sigs.clear()
+
+
+_block.set_cached_block_factory(CachedBlock)

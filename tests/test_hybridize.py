@@ -1,0 +1,361 @@
+"""``Block.hybridize()`` (dnnbind.hybrid): recorded forward/backward replayed per call.
+
+GPU tests (marker ``gpu``) compare a hybridized network with an eager twin holding the same weights, on the same
+random batches: bitwise in strict FP32 with deterministic conv algorithms (both run the same calls in the same
+order), re-recording on a new shape and after Parameters move, loaded Parameters used, the eager fallbacks.
+The cpu tests check that hybridize() changes nothing where there is nothing to record.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dnnbind as mx
+from dnnbind import autograd, gluon, nd
+from dnnbind.gluon import nn
+
+gpu = pytest.mark.gpu
+
+
+class Residual(nn.Block):
+    """d2l-zh v1's residual unit: a plain Block with Python in its forward (hybridize() must record it too)."""
+
+    def __init__(self, channels, **kwargs):
+        super().__init__(**kwargs)
+        self.conv1 = nn.Conv2D(channels, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2D(channels, kernel_size=3, padding=1)
+        self.bn1, self.bn2 = nn.BatchNorm(), nn.BatchNorm()
+
+    def forward(self, x):
+        y = nd.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return nd.relu(y + x)
+
+
+def _net(dev, seed, dropout=0.0):
+    nd.random.seed(seed)
+    np.random.seed(seed)
+    net = nn.Sequential()
+    net.add(nn.Conv2D(8, kernel_size=3, padding=1), nn.BatchNorm(), nn.Activation("relu"), Residual(8),
+            nn.MaxPool2D(2), nn.Flatten(), nn.Dense(16, activation="relu"))
+    if dropout:
+        net.add(nn.Dropout(dropout))
+    net.add(nn.Dense(10))
+    net.initialize(mx.init.Xavier(), ctx=dev)
+    net(mx.nd.zeros((2, 3, 12, 12), ctx=dev))
+    return net
+
+
+def _twin(net, dev, seed, dropout=0.0):
+    other = _net(dev, seed + 100, dropout)
+    for (k, p), q in zip(net.collect_params().items(), other.collect_params().values()):
+        q.set_data(p.data())
+    return other
+
+
+def _batches(n, batch=16, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((batch, 3, 12, 12)).astype(np.float32),
+             rng.integers(0, 10, batch).astype(np.int32)) for _ in range(n)]
+
+
+def _train(net, dev, batches, grad_req=None):
+    if grad_req:
+        for p in net.collect_params().values():
+            if p.grad_req != "null":
+                p.grad_req = grad_req
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    losses = []
+    for xb, yb in batches:
+        x, y = mx.nd.array(xb, ctx=dev), mx.nd.array(yb, ctx=dev, dtype=np.int32)
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(len(xb))
+        losses.append(loss.asnumpy())
+    return losses
+
+
+def _params(net):
+    return {k: p.data().asnumpy() for k, p in net.collect_params().items()}
+
+
+@pytest.fixture
+def deterministic():
+    mx.set_conv_algo_policy("time", deterministic=True)
+    yield
+    mx.set_conv_algo_policy("time", deterministic=False)
+
+
+@gpu
+def test_hybridized_training_is_bitwise_the_eager_training(deterministic):
+    dev = mx.gpu(0)
+    eager = _net(dev, 1)
+    hybrid = _twin(eager, dev, 1)
+    hybrid.hybridize()
+    batches = _batches(7)
+    le, lh = _train(eager, dev, batches), _train(hybrid, dev, batches)
+    assert hybrid._cached.replays >= 3, "the later steps must be replays"
+    for a, b in zip(le, lh):
+        assert np.array_equal(a, b), (a, b)
+    pe, ph = _params(eager), _params(hybrid)
+    for k in pe:  # weights, biases and BatchNorm's running statistics
+        assert np.array_equal(pe[k], ph[k]), k
+    assert not np.array_equal(pe["0.weight"], _params(_net(dev, 1))["0.weight"]), "training changed nothing"
+
+
+@gpu
+def test_grad_req_add_accumulates_like_eager(deterministic):
+    dev = mx.gpu(0)
+    eager = _net(dev, 2)
+    hybrid = _twin(eager, dev, 2)
+    hybrid.hybridize()
+    grads = []
+    for net in (eager, hybrid):
+        for p in net.collect_params().values():
+            if p.grad_req != "null":
+                p.grad_req = "add"
+        net.collect_params().zero_grad()
+        for xb, yb in _batches(4, seed=3):
+            with autograd.record():
+                loss = gluon.loss.SoftmaxCrossEntropyLoss()(net(mx.nd.array(xb, ctx=dev)), mx.nd.array(yb, ctx=dev))
+            loss.backward()
+        grads.append({k: p.grad().asnumpy() for k, p in net.collect_params().items() if p.grad_req != "null"})
+    for k in grads[0]:
+        assert np.array_equal(grads[0][k], grads[1][k]), k
+        assert np.abs(grads[0][k]).max() > 0, k
+
+
+@gpu
+def test_input_gradient_and_head_gradient_match_eager(deterministic):
+    dev = mx.gpu(0)
+    eager = _net(dev, 3)
+    hybrid = _twin(eager, dev, 3)
+    hybrid.hybridize()
+    rng = np.random.default_rng(4)
+    for step in range(4):
+        xb = rng.standard_normal((5, 3, 12, 12)).astype(np.float32)
+        head = rng.standard_normal((5, 10)).astype(np.float32)
+        got = []
+        for net in (eager, hybrid):
+            x = mx.nd.array(xb, ctx=dev)
+            x.attach_grad()
+            with autograd.record():
+                out = net(x)
+            out.backward(mx.nd.array(head, ctx=dev))
+            got.append((out.asnumpy(), x.grad.asnumpy(), net[0].weight.grad().asnumpy()))
+        for a, b in zip(*got):
+            assert np.array_equal(a, b), step
+    assert hybrid._cached.replays >= 2
+
+
+@gpu
+def test_new_shape_records_again_and_inference_uses_running_statistics(deterministic):
+    dev = mx.gpu(0)
+    eager = _net(dev, 4)
+    hybrid = _twin(eager, dev, 4)
+    hybrid.hybridize()
+    _train(eager, dev, _batches(4, batch=16) + _batches(3, batch=6, seed=1))
+    _train(hybrid, dev, _batches(4, batch=16) + _batches(3, batch=6, seed=1))
+    for batch in (16, 6, 1):  # predict mode: a signature of its own per shape
+        xb = np.random.default_rng(batch).standard_normal((batch, 3, 12, 12)).astype(np.float32)
+        for _ in range(3):
+            a = eager(mx.nd.array(xb, ctx=dev)).asnumpy()
+            b = hybrid(mx.nd.array(xb, ctx=dev)).asnumpy()
+            assert np.array_equal(a, b), batch
+    assert len(hybrid._cached._sigs) >= 4  # train 16, train 6, predict 16, 6, 1
+    pe, ph = _params(eager), _params(hybrid)
+    for k in pe:
+        assert np.array_equal(pe[k], ph[k]), k
+
+
+@gpu
+def test_parameters_loaded_after_hybridize_are_used(tmp_path):
+    dev = mx.gpu(0)
+    net = _net(dev, 5)
+    net.hybridize()
+    x = mx.nd.array(np.random.default_rng(5).standard_normal((4, 3, 12, 12)).astype(np.float32), ctx=dev)
+    for _ in range(3):
+        before = net(x).asnumpy()
+    other = _net(dev, 6)
+    path = str(tmp_path / "other.params")
+    other.save_parameters(path)
+    net.load_parameters(path, ctx=dev)
+    after = net(x).asnumpy()
+    np.testing.assert_allclose(after, other(x).asnumpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(after, before)
+    assert net._cached.replays >= 2
+
+
+@gpu
+def test_two_outputs_awaiting_backward_and_the_active_switch(deterministic):
+    """net(a); net(b); one backward: the second call cannot reuse the static activations, so it runs eagerly."""
+    dev = mx.gpu(0)
+    eager = _net(dev, 7)
+    hybrid = _twin(eager, dev, 7)
+    hybrid.hybridize()
+    (xa, _), (xb, _) = _batches(2, batch=4, seed=7)
+    grads = []
+    for net in (eager, hybrid):
+        for _ in range(3):
+            with autograd.record():
+                loss = (net(mx.nd.array(xa, ctx=dev)) * net(mx.nd.array(xb, ctx=dev))).sum()
+            loss.backward()
+        grads.append(net[0].weight.grad().asnumpy())
+    assert np.array_equal(grads[0], grads[1])
+    hybrid.hybridize(active=False)
+    assert "_cached" not in hybrid.__dict__ and "_cached" not in hybrid[0].__dict__
+
+
+@gpu
+def test_host_reads_and_random_draws_fall_back_to_eager():
+    dev = mx.gpu(0)
+
+    class HostRead(nn.Block):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm()
+            self.dense = nn.Dense(4)
+
+        def forward(self, x):
+            y = self.bn(x)
+            if y.sum().asscalar() > 0:  # data-dependent Python: cannot be replayed
+                y = y * 2
+            return self.dense(y)
+
+    class Noisy(nn.Block):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(4)
+
+        def forward(self, x):
+            return self.dense(x + nd.random.normal(shape=x.shape, ctx=x.context))
+
+    for cls in (HostRead, Noisy):
+        nd.random.seed(0)
+        net, twin = cls(), cls()
+        for n in (net, twin):
+            n.initialize(mx.init.Xavier(), ctx=dev)
+            n(mx.nd.ones((3, 5), ctx=dev))
+        for p, q in zip(net.collect_params().values(), twin.collect_params().values()):
+            q.set_data(p.data())
+        twin.hybridize()
+        rng = np.random.default_rng(8)
+        outs = []
+        for i in range(4):
+            x = mx.nd.array(rng.standard_normal((3, 5)).astype(np.float32) + (2 if i % 2 else -2), ctx=dev)
+            seed = 100 + i
+            pair = []
+            for n in (net, twin):
+                nd.random.seed(seed)
+                with autograd.record():
+                    pair.append(n(x).asnumpy())
+            outs.append(pair)
+        for a, b in outs:
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+        assert twin._cached.eager_reasons, cls.__name__
+        assert twin._cached.replays == 0
+        pe, ph = _params(net), _params(twin)
+        for k in pe:  # running statistics updated once per call, not twice
+            np.testing.assert_allclose(pe[k], ph[k], rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+@gpu
+def test_dropout_masks_differ_between_replays_and_trace_lists_the_calls():
+    dev = mx.gpu(0)
+    net = _net(dev, 9, dropout=0.5)
+    net.hybridize()
+    x = mx.nd.array(np.random.default_rng(9).standard_normal((8, 3, 12, 12)).astype(np.float32), ctx=dev)
+    outs = []
+    for _ in range(4):
+        with autograd.record():
+            out = net(x)
+        out.backward()
+        outs.append(out.asnumpy())
+    assert net._cached.replays >= 2
+    assert not np.array_equal(outs[2], outs[3]), "a replay must draw a new dropout mask"
+    with mx.trace() as t:
+        with autograd.record():
+            out = net(x)
+        out.backward()
+    names = [r.function for r in t.records]
+    assert any(n.startswith("cudnnConvolutionForward") or n == "cudnnBackendExecute" for n in names), names
+    assert any(n.startswith("cudnnConvolutionBackward") or n == "cudnnBackendExecute" for n in names), names
+
+
+@gpu
+def test_trainer_repacking_records_again_and_training_step_of_a_hybridized_net(deterministic):
+    """The Trainer moves Parameters into flat buffers at its first step: the recording made before points at the
+    old arrays and must be dropped (else the update would not reach what the replay reads)."""
+    from dnnbind.graph import training_step
+    dev = mx.gpu(0)
+    eager = _net(dev, 10)
+    hybrid = _twin(eager, dev, 10)
+    hybrid.hybridize()
+    hybrid(mx.nd.ones((16, 3, 12, 12), ctx=dev))  # predict-mode signature recorded before the Trainer exists
+    for net in (eager, hybrid):
+        _train(net, dev, _batches(3, seed=11))
+    x = mx.nd.array(_batches(1, seed=12)[0][0], ctx=dev)
+    for _ in range(2):
+        assert np.array_equal(eager(x).asnumpy(), hybrid(x).asnumpy())
+    trainer = gluon.Trainer(hybrid.collect_params(), "sgd", {"learning_rate": 0.05})
+    step = training_step(hybrid, gluon.loss.SoftmaxCrossEntropyLoss(), trainer, (16, 3, 12, 12), replay="host")
+    xb, yb = _batches(1, seed=13)[0]
+    loss = step(mx.nd.array(xb, ctx=dev), mx.nd.array(yb, ctx=dev, dtype=np.int32)).asnumpy()
+    assert np.isfinite(loss).all()
+
+
+def test_hybridize_on_the_cpu_changes_nothing():
+    dev = mx.cpu()
+    eager = _net(dev, 11)
+    hybrid = _twin(eager, dev, 11)
+    hybrid.hybridize(static_alloc=True, static_shape=True)
+    assert "_cached" in hybrid.__dict__ and "_cached" in hybrid[3].__dict__  # children too, as in MXNet
+    batches = _batches(3, batch=4)
+    le, lh = _train(eager, dev, batches), _train(hybrid, dev, batches)
+    for a, b in zip(le, lh):
+        assert np.array_equal(a, b)
+    assert hybrid._cached.replays == 0
+    hybrid.hybridize(active=False)
+    assert "_cached" not in hybrid.__dict__
+
+
+@gpu
+def test_shared_parameter_autograd_grad_and_retain_graph(deterministic):
+    """A Parameter used inside and outside the hybridized Block gets both parts; autograd.grad() leaves .grad
+    alone; a second backward through one call is refused (its activations' memory was reused)."""
+    dev = mx.gpu(0)
+    eager = _net(dev, 12)
+    hybrid = _twin(eager, dev, 12)
+    hybrid.hybridize()
+    rng = np.random.default_rng(12)
+    for step in range(3):
+        xb = rng.standard_normal((4, 3, 12, 12)).astype(np.float32)
+        got = []
+        for net in (eager, hybrid):
+            w = net[-1].weight
+            with autograd.record():
+                loss = net(mx.nd.array(xb, ctx=dev)).sum() + (w.data() * w.data()).sum()
+            loss.backward()
+            before = {k: p.grad().asnumpy() for k, p in net.collect_params().items() if p.grad_req != "null"}
+            x = mx.nd.array(xb, ctx=dev)
+            x.attach_grad()
+            with autograd.record():
+                total = net(x).sum()
+            dx = autograd.grad(total, [x])[0].asnumpy()
+            after = {k: p.grad().asnumpy() for k, p in net.collect_params().items() if p.grad_req != "null"}
+            for k in before:
+                assert np.array_equal(before[k], after[k]), k  # grad() wrote no .grad
+            got.append((before, dx))
+        (ge, dxe), (gh, dxh) = got
+        assert np.array_equal(dxe, dxh), step
+        for k in ge:
+            assert np.array_equal(ge[k], gh[k]), (step, k)
+    x = mx.nd.array(rng.standard_normal((4, 3, 12, 12)).astype(np.float32), ctx=dev)
+    with autograd.record():
+        loss = hybrid(x).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        loss.backward()
