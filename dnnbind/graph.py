@@ -157,9 +157,12 @@ class CallRecording:
     Shared by RecordedStep (a whole training step) and hybridize() (a Block's forward and its backward).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, graph: bool = False) -> None:
         self._calls, self.calls, self._libs, self._keep, self._destroys = [], [], [], [], []
         self._hold: Hold | None = None
+        # graph=True: the first replay is captured into a CUDA graph (one cudaGraphLaunch per replay after that)
+        # where CUDA accepts the capture; a refused capture leaves the call-by-call replay.
+        self._graph_wanted, self._graph, self._exec, self._stream = graph, None, None, 0
 
     def record(self, fn, parent: CallRecording | None = None):
         """Run ``fn`` once, recording it; returns its result. ``parent``: a recording always replayed just before
@@ -229,7 +232,8 @@ class CallRecording:
         """Called (through hooks.RECORDING) by code whose GPU work a replay could not repeat faithfully."""
         raise CaptureError(f"cannot record: {why}")
 
-    def replay(self) -> None:
+    def replay(self, stream=None) -> None:
+        """Re-issue the calls (``stream``: the stream they were recorded on, for a graph=True recording)."""
         if self._hold is None:
             raise CaptureError("this recording was closed; record it again")
         if TRACING:  # replay through the libraries' (traced) functions, so dnnbind.trace() lists every call
@@ -239,6 +243,43 @@ class CallRecording:
                 else:
                     fn(*args)
             return
+        if self._exec is not None:
+            err = cudart.rt().cudaGraphLaunch(self._exec, self._stream)
+            if (err[0] if type(err) is tuple else err) == 0:
+                return
+            cudart.call("cudaGraphLaunch", self._exec, self._stream)  # raises CudaError with CUDA's text
+        if self._graph_wanted and stream is not None:
+            self._graph_wanted = False  # one try
+            if self._capture(stream.handle):
+                cudart.call("cudaGraphLaunch", self._exec, self._stream)
+                return
+        self._replay_calls()
+
+    def _capture(self, handle: int) -> bool:
+        """Capture one replay of the calls into a CUDA graph (nothing runs while capturing)."""
+        rt = cudart.rt()
+        try:
+            cudart.call("cudaStreamBeginCapture", handle, rt.cudaStreamCaptureMode(_CAPTURE_MODE_THREAD_LOCAL))
+        except Exception:  # noqa: BLE001  (e.g. the stream is already capturing: stay call by call)
+            return False
+        try:
+            self._replay_calls()
+        except Exception:  # noqa: BLE001  (a call CUDA cannot capture: call by call it is)
+            try:
+                graph = cudart.call("cudaStreamEndCapture", handle)
+                cudart.call("cudaGraphDestroy", graph)
+            except Exception:  # noqa: BLE001
+                pass
+            return False
+        try:
+            graph = cudart.call("cudaStreamEndCapture", handle)
+            self._exec = cudart.call("cudaGraphInstantiate", graph, 0)
+        except Exception:  # noqa: BLE001  (the capture was invalidated)
+            return False
+        self._graph, self._stream = graph, handle
+        return True
+
+    def _replay_calls(self) -> None:
         for fn, args, bound in self._calls:
             status = fn(*args)
             if status and bound is not None:  # raise as the bound function would: function, status, cuDNN's text
@@ -252,6 +293,13 @@ class CallRecording:
             except Exception:
                 pass
         self._destroys, self._calls, self._libs, self._keep = [], [], [], []
+        exec_, graph, self._exec, self._graph = self._exec, self._graph, None, None
+        for fn, obj in (("cudaGraphExecDestroy", exec_), ("cudaGraphDestroy", graph)):
+            if obj is not None:
+                try:
+                    cudart.call(fn, obj)
+                except Exception:  # noqa: BLE001
+                    pass
         if self._hold is not None:
             hold, self._hold = self._hold, None
             hold.release()

@@ -16,7 +16,10 @@ autograd's recording and training flags):
 3. the first backward through that node copies the head gradient into a static buffer and records the private
    tape's backward: Parameter gradients are written where eager backward writes them (grad_req honoured);
 4. later calls copy the inputs in, re-issue the forward's calls and copy the output out; their backward copies
-   the head gradient in, re-issues the backward's calls and marks the Parameters' gradients fresh.
+   the head gradient in, re-issues the backward's calls and marks the Parameters' gradients fresh. The first
+   re-issue of each is captured into a CUDA graph, so every later one is a single ``cudaGraphLaunch``
+   (``set_replay_graphs(False)``: call by call; inside ``dnnbind.trace()`` always call by call, so the trace
+   lists each library call).
 
 Every buffer the recording used stays allocated while it exists (static_alloc): one set of activations per
 signature, ``MAX_SIGNATURES`` signatures per Block, least recently used dropped first.
@@ -51,12 +54,23 @@ from .gluon.block import RUN_EAGERLY
 from .gluon import parameter as _parameter
 from .graph import CallRecording, CaptureError
 from .runtime.array import NDArray, empty
+from .runtime.stream import current_stream
 
-__all__ = ["CachedBlock"]
+__all__ = ["CachedBlock", "set_replay_graphs"]
 
 MAX_SIGNATURES = 8
 
 _WARM, _READY, _EAGER = "warm", "ready", "eager"
+
+# Replays after the first launch one CUDA graph captured from the recorded calls (the calls' host cost gone);
+# False: call by call from the host (what a trace always does). set_replay_graphs() switches it.
+_GRAPHS = [True]
+
+
+def set_replay_graphs(flag: bool) -> None:
+    """Whether hybridized Blocks recorded from now on replay as CUDA graphs (default) or call by call."""
+    _GRAPHS[0] = bool(flag)
+
 
 _inside = [0]  # > 0 while a hybridized Block records or warms up: Blocks called inside it run eagerly
 
@@ -172,7 +186,7 @@ class CachedBlock:
             if need:
                 autograd.attach_grad(x, "write")
             inputs.append(x)
-        rec = CallRecording()
+        rec = CallRecording(graph=_GRAPHS[0])
 
         def forward():
             _inside[0] += 1
@@ -213,7 +227,7 @@ class CachedBlock:
             backward()  # the signature records again at its next call, its private tape being spent now
             sig.state = _WARM
             return
-        rec = CallRecording()
+        rec = CallRecording(graph=_GRAPHS[0])
         rec.record(backward, parent=sig.fwd)  # a refusal is an error here: the forward ran as recorded
         sig.bwd = rec
 
@@ -221,7 +235,7 @@ class CachedBlock:
     def _replay(self, sig: _Signature, args: tuple, recording: bool):
         for x, a in zip(sig.inputs, args):
             x.copy_(a)
-        sig.fwd.replay()
+        sig.fwd.replay(current_stream(sig.output.device))
         self.replays += 1
         return self._emit(sig, args, recording)
 
@@ -257,7 +271,7 @@ class CachedBlock:
             if sig.bwd is None:
                 self._record_backward(sig)
             else:
-                sig.bwd.replay()
+                sig.bwd.replay(current_stream(sig.output.device))
             grads = tuple(x._grad.copy() if need else None for x, need in zip(sig.inputs, sig.needs))
             grads += self._leaf_grads(sig, writes, before)
             if sig.state is _WARM:  # see _record_backward: drop the spent recording now that its grads are out

@@ -90,13 +90,21 @@ def deterministic():
 
 
 @gpu
-def test_hybridized_training_is_bitwise_the_eager_training(deterministic):
+@pytest.mark.parametrize("graphs", [True, False], ids=["cuda-graph", "call-by-call"])
+def test_hybridized_training_is_bitwise_the_eager_training(deterministic, graphs):
+    from dnnbind.hybrid import set_replay_graphs
     dev = mx.gpu(0)
     eager = _net(dev, 1)
     hybrid = _twin(eager, dev, 1)
-    hybrid.hybridize()
-    batches = _batches(7)
-    le, lh = _train(eager, dev, batches), _train(hybrid, dev, batches)
+    set_replay_graphs(graphs)
+    try:
+        hybrid.hybridize()
+        batches = _batches(7)
+        le, lh = _train(eager, dev, batches), _train(hybrid, dev, batches)
+    finally:
+        set_replay_graphs(True)
+    sig = next(iter(hybrid._cached._sigs.values()))
+    assert (sig.fwd._exec is not None) == graphs and (sig.bwd._exec is not None) == graphs
     assert hybrid._cached.replays >= 3, "the later steps must be replays"
     for a, b in zip(le, lh):
         assert np.array_equal(a, b), (a, b)
