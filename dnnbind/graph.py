@@ -35,7 +35,7 @@ import re
 import numpy as np
 
 from . import autograd
-from ._lib import cublas, cudart, cudnn
+from ._lib import cublas, cudart, cudnn, hooks
 from ._lib.cfunc import Library, intercept
 from ._lib.hooks import RECORDING, TRACING
 from .kernels.launch import _drv_call
@@ -163,6 +163,8 @@ class CallRecording:
         # graph=True: the first replay is captured into a CUDA graph (one cudaGraphLaunch per replay after that)
         # where CUDA accepts the capture; a refused capture leaves the call-by-call replay.
         self._graph_wanted, self._graph, self._exec, self._stream = graph, None, None, 0
+        self._paths: list = []  # per call: the scopes open when it was recorded (for a traced replay)
+        self._base = 0
 
     def record(self, fn, parent: CallRecording | None = None):
         """Run ``fn`` once, recording it; returns its result. ``parent``: a recording always replayed just before
@@ -171,9 +173,11 @@ class CallRecording:
             raise CaptureError("cannot record inside dnnbind.trace() (or another recording); trace the replay "
                                "instead")
         self._calls, self.calls, self._libs, self._keep, self._destroys = [], [], [], [], []
+        self._paths, self._base = [], len(hooks.stack())
         hold = Hold(parent._hold if parent is not None else None)
         undo = intercept((cudnn.lib, cublas.lib), self._wrap)
         RECORDING.append(self)
+        TRACING.append(self)  # no trace session: only the scope names (Blocks, ops) are kept, one path per call
         try:
             with hold:
                 out = fn()
@@ -184,6 +188,7 @@ class CallRecording:
                 raise
             raise CaptureError(f"recording failed: {type(exc).__name__}: {exc}") from exc
         finally:
+            TRACING.remove(self)
             RECORDING.remove(self)
             undo()
         pointers = set(hold.allocated)
@@ -210,8 +215,13 @@ class CallRecording:
             self._calls.append(_lean(fn, args))
             self.calls.append(name)
             self._libs.append((lib, args))  # as called: a traced replay goes through lib with these
+            self._paths.append(self._path())
             return result
         return recorded
+
+    def _path(self) -> tuple:
+        """The scopes open now, below the recording's start: a traced replay re-opens them around the call."""
+        return tuple((name, op) for name, op, _, _ in hooks.stack()[self._base:])
 
     # Hooks the lower layers call through _lib.hooks.RECORDING (kernels.launch, runtime.memory).
     def launch(self, name, fn, args, holders) -> None:
@@ -219,6 +229,7 @@ class CallRecording:
         self._calls.append((functools.partial(_drv_call, "cuLaunchKernel"), args, None))
         self.calls.append(name)
         self._libs.append(None)
+        self._paths.append(self._path())
 
     def runtime(self, name, args) -> None:
         if name == "cudaMemcpyAsync" and args[3] != D2D:
@@ -227,6 +238,7 @@ class CallRecording:
         self._calls.append((functools.partial(cudart.call, name), args, None))  # raises CudaError on failure
         self.calls.append(name)
         self._libs.append(None)
+        self._paths.append(self._path())
 
     def refuse(self, why: str) -> None:
         """Called (through hooks.RECORDING) by code whose GPU work a replay could not repeat faithfully."""
@@ -236,12 +248,19 @@ class CallRecording:
         """Re-issue the calls (``stream``: the stream they were recorded on, for a graph=True recording)."""
         if self._hold is None:
             raise CaptureError("this recording was closed; record it again")
-        if TRACING:  # replay through the libraries' (traced) functions, so dnnbind.trace() lists every call
-            for (fn, args, _), bound, name in zip(self._calls, self._libs, self.calls):
-                if bound is not None:
-                    getattr(bound[0], name)(*bound[1])
-                else:
-                    fn(*args)
+        if TRACING:  # replay through the libraries' (traced) functions, so dnnbind.trace() lists every call,
+            # each inside the scopes (Blocks, ops) it was recorded in, as an eager call would be
+            for (fn, args, _), bound, name, path in zip(self._calls, self._libs, self.calls, self._paths):
+                for scope_name, op in path:
+                    hooks.push(scope_name, op)
+                try:
+                    if bound is not None:
+                        getattr(bound[0], name)(*bound[1])
+                    else:
+                        fn(*args)
+                finally:
+                    for _ in path:
+                        hooks.pop()
             return
         if self._exec is not None:
             err = cudart.rt().cudaGraphLaunch(self._exec, self._stream)

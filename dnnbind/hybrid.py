@@ -48,6 +48,7 @@ import weakref
 from collections import OrderedDict
 
 from . import autograd
+from ._lib import hooks
 from ._lib.hooks import RECORDING, TRACING
 from .gluon import block as _block
 from .gluon.block import RUN_EAGERLY
@@ -190,9 +191,13 @@ class CachedBlock:
 
         def forward():
             _inside[0] += 1
+            # The recording keeps each call's scope path; opening this Block's own scope makes those paths
+            # (and its backward's) read as an eager call's, from this Block down (see _traced_replay).
+            hooks.push(_trace_name(block))
             try:
                 return block.forward(*inputs)
             finally:
+                hooks.pop()
                 _inside[0] -= 1
         try:
             out = rec.record(forward)
@@ -235,7 +240,10 @@ class CachedBlock:
     def _replay(self, sig: _Signature, args: tuple, recording: bool):
         for x, a in zip(sig.inputs, args):
             x.copy_(a)
-        sig.fwd.replay(current_stream(sig.output.device))
+        if TRACING:
+            _traced_replay(sig.fwd, ("",))
+        else:
+            sig.fwd.replay(current_stream(sig.output.device))
         self.replays += 1
         return self._emit(sig, args, recording)
 
@@ -270,6 +278,8 @@ class CachedBlock:
             sig.head.copy_(g)
             if sig.bwd is None:
                 self._record_backward(sig)
+            elif TRACING:  # the recorded scopes already say "backward" where eager's would: drop the outer one
+                _traced_replay(sig.bwd, ("", "backward"))
             else:
                 sig.bwd.replay(current_stream(sig.output.device))
             grads = tuple(x._grad.copy() if need else None for x, need in zip(sig.inputs, sig.needs))
@@ -306,6 +316,29 @@ class CachedBlock:
         for sig in self._sigs.values():
             sig.close()
         self._sigs.clear()
+
+
+def _trace_name(block) -> str:
+    return block.__dict__.get("_trace_name") or type(block).__name__.lower()  # as Block.__call__ names it
+
+
+def _traced_replay(rec: CallRecording, outer: tuple) -> None:
+    """A replay inside dnnbind.trace(), call by call. Each recorded call re-opens its scopes from this Block's own
+    name down ("net/conv1/conv_forward", "net/conv1/backward/conv_backward_data"), so the scopes the caller
+    opened for this Block (``outer``, innermost last: Block.__call__'s name, and autograd's "backward" around
+    this node) are closed meanwhile; the trace then reads as an eager call's."""
+    st = hooks.stack()
+    closed = []
+    for name in reversed(outer):
+        if not st or (name and st[-1][0] != name):
+            break
+        closed.append(st[-1][:2])
+        hooks.pop()
+    try:
+        rec.replay()
+    finally:
+        for name, op in reversed(closed):
+            hooks.push(name, op)
 
 
 _block.set_cached_block_factory(CachedBlock)

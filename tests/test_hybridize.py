@@ -367,3 +367,33 @@ def test_shared_parameter_autograd_grad_and_retain_graph(deterministic):
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="retain_graph"):
         loss.backward()
+
+
+@gpu
+def test_traced_replay_names_the_scopes_an_eager_step_names():
+    """Inside dnnbind.trace() a replay goes call by call, each call under the Block path and op it was recorded
+    in: the cuDNN/cuBLAS calls of a hybridized step read as an eager step's (same functions, same scopes)."""
+    from dnnbind.graph import _QUERY
+    dev = mx.gpu(0)
+    eager = _net(dev, 13)
+    hybrid = _twin(eager, dev, 13)
+    hybrid.hybridize()
+    xb, yb = _batches(1, batch=8, seed=13)[0]
+    x, y = mx.nd.array(xb, ctx=dev), mx.nd.array(yb, ctx=dev, dtype=np.int32)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rows = []
+    for net in (eager, hybrid):
+        for _ in range(3):  # warm, record, replay
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+        with mx.trace() as t:
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+        rows.append([(r.scope, r.function) for r in t.records
+                     if r.library in ("cudnn", "cublas") and not _QUERY.match(r.function)])
+    assert hybrid._cached.replays >= 2
+    assert rows[0] == rows[1], "\n".join(f"{a} | {b}" for a, b in zip(*rows) if a != b)
+    scopes = [scope for scope, _ in rows[1]]
+    assert len(scopes) > 10 and any("backward" in sc for sc in scopes) and len({sc.count("/") for sc in scopes}) > 1

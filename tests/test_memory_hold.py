@@ -83,7 +83,7 @@ def test_a_recording_reuses_only_what_it_allocated_and_freed_itself(frees):
         assert hold.reuse(256, STREAM) == 0  # nothing freed yet
         memory._free(0x90000, STREAM)
         memory._free(0xB0000, STREAM)  # allocated before the recording: deferred, not handed out
-        assert hold.reuse(512, STREAM) == 0 and hold.reuse(256, other) == 0  # other size, other stream
+        assert hold.reuse(512, STREAM) == 0 and hold.reuse(256, other) == 0  # too large, other stream
         assert hold.reuse(256, STREAM) == 0x90000
         assert hold.reuse(256, STREAM) == 0  # handed out once
         memory._free(0xA0000, STREAM)
@@ -112,3 +112,18 @@ def test_a_child_recording_reuses_what_its_parent_frees_while_it_records(frees):
     assert frees == []  # the forward still replays into it
     fwd.release()
     assert frees == [0xC0000]
+
+
+def test_reuse_takes_the_smallest_freed_block_that_fits(frees):
+    hold = memory.Hold()
+    with hold:
+        for ptr, size in ((0xD0000, 4096), (0xE0000, 1024), (0xF0000, 2048)):
+            hold.note(ptr, size)
+            memory._free(ptr, STREAM)
+        assert hold.reuse(1500, STREAM) == 0xF0000  # 2048 fits best
+        assert hold.reuse(1024, STREAM) == 0xE0000
+        assert hold.reuse(5000, STREAM) == 0
+        memory._free(0xF0000, STREAM)  # back under its own size
+        assert hold.reuse(2048, STREAM) == 0xF0000
+    hold.release()
+    assert sorted(frees) == [0xD0000]  # the two handed out again are still in use (never freed after)

@@ -139,7 +139,7 @@ class Hold:
 
     def defer(self, ptr: int, stream: Stream, recording: bool = False) -> None:
         """Keep ``ptr`` allocated until release(). While recording, a block this Hold allocated itself may be
-        handed out again to a later allocation of the same size in the same recording (``reuse``): the calls
+        handed out again to a later allocation that fits, in the same recording (``reuse``): the calls
         that used it came before the free in stream order, and a replay repeats that order, so the recording's
         temporaries share memory as an eager run's do."""
         self.deferred[ptr] = stream
@@ -151,9 +151,13 @@ class Hold:
             _holds[-1]._free.setdefault((self._sizes[ptr], stream.handle), []).append(ptr)
 
     def reuse(self, nbytes: int, stream: Stream) -> int:
+        """A freed block for ``nbytes``: the smallest that fits (best fit, as the pool itself would), else 0."""
         ptrs = self._free.get((nbytes, stream.handle))
         if not ptrs:
-            return 0
+            fits = [k for k, v in self._free.items() if v and k[1] == stream.handle and k[0] > nbytes]
+            if not fits:
+                return 0
+            ptrs = self._free[min(fits)]
         ptr = ptrs.pop()
         if self.deferred.pop(ptr, None) is None and self.parent is not None:
             self.parent.deferred.pop(ptr, None)  # the parent's block, in use again (it still pins it)
