@@ -178,6 +178,35 @@ def torch_step(mode, torch, tnet0, data, args, dev):
     return replay, lambda: None
 
 
+def profile_kernels(step, torch, clock, top: int, steps: int = 10) -> dict:
+    """GPU time per step by kernel name over ``steps`` steps, from torch.profiler (Kineto/CUPTI sees every kernel
+    in the process, cuDNN's and cuBLAS's for dnnbind too): the ``top`` largest, the rest summed, and the total."""
+    from torch.profiler import ProfilerActivity, profile
+    clock.sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(i)
+        clock.sync()
+    totals: dict = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA" and ev.device_time > 0:
+            totals[ev.name] = totals.get(ev.name, 0.0) + ev.device_time / steps
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    return {"total_us": sum(totals.values()), "top": [[name, us] for name, us in ranked[:top]],
+            "other_us": sum(us for _, us in ranked[top:])}
+
+
+def print_kernels(runs: dict) -> None:
+    for key, r in runs.items():
+        prof = r.get("kernels")
+        if not prof:
+            continue
+        print(f"\n{MODES[key].label}: {prof['total_us'] / 1e3:.2f} ms of kernels per step")
+        for name, us in prof["top"]:
+            print(f"  {us:9.1f} us {100 * us / prof['total_us']:5.1f}%  {name[:110]}")
+        print(f"  {prof['other_us']:9.1f} us {100 * prof['other_us'] / prof['total_us']:5.1f}%  (the rest)")
+
+
 def run_mode(key, ctx, torch, d2l, spec, tnet0, data, args) -> dict:
     mode = MODES[key]
     if mode.framework == "torch" and torch is None:
@@ -197,7 +226,10 @@ def run_mode(key, ctx, torch, d2l, spec, tnet0, data, args) -> dict:
         clock.sync()
         setup = time.perf_counter() - t0
         budget = args.compile_budget if compiling else None
-        return {"status": "ok", "setup_s": setup, **measure(step, clock, memory, args, budget, mode.label)}
+        result = {"status": "ok", "setup_s": setup, **measure(step, clock, memory, args, budget, mode.label)}
+        if args.profile and torch is not None and ctx.is_gpu:
+            result["kernels"] = profile_kernels(step, torch, clock, args.profile)
+        return result
     except (Exception, BudgetExceeded) as exc:  # noqa: BLE001  (a mode's failure is a result)
         return {"status": "failed", "reason": f"{type(exc).__name__}: {exc}".strip(),
                 "traceback": traceback.format_exc(limit=-6)}
@@ -288,6 +320,8 @@ def parse_args(argv=None):
     p.add_argument("--compile-budget", type=float, default=COMPILE_BUDGET,
                    help="seconds a torch.compile mode may spend warming up (compiling); 0: no limit")
     p.add_argument("--json", default=None, help="default: runs/bench_<model>.json")
+    p.add_argument("--profile", type=int, default=0, metavar="K",
+                   help="after timing, profile 10 steps per mode (torch.profiler) and print its K largest kernels")
     return p.parse_args(argv)
 
 
@@ -343,6 +377,7 @@ def main(argv=None) -> dict:
     gpu = (env["gpu"].get("devices") or [{}])[0].get("name", "cpu") if ctx.is_gpu else "cpu"
     print_table(out["runs"], f"{title}, 1x{spec.size}x{spec.size}, batch {args.batch}, SGD lr {args.lr} momentum "
                              f"{MOMENTUM}, median of {args.steps} steps after {args.warmup}; {gpu}")
+    print_kernels(out["runs"])
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
     print(f"\nwrote {args.json}")

@@ -127,3 +127,19 @@ def test_reuse_takes_the_smallest_freed_block_that_fits(frees):
         assert hold.reuse(2048, STREAM) == 0xF0000
     hold.release()
     assert sorted(frees) == [0xD0000]  # the two handed out again are still in use (never freed after)
+
+
+def test_a_child_recording_starts_with_what_its_parent_freed_and_did_not_reuse(frees):
+    fwd = memory.Hold()
+    with fwd:
+        fwd.note(0x100000, 512)
+        memory._free(0x100000, STREAM)  # a forward temporary, dead after its last use
+    fwd.pin(fwd.allocated)
+    bwd = memory.Hold(parent=fwd)
+    with bwd:
+        assert bwd.reuse(512, STREAM) == 0x100000  # a backward temporary takes it
+    assert memory.Hold(parent=fwd).reuse(512, STREAM) == 0  # handed to one child only
+    bwd.pin(bwd.allocated)
+    bwd.release()
+    fwd.release()
+    assert frees == []  # in use again (the child's array never went): nothing to free

@@ -199,3 +199,60 @@ def test_mxnet_contrib_amp_is_dnnbind_amp_and_init_says_what_to_do():
         sys.meta_path[:] = meta
         for name in [n for n in sys.modules if n not in mods and (n == "mxnet" or n.startswith("mxnet."))]:
             del sys.modules[name]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("src,dst", [(np.float32, np.float16), (np.float16, np.float32), (np.float32, np.float64),
+                                     (np.float64, np.float32)])
+def test_copy_between_dtypes_converts_in_place(device, src, dst):
+    """``out.copy_(x)`` across dtypes (the Trainer's float16 <-> float32 master copies): numpy's rounding, into a
+    view of a larger buffer, the rest of it untouched."""
+    ctx = _ctx(device)
+    x = (np.random.default_rng(3).standard_normal((37, 5)) * 50).astype(src)
+    out = nd.array(np.full((40, 5), 7, dtype=dst), ctx=ctx, dtype=dst)
+    out[2:39].copy_(nd.array(x, ctx=ctx, dtype=src))
+    got = out.asnumpy()
+    assert got.dtype == dst
+    np.testing.assert_array_equal(got[2:39], x.astype(dst))
+    assert (got[:2] == 7).all() and (got[39:] == 7).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,kernel,stride,pad", [((8, 3, 17, 17), 3, 1, 1), ((4, 6, 30, 30), 5, 2, 2),
+                                                     ((2, 1, 12, 12), 3, 1, 0)])
+def test_float16_conv_with_relu_fused_matches_float64(shape, kernel, stride, pad):
+    """Conv2D(activation='relu') in float16 (d2l's AlexNet cast to float16): one fused cuDNN call where cuDNN has
+    an engine, three calls where not; either way within float16's rounding of the float64 result, and its
+    gradients those of conv then relu."""
+    from dnnbind.ops import reference as R
+    ctx = _ctx("gpu")
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(np.float16)
+    w = (rng.standard_normal((8, shape[1], kernel, kernel)) / kernel).astype(np.float16)
+    conv = R.conv_forward(x.astype(np.float64), w.astype(np.float64), None, (stride,) * 2, (pad,) * 2, (1, 1))
+    b = (rng.standard_normal(8) * conv.std()).astype(np.float16)  # moves many outputs across zero
+    z = conv + b.astype(np.float64).reshape(1, -1, 1, 1)
+    args = dict(kernel=(kernel,) * 2, stride=(stride,) * 2, pad=(pad,) * 2, num_filter=8)
+    got, grads = {}, {}
+    for fused in (True, False):
+        xs, ws, bs = (nd.array(a, ctx=ctx, dtype="float16") for a in (x, w, b))
+        for a in (xs, ws, bs):
+            a.attach_grad()
+        with autograd.record():
+            y = nd.Convolution(xs, ws, bs, act_type="relu", **args) if fused else \
+                nd.relu(nd.Convolution(xs, ws, bs, **args))
+        y.backward()
+        got[fused] = y.asnumpy()
+        grads[fused] = [a.grad.asnumpy().astype(np.float64) for a in (xs, ws, bs)]
+    scale = np.abs(z).max()
+    for fused in (True, False):
+        np.testing.assert_allclose(got[fused].astype(np.float64), np.maximum(z, 0), atol=2e-3 * scale, rtol=2e-3)
+    assert 0.1 < float(np.mean(got[True] == 0)) < 0.9
+    # The gradients: relu's mask from the op's own output (where float16 rounding decides a near-zero z, the
+    # two paths may differ), then the convolution's backward, in float64.
+    dz = (got[True] > 0).astype(np.float64)
+    f64 = (stride,) * 2, (pad,) * 2, (1, 1)
+    want = [R.conv_backward_data(w.astype(np.float64), dz, x.shape, *f64),
+            R.conv_backward_filter(x.astype(np.float64), dz, w.shape, *f64), dz.sum(axis=(0, 2, 3))]
+    for name, a, ref in zip("xwb", grads[True], want):
+        np.testing.assert_allclose(a, ref, atol=1e-2 * np.abs(ref).max(), rtol=1e-2, err_msg=name)

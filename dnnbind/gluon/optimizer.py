@@ -2,8 +2,8 @@
 the base class, ``register`` and ``create`` in gluon/_optimizer_base.py. Layer: gluon; imports nd, ops, runtime.
 
 An optimizer updates *flat* views: the Trainer packs all Parameters of one (lr_mult, wd_mult) group into
-one contiguous data buffer and one gradient buffer, so an update is a handful of cuBLAS calls (axpy/scal),
-one fused kernel (Adam) or a few nd element-wise ops over the whole model rather than one call per tensor.
+one contiguous data buffer and one gradient buffer, so an update is one fused kernel (SGD, Adam; float64 SGD:
+cuBLAS axpy/scal) or a few nd element-wise ops over the whole model rather than one call per tensor.
 State buffers (momentum, moments, histories) are flat too and laid out like the data.
 
 Update rules are MXNet 1.9's (python/mxnet/optimizer/optimizer.py and src/operator/optimizer_op-inl.h), with
@@ -26,6 +26,8 @@ runs them one Parameter at a time (a host loop, as MXNet does for every optimize
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from .. import nd, ops
 from ._optimizer_base import _REGISTRY, Optimizer, create, register  # noqa: F401  (mx.optimizer.*)
@@ -55,8 +57,10 @@ class SGD(Optimizer):
                 mom[:] = mom * self.momentum - weight * (lr * wd) - step
                 weight[:] = weight + mom
             return
-        if self.momentum == 0.0:
-            # weight = (1 - lr*wd) weight - lr*r grad: MXNet's sgd_update, two cuBLAS calls.
+        if weight.dtype == np.float32:  # MXNet's sgd_update / sgd_mom_update: one pass over the flat buffers
+            ops.sgd_update(weight, grad, states[0] if self.momentum != 0.0 else None, lr, self.momentum, wd, r)
+            return
+        if self.momentum == 0.0:  # float64: cuBLAS, two calls
             if wd:
                 ops.scal(1.0 - lr * wd, weight)
             ops.axpy(-lr * r, grad, weight)

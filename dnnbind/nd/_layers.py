@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
+from .._lib.errors import CudnnError
 from ..autograd import grad_out, is_recording, is_training, needs_grad, record_op
 from ..ops import dropout as _dropout
 from ..ops.reference.dropout import dropout_p
@@ -31,21 +32,33 @@ def _pair(v):
 
 # -- convolution and dense ------------------------------------------------------------------------------------
 
+_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+_UNFUSED: set = set()  # float16 shapes cuDNN could not fuse (the legacy fused call refused, no backend plan)
+
+
 def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0), dilate=(1, 1), num_filter=None,
                 num_group=1, no_bias=False, act_type=None, **_ignored):
     """y = conv(x, w) + b (cudnnConvolutionForward + cudnnAddTensor).
 
-    ``act_type="relu"`` fuses the ReLU: one cudnnConvolutionBiasActivationForward on the GPU (float32 with a
-    bias); its backward is cudnnActivationBackward on the output, then the convolution's backward.
+    ``act_type="relu"`` fuses the ReLU: one cudnnConvolutionBiasActivationForward (or backend-API plan) on the GPU
+    (float32 or float16, with a bias); its backward is cudnnActivationBackward on the output, then the convolution's backward.
     """
     b = None if no_bias else bias
     stride, pad, dilate = _pair(stride), _pair(pad), _pair(dilate)
     fused = act_type == "relu"
     if act_type not in (None, "relu"):
         raise ValueError(f"Convolution: act_type must be None or 'relu', got {act_type!r}")
-    if fused and b is not None and data._data is None and data.dtype == np.float32:
-        y = ops.conv_bias_relu_forward(data, weight, b, stride, pad, dilate, num_group)
-    else:
+    y = None
+    if fused and b is not None and data._data is None and data.dtype in _FUSED_DTYPES:
+        key = (data.shape, weight.shape, data.dtype, stride, pad, dilate, num_group)
+        if key not in _UNFUSED:
+            try:
+                y = ops.conv_bias_relu_forward(data, weight, b, stride, pad, dilate, num_group)
+            except CudnnError:  # float16: where cuDNN has no fused engine for the shape, the three calls
+                if data.dtype != np.float16:
+                    raise
+                _UNFUSED.add(key)
+    if y is None:
         y = ops.conv_forward(data, weight, b, stride, pad, dilate, num_group)
         if fused:
             y = ops.activation_forward(y, "relu")

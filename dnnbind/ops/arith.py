@@ -1,4 +1,4 @@
-"""Layer 2 (ops): Adam's update over flat buffers (the Trainer's). Imports runtime and ops.
+"""Layer 2 (ops): SGD's and Adam's updates over flat buffers (the Trainer's). Imports runtime and ops.
 
 It has no cuDNN/cuBLAS call, so on the GPU it is a small NVRTC kernel (ops._kernels). Dropout is ops.dropout
 (cuDNN); NDArray arithmetic, reductions and every other element-wise op live in the nd op table (nd/_table.py).
@@ -29,3 +29,24 @@ def adam_update(w, g, m, v, lr_t, beta1, beta2, eps, rescale, wd) -> None:
     f = np.float32
     _launch("adam_f32", w.size, (w, g, m, v, f(lr_t), f(beta1), f(beta2), f(eps), f(rescale), f(wd),
                                  np.int64(w.size)), w._device)
+
+
+def sgd_update(w, g, mom, lr, momentum, wd, rescale) -> None:
+    """In place over flat float32 buffers, MXNet's SGD: with ``mom`` (momentum != 0) ``mom = momentum*mom -
+    lr*wd*w - lr*rescale*g; w += mom``, else ``w = (1 - lr*wd)*w - lr*rescale*g``. One kernel on the GPU."""
+    f = np.float32
+    a_g = f(-lr * rescale)
+    if w._data is not None:
+        if mom is None:
+            w._data[...] = f(1.0 - lr * wd) * w._data + a_g * g._data
+            return
+        m = f(momentum) * mom._data + a_g * g._data + f(-lr * wd) * w._data
+        mom._data[...] = m
+        w._data[...] += m
+        return
+    if w.dtype != np.float32:
+        raise TypeError(f"sgd_update: GPU SGD supports float32 weights, got {w.dtype}")
+    if mom is None:
+        _launch("sgd_f32", w.size, (w, g, f(1.0 - lr * wd), a_g, np.int64(w.size)), w._device)
+    else:
+        _launch("sgd_mom_f32", w.size, (w, g, mom, f(momentum), a_g, f(-lr * wd), np.int64(w.size)), w._device)

@@ -148,7 +148,7 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
     NOTE: cuDNN documents only IMPLICIT_PRECOMP_GEMM for the legacy call with a ReLU, and it needs a bias; z
     (the residual input) is y itself with alpha2 = 0.
     """
-    dtype = float_dtype("conv_bias_relu_forward", (np.dtype(np.float32),), x=x, w=w, b=b)
+    dtype = float_dtype("conv_bias_relu_forward", (np.dtype(np.float32), np.dtype(np.float16)), x=x, w=w, b=b)
     if b is None:
         raise ValueError("conv_bias_relu_forward: needs a bias b (use conv_forward + activation_forward without)")
     plan = _setup("conv_bias_relu_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,

@@ -209,13 +209,14 @@ def _graph_ops(direction: str, x_shape, w_shape, y_shape, conv: Descriptor, dtyp
     ty = _tensor(UID_Y, tuple(y_shape), code, alignment).finalize()
     if direction != "fwd_bias_relu":
         return [_operation(direction, conv, tx, tw, ty, dtype).finalize()]
-    # NOTE: the intermediates and the pointwise math are in the data's precision: float for float32 (as
-    # PyTorch's fused conv graph and cudnn-frontend's ConvBiasAct sample use), double for float64 (where
-    # cuDNN may well have no engine: candidates() then returns []).
+    # NOTE: the intermediates and the pointwise math are float for float32 and float16 data (as PyTorch's fused
+    # conv graph and cudnn-frontend's ConvBiasAct sample use; half data is rounded once, at y), double for
+    # float64 (where cuDNN may well have no engine: candidates() then returns []).
+    inner = C.CUDNN_DATA_DOUBLE if dtype == np.float64 else C.CUDNN_DATA_FLOAT
     tb = _tensor(UID_B, (1, w_shape[0], 1, 1), code, alignment).finalize()
-    conv_out, bias_out = (_tensor(uid, tuple(y_shape), code, alignment, virtual=True).finalize()
+    conv_out, bias_out = (_tensor(uid, tuple(y_shape), inner, max(alignment, 4), virtual=True).finalize()
                           for uid in (UID_CONV_OUT, UID_BIAS_OUT))
-    add, relu = (_pointwise(m, code).finalize() for m in (C.CUDNN_POINTWISE_ADD, C.CUDNN_POINTWISE_RELU_FWD))
+    add, relu = (_pointwise(m, inner).finalize() for m in (C.CUDNN_POINTWISE_ADD, C.CUDNN_POINTWISE_RELU_FWD))
     return [_operation("fwd", conv, tx, tw, conv_out, dtype).finalize(),
             _pointwise_op(add, conv_out, bias_out, tb).finalize(),
             _pointwise_op(relu, bias_out, ty).finalize()]
@@ -377,8 +378,6 @@ def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1,
     dtype = np.dtype(dtype)
     if dtype not in _DTYPES:
         raise TypeError(f"conv_backend.candidates: dtype must be float32, float64 or float16, got {dtype}")
-    if dtype == np.float16 and direction == "fwd_bias_relu":
-        return []  # the fused graph's intermediates are built in the data's precision: float32/64 only
     if math not in ("fp32", "tf32"):
         raise ValueError(f"conv_backend.candidates: math must be 'fp32' or 'tf32', got {math!r}")
     if groups != 1:

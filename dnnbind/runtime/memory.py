@@ -132,6 +132,9 @@ class Hold:
         self.allocated: list = []  # pointers allocated while it was recording (pinned by the recorder)
         self._sizes: dict = {}  # pointer -> bytes, for what it allocated
         self._free: dict = {}  # (bytes, stream handle) -> pointers it allocated and freed while recording
+        self.spare: dict = {}  # what was still in _free when its recording ended: its child's to reuse
+        if parent is not None:  # dead after their last use in the parent's calls, which replay first
+            self._free, parent.spare = parent.spare, {}
 
     def note(self, ptr: int, nbytes: int) -> None:
         self.allocated.append(ptr)
@@ -169,7 +172,7 @@ class Hold:
 
     def __exit__(self, *exc) -> None:
         _holds.remove(self)
-        self._free.clear()  # the recording is over: nothing it freed is handed out again
+        self.spare, self._free = self._free, {}  # the recording is over: nothing more is handed out here
 
     def pin(self, pointers) -> None:
         for p in pointers:
