@@ -45,6 +45,7 @@ from .runtime.array import NDArray, empty
 from .runtime.device import as_device
 from .runtime.memory import D2D, Hold, memcpy
 from .runtime.stream import current_stream
+from .trace import session as _traced
 
 # cudaStreamCaptureMode: thread-local, so another thread's unrelated CUDA calls don't invalidate the capture
 _CAPTURE_MODE_THREAD_LOCAL = 1
@@ -224,11 +225,11 @@ class CallRecording:
         return tuple((name, op) for name, op, _, _ in hooks.stack()[self._base:])
 
     # Hooks the lower layers call through _lib.hooks.RECORDING (kernels.launch, runtime.memory).
-    def launch(self, name, fn, args, holders) -> None:
+    def launch(self, name, fn, args, holders, device: int = 0) -> None:
         self._keep.append(holders)
         self._calls.append((functools.partial(_drv_call, "cuLaunchKernel"), args, None))
         self.calls.append(name)
-        self._libs.append(None)
+        self._libs.append(("kernel", name, device))  # a traced replay records it as the kernel it is
         self._paths.append(self._path())
 
     def runtime(self, name, args) -> None:
@@ -254,10 +255,13 @@ class CallRecording:
                 for scope_name, op in path:
                     hooks.push(scope_name, op)
                 try:
-                    if bound is not None:
-                        getattr(bound[0], name)(*bound[1])
-                    else:
+                    if bound is None:
                         fn(*args)
+                    elif bound[0] == "kernel":  # (fn.handle, grid xyz, block xyz, shared, stream, params, extra)
+                        _traced.replayed_launch(bound[1], bound[2], args[8], args[1:4], args[4:7],
+                                                functools.partial(fn, *args))
+                    else:
+                        getattr(bound[0], name)(*bound[1])
                 finally:
                     for _ in path:
                         hooks.pop()

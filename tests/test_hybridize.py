@@ -392,7 +392,7 @@ def test_traced_replay_names_the_scopes_an_eager_step_names():
                 loss = loss_fn(net(x), y)
             loss.backward()
         rows.append([(r.scope, r.function) for r in t.records
-                     if r.library in ("cudnn", "cublas") and not _QUERY.match(r.function)])
+                     if r.library in ("cudnn", "cublas", "kernel") and not _QUERY.match(r.function)])
     assert hybrid._cached.replays >= 2
     assert rows[0] == rows[1], "\n".join(f"{a} | {b}" for a, b in zip(*rows) if a != b)
     scopes = [scope for scope, _ in rows[1]]

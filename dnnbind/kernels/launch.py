@@ -234,7 +234,7 @@ class Kernel:
         if RECORDING:  # a step being recorded for host replay: keep the packed launch (holders keep params valid)
             RECORDING[-1].launch(name, drv.cuLaunchKernel,
                                  (fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h, params or None, 0),
-                                 holders)
+                                 holders, device)
 
     def launch_struct(self, device: int, grid_x: int, block_x: int, arg: Any, h: int) -> None:
         """The generated kernels' hot path: ONE by-value ctypes Structure argument, 1-D grid and block, no

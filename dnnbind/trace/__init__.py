@@ -7,7 +7,8 @@ re-exports (``dnnbind.trace.scope("net")``) and whose ``TRACING`` list is ``ACTI
 
 The package: ``report`` (Record, and Report: the table, summary, JSON and Chrome exports), ``session`` (entering
 and leaving: wrapping the library functions and kernel launches, GPU times from pooled CUDA events), ``_cupti``
-(kernel names, optional) and ``_format`` (text helpers). ``dnnbind.trace`` itself is callable (see the end).
+(kernel names and kernel times, with the optional extra ``dnnbind[trace]``), ``_demangle`` (C++ kernel names made
+readable by libstdc++) and ``_format`` (text helpers). ``dnnbind.trace`` itself is callable (see the end).
 """
 
 from __future__ import annotations
@@ -18,17 +19,19 @@ import types
 from .._lib import cublas, cudnn
 from .._lib.hooks import TRACING, annotate, current_path, pop, push, record_numpy, scope, scopes, timed_numpy
 from . import session as _session
-from .report import CUPTI_NOTE, GPU_LIBRARIES, Record, Report
+from ._demangle import demangle
+from .report import CUPTI_NOTE, GPU_LIBRARIES, GPU_TIME_NOTES, Record, Report
 
-__all__ = ["ACTIVE", "CUPTI_NOTE", "GPU_LIBRARIES", "Record", "Report", "Trace", "annotate", "current_path",
-           "pop", "push", "record_numpy", "scope", "scopes", "timed_numpy"]
+__all__ = ["ACTIVE", "CUPTI_NOTE", "GPU_LIBRARIES", "GPU_TIME_NOTES", "Record", "Report", "Trace", "annotate",
+           "current_path", "demangle", "pop", "push", "record_numpy", "scope", "scopes", "timed_numpy"]
 
 ACTIVE = TRACING
 
 
 class Trace(Report):
     """``with dnnbind.trace() as t:``, then ``print(t)``, ``t.records``, ``t.summary()``, ``t.to_json()``,
-    ``t.to_chrome(path)``. A trace nested in another lists its own calls, numbered as in the outermost."""
+    ``t.to_chrome(path)``. A trace nested in another lists its own calls, numbered as in the outermost.
+    ``cupti=False`` leaves CUPTI off even where cupti-python is installed: GPU times are then CUDA-event times."""
 
     def __init__(self, libraries=None, cupti: bool = True):
         super().__init__()
@@ -47,6 +50,7 @@ class Trace(Report):
         _session.leave(s)
         self.records, self.spans = s.records[self._first[0]:], s.spans[self._first[1]:] + _session.open_spans(s)
         self.kernel_spans, self.notes, self.cupti = s.kernel_spans[self._first[2]:], s.notes, s.cupti is not None
+        self.gpu_time = "kernels" if s.cupti is not None and s.kernel_times else "events"
         return False
 
 

@@ -1,8 +1,11 @@
-"""Layer trace: GPU kernel names and durations from CUPTI (the optional extra cupti-python). Imports nothing of
-dnnbind but _lib.cudart and this package's report (for CUPTI_NOTE).
+"""Layer trace: GPU kernel names and durations from CUPTI (the optional extra ``dnnbind[trace]``, the package
+cupti-python). Imports nothing of dnnbind but _lib.cudart and this package's report (for CUPTI_NOTE) and
+_demangle.
 
-Each kernel CUPTI reports goes to the traced call whose host window holds the API call that launched it. The
-optional tools must never turn a failure into an exception: a failure becomes a note in the trace.
+Each kernel CUPTI reports, its name demangled, goes to the traced call whose host window holds the API call that
+launched it; that call's ``gpu_us`` becomes the sum of its kernels (Record's docstring says why and what a call
+without kernels gets). The optional tools must never turn a failure into an exception: a failure becomes a note
+in the trace, and the GPU times fall back to the CUDA events'.
 """
 # ruff: noqa: BLE001  (see above: a CUPTI failure is a note, never an exception)
 
@@ -12,6 +15,7 @@ import bisect
 import time
 
 from .._lib import cudart
+from ._demangle import demangle
 from .report import CUPTI_NOTE
 
 KINDS = ("CONCURRENT_KERNEL", "RUNTIME", "DRIVER")  # kernels, and the API calls that launched them
@@ -55,7 +59,8 @@ def _done(activities) -> None:
 
 
 def collect(s) -> None:
-    """Give each kernel to the traced call whose host window holds the API call that launched it."""
+    """Give each kernel to the traced call whose host window holds the API call that launched it, then set those
+    calls' GPU times from their kernels."""
     if s.cupti is None:
         return
     try:
@@ -71,6 +76,7 @@ def collect(s) -> None:
         for name, start_ns, end, corr in acts:
             if name is None:
                 continue
+            name = demangle(name)
             s.kernel_spans.append((name, (start_ns - s.cupti_t0) / 1e3, (end - start_ns) / 1e3))
             at = launched.get(corr)
             i = j = bisect.bisect_right(starts, at) - 1 if at is not None else -1
@@ -78,6 +84,22 @@ def collect(s) -> None:
                 j -= 1
             if j >= 0 and windows[j][1] >= at:
                 windows[j][2].kernels.append([name, (end - start_ns) / 1e3])
-        s.windows.clear()
+        if s.kernel_times:
+            for _, _, rec in windows:
+                kernel_time(rec)
     except Exception as exc:
-        s.notes.append(f"CUPTI failed ({exc}); kernel names are incomplete")
+        s.notes.append(f"CUPTI failed ({exc}); kernel names are incomplete and GPU µs are CUDA-event times")
+        s.kernel_times = False  # one meaning for the whole column: every record back to its event time
+        for rec in s.records:
+            rec.gpu_us = rec.event_us
+    finally:
+        s.windows.clear()
+
+
+def kernel_time(rec) -> None:
+    """``rec.gpu_us`` from its kernels: their sum; with none, 0.0 for a call timed with CUDA events (GPU work was
+    expected and none ran), else left as it is (None: setup, numpy, captured calls)."""
+    if rec.kernels:
+        rec.gpu_us = sum(us for _, us in rec.kernels)
+    elif rec.event_us is not None:
+        rec.gpu_us = 0.0

@@ -31,6 +31,48 @@ def clip(text: str, width: int, left: bool = False) -> str:
     return "..." + text[3 - width:] if left else text[:width - 3] + "..."
 
 
+def short_kernel(name: str, width: int) -> str:
+    """A demangled kernel name made to fit ``width`` for the table (records keep the full name): the ``void``
+    every kernel returns goes, then the parameter list becomes ``(...)``, then template arguments nested in
+    template arguments become ``<...>``, and what is still too long is clipped."""
+    name = name.removeprefix("void ")
+    if len(name) > width and name.endswith(")"):
+        i = _opening(name, len(name) - 1)
+        if i > 0:
+            name = name[:i] + "(...)"
+    if len(name) > width:
+        out, depth = [], 0
+        for ch in name:
+            if ch == "<":
+                depth += 1
+                if depth <= 2:
+                    out.append("<" if depth == 1 else "<...>")
+            elif ch == ">":
+                depth -= 1
+                if depth < 0:  # an operator> or a "->": leave the brackets alone
+                    return clip(name, width)
+                if depth == 0:
+                    out.append(">")
+            elif depth < 2:
+                out.append(ch)
+        name = "".join(out)
+    return clip(name, width)
+
+
+def _opening(text: str, end: int) -> int:
+    """Index of the bracket that opens the one at ``end`` (``(`` and ``<`` nest alike); -1 if none."""
+    depth = 0
+    for i in range(end, -1, -1):
+        ch = text[i]
+        if ch in ")>":
+            depth += 1
+        elif ch in "(<":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
 def columns(head: tuple, rows: list, right: tuple, extra: dict | None = None) -> list[str]:
     """Aligned lines: ``head``, then each row followed by its ``extra`` lines; columns in ``right`` right-aligned."""
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]

@@ -9,9 +9,10 @@ because the start event must be recorded before the launch. The scope functions 
 ops, autograd and gluon call, reach the session through ``hooks.set_session``; the scope stack is per thread.
 
 GPU time: two pooled CUDA events around each call on the stream of its handle, read after one synchronize per
-device at exit (or every 4096 calls). NOTE: on an idle GPU the start event completes at once, so a call's GPU
-time also holds the host work inside the call before its kernels are queued (cuDNN's can be tens of µs); CUPTI's
-kernel durations (cupti-python, see _cupti) are the kernels alone. Host time: perf_counter around the call.
+device at exit (or every 4096 calls) into ``event_us``. NOTE: on an idle GPU the start event completes at once, so
+a call's event time also holds the host work inside the call before its kernels are queued (cuDNN's can be tens
+of µs). So with CUPTI (cupti-python, see _cupti) a call's ``gpu_us`` is the sum of its kernels' durations, and the
+event time only without it (Record's docstring). Host time: perf_counter around the call.
 """
 # ruff: noqa: BLE001, S110  (the optional tools, CUPTI and NVTX, must never turn a failure into an exception)
 
@@ -55,6 +56,7 @@ class Session:
         self.records, self.spans, self.kernel_spans, self.pending, self.windows = [], [], [], [], []
         self.patched, self.notes, self.base = [], [], {}
         self.info, self.gpu_ok, self.cupti, self.cupti_t0, self.nvtx = None, True, None, 0, None
+        self.kernel_times = True  # with CUPTI, gpu_us sums each call's kernels; off for good once CUPTI fails
         self.ops = set(ops.__all__)
         self.undo_libraries = None
         try:
@@ -154,6 +156,15 @@ def _traced_launch(kernel, device, g, b, args, stream, shared_mem):
     details = {"grid": g, "block": b, **({"shared_mem": shared_mem} if shared_mem else {})}
     return _call("kernel", kernel.name, lambda: original(kernel, device, g, b, args, stream, shared_mem), (),
                  _kernel_where, (device, stream), details, True)
+
+
+def replayed_launch(name: str, device: int, stream_handle: int, grid, block, launch) -> None:
+    """A recorded kernel launch re-issued inside a trace (graph.CallRecording): ``launch()`` recorded as the
+    kernel ``name``, as Kernel._launch records a live one."""
+    if _S is None:
+        return launch()
+    return _call("kernel", name, launch, (), _kernel_where, (device, stream_handle), {"grid": grid, "block": block},
+                 True)
 
 
 # --- recording ---------------------------------------------------------------------------------------------
@@ -280,7 +291,7 @@ def _resolve(s: Session) -> None:
             cudart.call("cudaDeviceSynchronize")
         for rec, dev, start, end in s.pending:
             base, base_us = s.base[dev]
-            rec.gpu_us = end.elapsed_ms(start) * 1e3
+            rec.gpu_us = rec.event_us = end.elapsed_ms(start) * 1e3  # gpu_us: _cupti.collect may replace it
             rec.gpu_start_us = base_us + start.elapsed_ms(base) * 1e3
             _pool.setdefault(dev, []).extend((start, end))
     except Exception as exc:
