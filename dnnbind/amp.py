@@ -97,6 +97,7 @@ def unscale(trainer) -> None:
         raise RuntimeError("amp.unscale: call amp.init_trainer(trainer) first")
     for p in trainer._params:
         if p.grad_req != "null" and p._grad is not None:
-            p._grad.copy_(p._grad * (1.0 / scaler.loss_scale))
+            for g in p.list_grad():  # every context's copy
+                g.copy_(g * (1.0 / scaler.loss_scale))
     trainer._scale = trainer._amp_original_scale
 

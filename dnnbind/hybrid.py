@@ -97,12 +97,23 @@ class _Signature:
 
 
 def _binding(params) -> tuple:
-    """The arrays (and grad_req) the recorded calls point at, one triple per Parameter, compared by identity."""
-    return tuple((p._data, p._grad, p._grad_req) for p in params)
+    """What the recorded calls point at: every copy's data and gradient arrays (one per context), and grad_req."""
+    out = []
+    for p in params:
+        out.append(p._grad_req)
+        out.extend(p._data_list or (p._data,))
+        out.extend(p._grad_list or (p._grad,))
+    return tuple(out)
 
 
 def _same_binding(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(x[0] is y[0] and x[1] is y[1] and x[2] == y[2] for x, y in zip(a, b))
+    return len(a) == len(b) and all(x is y or (type(x) is str and x == y) for x, y in zip(a, b))
+
+
+def _copy(p):
+    """The Parameter's data for this call: its copy on the input's device when it lives on several (the Block
+    call selected it), its only array otherwise."""
+    return p.data() if p._data_list is not None else p._data
 
 
 class CachedBlock:
@@ -178,7 +189,7 @@ class CachedBlock:
     def _record(self, key, sig: _Signature, args: tuple, recording: bool):
         block = self._block()
         params = self._params()
-        aux = [(p._data, p._data.copy()) for p in params if p._data is not None and p._grad_req == "null"]
+        aux = [(_copy(p), _copy(p).copy()) for p in params if p._data is not None and p._grad_req == "null"]
         needs = tuple(autograd.needs_grad(a) for a in args)
         inputs = []
         for a, need in zip(args, needs):
@@ -219,7 +230,7 @@ class CachedBlock:
         if recording:
             sig.tape = out  # its private tape waits for the first backward
             sig.head = empty(out._shape, out._dtype, out.device)
-            sig.leaves = [p._data for p in params if p._data is not None and p._grad_req != "null"]
+            sig.leaves = [_copy(p) for p in params if p._data is not None and p._grad_req != "null"]
         sig.state = _READY
         return self._emit(sig, args, recording)
 

@@ -1,8 +1,16 @@
-"""Train the seeds' SimpleCNN on MNIST with dnnbind: cuDNN/cuBLAS on the GPU, or the numpy backend on the CPU.
+"""Train the seeds' SimpleCNN (or d2l-zh's ResNet-18) on MNIST with dnnbind: cuDNN/cuBLAS on the GPU, or the
+numpy backend on the CPU; on several GPUs with one process each.
 
     python scripts/train.py                      # 1 epoch, GPU if there is one
     python scripts/train.py --epochs 10 --save runs/mnist.ckpt
     python scripts/train.py --resume runs/mnist.ckpt --epochs 12
+    python scripts/train.py --model resnet18 --lr 0.05
+    python -m dnnbind.launch --nproc-per-node 2 scripts/train.py --model resnet18   # data parallel, 2 GPUs
+
+Under the launcher (WORLD_SIZE > 1) each process trains on gpu(LOCAL_RANK) on its share of the training set
+(DistributedSampler), the Trainer sums the gradients of all processes every step (NCCL), and rank 0 alone prints,
+evaluates and writes metrics and checkpoints. --batch-size is per process: a step sees WORLD_SIZE times as many
+images, and trainer.step gets that global batch, so the update is the mean gradient over all of them.
 
 Flags follow PyTorch's MNIST example. Checkpoints are one file, written atomically (temp file + rename):
 parameters, optimizer state, epoch, step within the epoch, and RNG state; the data order of an epoch is a
@@ -23,13 +31,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dnnbind as mx  # noqa: E402
-from dnnbind import autograd, gluon  # noqa: E402
-from dnnbind.gluon.data import DeviceDataLoader  # noqa: E402
+from dnnbind import autograd, distributed, gluon  # noqa: E402
+from dnnbind.gluon.data import DeviceDataLoader, DistributedSampler  # noqa: E402
 from dnnbind.gluon.data.vision import MNIST  # noqa: E402
 from models.simple_cnn import SimpleCNN  # noqa: E402
 
 # Defaults (the seeds' and FACTS.md's setting)
 EPOCHS = 1            # one epoch reaches ~98.3% test accuracy; 10 reach ~99.1%
+MODELS = ("simplecnn", "resnet18")
 BATCH_SIZE = 64
 LR = 0.01
 MOMENTUM = 0.9
@@ -38,7 +47,9 @@ OUT_DIR = "runs"      # metrics CSV/JSON and the loss/accuracy plot
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Train SimpleCNN on MNIST with dnnbind")
+    p = argparse.ArgumentParser(description="Train SimpleCNN or ResNet-18 on MNIST with dnnbind")
+    p.add_argument("--model", choices=sorted(MODELS), default="simplecnn",
+                   help="simplecnn: the seeds' model; resnet18: d2l-zh v1's ResNet-18 (1 channel, 10 classes)")
     p.add_argument("--epochs", type=int, default=EPOCHS)
     p.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     p.add_argument("--test-batch-size", type=int, default=1000)
@@ -66,7 +77,22 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def pick_device(choice):
+def build_model(name):
+    """(model, initializer). SimpleCNN starts from PyTorch's default init (the accuracy anchors' start); ResNet-18
+    is d2l_compare.py's (resnet.md's, 7x7 stem) with the book's Xavier init, built there once for both scripts."""
+    if name == "simplecnn":
+        return SimpleCNN(fuse_relu=True), mx.init.TorchDefault()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import d2l_compare  # NOTE: installs the mxnet alias (default device cpu(0)); every array here names its device
+    return d2l_compare.SPECS["resnet"].build_mx(), d2l_compare.INIT()
+
+
+def pick_device(choice, world=1):
+    if world > 1:  # one process per GPU under python -m dnnbind.launch
+        if choice == "cpu" or mx.num_gpus() == 0:
+            raise SystemExit(f"cannot train on the cpu in a launched world of {world} processes: gradients are "
+                             f"summed with NCCL, which needs one GPU per process ({mx.num_gpus()} usable here)")
+        return mx.gpu(distributed.local_rank())
     if choice == "cpu" or (choice == "auto" and mx.num_gpus() == 0):
         if choice == "auto":
             print(f"no GPU ({mx.runtime.gpu_status()[1]}): training on the CPU numpy backend")
@@ -198,21 +224,34 @@ def trace_one_step(net, trainer, loss_fn, loader, args, device):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = pick_device(args.device)
+    # Launched (WORLD_SIZE > 1): meet the other processes; rank 0 alone talks and writes files.
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1:
+        if args.graph or args.record or args.trace:
+            raise SystemExit("--graph, --record and --trace run in a single process, not under dnnbind.launch")
+        distributed.init()
+    lead = world == 1 or distributed.rank() == 0
+    if not lead:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - kept open: the other ranks' logs would repeat rank 0's
+        args.save, args.no_progress = None, True
+    device = pick_device(args.device, world)
     mx.set_math_mode("tf32" if args.tf32 else "fp32")
-    np.random.seed(args.seed)
+    np.random.seed(args.seed)  # the same on every rank: the same initial weights (the Trainer broadcasts rank 0's)
 
     # Data: the whole set lives on the device; each epoch is one shuffled upload, each batch a view.
     train_set, test_set = MNIST(root=args.data_dir, train=True), MNIST(root=args.data_dir, train=False)
     images, labels = train_set.data, train_set.label
     if args.limit:
         images, labels = images[:args.limit], labels[:args.limit]
+    if world > 1:  # this rank's share: disjoint, the same size on every rank (so all take the same steps)
+        share = np.fromiter(DistributedSampler(len(labels), world, distributed.rank(), seed=args.seed), np.int64)
+        images, labels = images[share], labels[share]
     loader = DeviceDataLoader(images, labels, args.batch_size, device, shuffle=True, seed=args.seed)
     test_x = test_set.data.transpose(0, 3, 1, 2).astype(np.float32) / 255.0
     test_y = test_set.label.astype(np.int32)
 
-    net = SimpleCNN(fuse_relu=True)
-    net.initialize(mx.init.TorchDefault(), ctx=device)  # PyTorch's default init: the accuracy anchors' start
+    net, init = build_model(args.model)
+    net.initialize(init, ctx=device)
     net(mx.array(test_x[:2], device=device))  # deferred shapes resolved now, so the Trainer packs every param
     opt_params = {"learning_rate": args.lr, "wd": args.weight_decay}
     if args.optimizer == "sgd":
@@ -231,8 +270,9 @@ def main(argv=None):
             start_epoch += 1
         print(f"resumed from {args.resume}: epoch {start_epoch}, step {skip_steps}")
 
-    print(f"training SimpleCNN on {device} ({mx.math_mode()}), {len(labels)} images, batch {args.batch_size}, "
-          f"{args.optimizer} lr {args.lr}")
+    where = f"{world} processes, {device} each" if world > 1 else f"{device}"
+    print(f"training {args.model} on {where} ({mx.math_mode()}), {len(labels) * world} images, batch "
+          f"{args.batch_size}{' per process' if world > 1 else ''}, {args.optimizer} lr {args.lr}")
     recorded = static_step(net, trainer, loss_fn, args, device) if args.graph or args.record else None
     state = {"epoch": start_epoch, "step": skip_steps}
     interrupted = False
@@ -268,7 +308,8 @@ def main(argv=None):
                         loss = loss_fn(output, label)
                     # backward through cuDNN/cuBLAS backward calls, then one fused update over the flat buffers
                     loss.backward()
-                    trainer.step(batch_size=data.shape[0])
+                    # the gradients of every process are summed: divide by the batch of the whole world
+                    trainer.step(batch_size=data.shape[0] * world)
                 # running loss stays on the device; read it back only at log points (a sync costs a step)
                 batch_loss = loss.sum()
                 loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
@@ -297,6 +338,8 @@ def main(argv=None):
                 return history
             skip_steps = 0
             epoch_time = time.perf_counter() - t0
+            if not lead:
+                continue  # rank 0 evaluates and writes; the others go on (NCCL waits for them at the next step)
             test_loss, test_acc = evaluate(net, test_x, test_y, device, args.test_batch_size)
             history.append({"epoch": epoch, "train_loss": train_loss, "test_loss": test_loss, "test_acc": test_acc,
                             "epoch_seconds": epoch_time, "images_per_second": seen / epoch_time})

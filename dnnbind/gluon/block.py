@@ -23,6 +23,8 @@ from collections import OrderedDict
 from .. import nd, serialization
 from .._lib import hooks
 from .._lib.hooks import TRACING
+from ..runtime.array import NDArray
+from ._param_ctx import current_device, multi_ctx, using_device
 from .param_files import _load_into, _read_param_file
 from .parameter import Parameter, ParameterDict
 
@@ -105,6 +107,7 @@ class Block:
     """Base class of layers and models: subclass, assign children/Parameters in __init__, define forward."""
 
     _summary_row = True  # summary() prints a row for this Block (containers set False)
+    _multi_ctx_dispatch = True  # a call picks its Parameters' copies by its input's device (tests read this)
 
     def __init__(self, prefix: str | None = None, params: ParameterDict | None = None):
         object.__setattr__(self, "_children", OrderedDict())
@@ -271,6 +274,9 @@ class Block:
         return HookHandle(self._forward_hooks, hook)
 
     def __call__(self, *args, **kwargs):
+        if multi_ctx[0] and args and isinstance(args[0], NDArray) and current_device() is None:
+            with using_device(args[0].device):  # Parameters on several devices: the layers read the input's copy
+                return self(*args, **kwargs)
         if TRACING:  # one list check: dnnbind.trace() is recording; name this Block's calls (net.conv1 -> ...)
             with hooks.scope(self.__dict__.get("_trace_name") or type(self).__name__.lower()):
                 return self._call(args, kwargs)

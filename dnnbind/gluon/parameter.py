@@ -1,10 +1,12 @@
 """Parameter and ParameterDict (``mxnet.gluon.Parameter``). Layer: gluon; imports runtime, autograd, initializer.
 
-A Parameter owns one data NDArray and one gradient NDArray on one device. Shapes may be partly unknown
-(0 dims, MXNet's convention) until the first forward pass; initialization is then deferred and finished by
-the layer that infers the shape. A Trainer may later *move* data and grad into views of its flat buffers
-(``_rebind``): everything else writes parameters in place (``set_data``, ``load_parameters``, re-init), so
-those views stay valid.
+A Parameter owns a data NDArray and a gradient NDArray per context: usually one device; after
+``initialize(ctx=[gpu(0), gpu(1)])`` one copy per device, initialized once and copied, each copy its own autograd
+leaf with its own gradient (MXNet's data parallelism; ``_param_ctx`` says which copy ``data()`` gives). Shapes may
+be partly unknown (0 dims, MXNet's convention) until the first forward pass; initialization is then deferred and
+finished by the layer that infers the shape. A Trainer may later *move* data and grad into views of its flat
+buffers (``_rebind``): everything else writes parameters in place (``set_data``, ``load_parameters``, re-init),
+so those views stay valid.
 
 Parameter files are MXNet 1.x's NDArray format (``dnnbind.serialization``), so they go both ways with MXNet;
 dnnbind's older npz files (told apart by their zip header) still load.
@@ -12,21 +14,19 @@ dnnbind's older npz files (told apart by their zip header) still load.
 
 from __future__ import annotations
 
-import os
-import re
 import warnings
-from collections import OrderedDict
 
 import numpy as np
 
 from .. import autograd
 from .. import initializer as _init
-from .. import serialization
 from ..runtime.array import NDArray, array, empty, zeros
 from ..runtime.device import Device, as_device
-from .param_files import _load_into, _read_param_file
+from ._param_ctx import _tls as _ctx_tls
+from ._param_ctx import ctx_list, current_device, host_mean, multi_ctx, using_device
 
-__all__ = ["Constant", "DeferredInitializationError", "Parameter", "ParameterDict"]
+__all__ = ["Constant", "DeferredInitializationError", "Parameter", "ParameterDict", "current_device", "multi_ctx",
+           "using_device"]
 
 _REQS = ("write", "add", "null")
 
@@ -47,13 +47,10 @@ def _norm_shape(shape) -> tuple | None:
     return tuple(0 if (d is None or int(d) < 0) else int(d) for d in shape)
 
 
-def _one_ctx(ctx) -> Device:
-    if isinstance(ctx, (list, tuple)):
-        if len(ctx) != 1:
-            raise ValueError(f"dnnbind keeps each Parameter on one device; got ctx={list(ctx)!r}. Use one device "
-                             "per model (data parallelism across GPUs is not implemented)")
-        ctx = ctx[0]
-    return as_device(ctx)
+def _moved(a: NDArray, ctx: Device) -> NDArray:
+    """A new array on ``ctx`` holding ``a``'s values; across devices through the host, which waits for ``a``'s
+    device (a peer copy would not be ordered after the work that wrote ``a``)."""
+    return a.copy() if a.device is ctx else array(a.numpy(), device=ctx)
 
 
 class Parameter:
@@ -74,10 +71,16 @@ class Parameter:
         self.allow_deferred_init = allow_deferred_init
         self.differentiable = differentiable
         self._grad_req = grad_req if differentiable else "null"
-        self._data: NDArray | None = None
+        self._data: NDArray | None = None  # the (first) copy's data and gradient
         self._grad: NDArray | None = None
-        self._ctx: Device | None = None
-        self._deferred_init: tuple = ()  # (init, explicit, ctx) while waiting for the shape
+        self._ctx: Device | None = None  # the (first) context
+        # Several contexts: the contexts, {context: index}, every copy's data and gradient. All None on one
+        # context, so data() stays one attribute test away from the single-device path.
+        self._ctx_list: list | None = None
+        self._ctx_index: dict | None = None
+        self._data_list: list | None = None
+        self._grad_list: list | None = None
+        self._deferred_init: tuple = ()  # (init, explicit, [contexts]) while waiting for the shape
         self._structured_name: str | None = None  # 'conv1.weight', set by Block.collect_params
         self.fan_in_from: Parameter | None = None  # a bias reads its layer's fan_in from the weight
 
@@ -108,7 +111,8 @@ class Parameter:
 
     # -- initialization -----------------------------------------------------------------------------------
     def initialize(self, init=None, ctx=None, default_init=None, force_reinit: bool = False) -> None:
-        """Allocate and fill on ``ctx`` (the default device if None); deferred while the shape is unknown.
+        """Allocate and fill on ``ctx``: a device, a list of devices (one copy each, identical values), or None
+        (the contexts it already has, else the default device); deferred while the shape is unknown.
 
         ``init`` overrides this Parameter's own ``init``, which overrides ``default_init`` (the Block's global
         initializer, MXNet's precedence).
@@ -119,8 +123,11 @@ class Parameter:
             return
         explicit = init if init is not None else self.init
         chosen = explicit if explicit is not None else (default_init or _init.Uniform())
-        ctx = self._ctx if (ctx is None and self._ctx is not None) else _one_ctx(ctx)
-        self._deferred_init = (chosen, explicit is not None, ctx)
+        if ctx is None and self._ctx is not None:
+            ctxs = self.list_ctx()
+        else:
+            ctxs = ctx_list(ctx, f"Parameter `{self.display_name}`.initialize")
+        self._deferred_init = (chosen, explicit is not None, ctxs)
         # A bias whose layer's weight shape is still unknown waits too: its fan_in comes from that weight.
         waits_for_weight = self.fan_in_from is not None and not self.fan_in_from._shape_known()
         if not self._shape_known() or waits_for_weight:
@@ -141,16 +148,19 @@ class Parameter:
             return
         if not self._shape_known():
             raise DeferredInitializationError(self._deferred_message())
-        init, explicit, ctx = self._deferred_init
-        if self._data is None or self._data.device is not ctx or self._data.shape != self._shape:
-            self._ctx = ctx
-            self._set_arrays(empty(self._shape, self.dtype, ctx), None)
+        init, explicit, ctxs = self._deferred_init
+        if self._data is None or self.list_ctx() != ctxs or self._data.shape != self._shape:
+            self._adopt_ctxs(ctxs, [empty(self._shape, self.dtype, c) for c in ctxs], None)
         init = _init.create(init)
         desc = _init.InitDesc(self.name, self._init_attrs())
         if explicit:
             init._init_weight(desc, self._data)  # a per-Parameter initializer applies whatever the name
         else:
             init(desc, self._data)
+        if self._data_list is not None:  # initialized once: every copy starts identical (through the host, which
+            host = self._data.numpy()  # waits for the first copy's device: no cross-device stream ordering)
+            for copy in self._data_list[1:]:
+                copy.copy_(host)
         self._deferred_init = ()
 
     def _init_attrs(self) -> dict:
@@ -160,17 +170,33 @@ class Parameter:
             return {"fan_in": int(np.prod(shape[1:]))}
         return {}
 
-    def _set_arrays(self, data: NDArray, grad: NDArray | None) -> None:
-        """Adopt ``data`` (and ``grad``, allocated if None) and tell autograd where gradients go."""
-        generation[0] += 1
-        self._data = data
-        if self._grad_req == "null":
-            self._grad = None
+    def _adopt_ctxs(self, ctxs: list, datas: list, grads: list | None) -> None:
+        """Live on ``ctxs`` with ``datas[k]`` (and ``grads[k]``, allocated if None) as copy k."""
+        self._ctx = ctxs[0]
+        if len(ctxs) == 1:
+            self._ctx_list = self._ctx_index = self._data_list = self._grad_list = None
         else:
-            self._grad = grad if grad is not None else zeros(data.shape, data.dtype, data.device)
-        autograd.mark_variables([data], [self._grad], self._grad_req)
+            multi_ctx[0] = True
+            self._ctx_list = list(ctxs)
+            self._ctx_index = {c: k for k, c in enumerate(ctxs)}
+            self._data_list, self._grad_list = [None] * len(ctxs), [None] * len(ctxs)
+        for k, data in enumerate(datas):
+            self._set_arrays(data, None if grads is None else grads[k], k)
 
-    _rebind = _set_arrays  # the Trainer's name for moving a Parameter into its flat buffers
+    def _set_arrays(self, data: NDArray, grad: NDArray | None, k: int = 0) -> None:
+        """Adopt ``data`` (and ``grad``, allocated if None) as copy ``k`` and tell autograd where gradients go."""
+        generation[0] += 1
+        if self._grad_req == "null":
+            grad = None
+        elif grad is None:
+            grad = zeros(data.shape, data.dtype, data.device)
+        if self._data_list is not None:
+            self._data_list[k], self._grad_list[k] = data, grad
+        if k == 0:
+            self._data, self._grad = data, grad
+        autograd.mark_variables([data], [grad], self._grad_req)
+
+    _rebind = _set_arrays  # the Trainer's name for moving a copy into its flat buffers
 
     def _check_initialized(self) -> None:
         if self._deferred_init:
@@ -181,33 +207,70 @@ class Parameter:
 
     # -- access -------------------------------------------------------------------------------------------
     def data(self, ctx=None) -> NDArray:
-        """The data NDArray (the same object every call, so autograd sees one leaf)."""
+        """The data NDArray on ``ctx`` (the same object every call, so autograd sees one leaf).
+
+        On several contexts, ``ctx=None`` means the current device (``using_device``, which a Block call sets
+        from its input), else the first context; ``ctx=list`` gives every copy (MXNet's spelling).
+        """
         if self._data is None:
             self._check_initialized()
-        if ctx is not None and as_device(ctx) is not self._ctx:
-            raise RuntimeError(f"Parameter `{self.display_name}` was not initialized on context {ctx!r}; it lives "
-                               f"on {self._ctx!r}. Use param.reset_ctx() or net.collect_params().reset_ctx().")
-        return self._data
+        if self._data_list is None:
+            if ctx is None:  # the path every layer takes per call: as cheap as it was before several contexts
+                return self._data
+            if ctx is list:
+                return [self._data]
+            if as_device(ctx) is not self._ctx:
+                raise RuntimeError(f"Parameter `{self.display_name}` was not initialized on context {ctx!r}; it "
+                                   f"lives on {self._ctx!r}. Use param.reset_ctx() or "
+                                   "net.collect_params().reset_ctx().")
+            return self._data
+        return list(self._data_list) if ctx is list else self._data_list[self._copy_index(ctx)]
+
+    def _copy_index(self, ctx) -> int:
+        """Which copy ``ctx`` (None: the current device, else the first) names; several contexts only."""
+        dev = getattr(_ctx_tls, "device", None) if ctx is None else as_device(ctx)
+        if dev is None:
+            return 0
+        k = self._ctx_index.get(dev)
+        if k is None:
+            how = "the current device (using_device / the Block's input)" if ctx is None else "context"
+            raise RuntimeError(f"Parameter `{self.display_name}` was not initialized on {how} {dev!r}; it lives on "
+                               f"{self._ctx_list!r}. Put the input on one of them (split_and_load), or "
+                               "reset_ctx().")
+        return k
 
     def list_data(self) -> list:
-        return [self.data()]
+        """Every copy, in context order."""
+        self.data()  # the initialization checks
+        return list(self._data_list) if self._data_list is not None else [self._data]
 
     def grad(self, ctx=None) -> NDArray:
         self.data(ctx)  # the same initialization and device checks
         if self._grad is None:
             raise RuntimeError(f"Cannot get gradient array for Parameter `{self.display_name}` because "
                                "grad_req='null'")
-        return self._grad
+        if self._grad_list is None:
+            return [self._grad] if ctx is list else self._grad
+        return list(self._grad_list) if ctx is list else self._grad_list[self._copy_index(ctx)]
 
     def list_grad(self) -> list:
-        return [self.grad()]
+        """Every copy's gradient, in context order."""
+        return self.grad(list)
 
     def list_ctx(self) -> list:
         if self._data is None and self._deferred_init:
-            return [self._deferred_init[2]]
+            return list(self._deferred_init[2])
         if self._ctx is None:
             raise RuntimeError(f"Parameter `{self.display_name}` has not been initialized")
-        return [self._ctx]
+        return list(self._ctx_list) if self._ctx_list is not None else [self._ctx]
+
+    def _copies(self) -> list:
+        """[(data, grad)] per context (empty before initialization)."""
+        if self._data is None:
+            return []
+        if self._data_list is None:
+            return [(self._data, self._grad)]
+        return list(zip(self._data_list, self._grad_list))
 
     @property
     def grad_req(self) -> str:
@@ -222,11 +285,12 @@ class Parameter:
         if req == self._grad_req:
             return
         self._grad_req = req
-        if self._data is not None:
-            self._set_arrays(self._data, self._grad if req != "null" else None)
+        generation[0] += 1
+        for k, (data, grad) in enumerate(self._copies()):
+            self._set_arrays(data, grad if req != "null" else None, k)
 
     def set_data(self, data) -> None:
-        """Write ``data`` (NDArray or numpy) into this Parameter in place (a Trainer's views stay valid)."""
+        """Write ``data`` (NDArray or numpy) into every copy in place (a Trainer's views stay valid)."""
         shape = tuple(data.shape)
         if self._data is None:
             if not self._deferred_init:
@@ -236,25 +300,33 @@ class Parameter:
         if shape != self._data.shape:
             raise ValueError(f"Parameter `{self.display_name}`.set_data: shape {shape} does not match "
                              f"{self._data.shape}")
-        self._data.copy_(data)
+        for copy, _ in self._copies():
+            copy.copy_(data)
 
     def zero_grad(self) -> None:
-        if self._grad is not None:
-            self._grad.zero_()
+        for _, grad in self._copies():
+            if grad is not None:
+                grad.zero_()
 
     def reset_ctx(self, ctx) -> None:
-        """Move data (and grad) to ``ctx``. A Trainer holding this Parameter repacks on its next step."""
-        ctx = _one_ctx(ctx)
+        """Move to ``ctx`` (a device or a list): a context kept keeps its copy's values, a new one copies the
+        first copy. A Trainer holding this Parameter repacks on its next step."""
+        ctxs = ctx_list(ctx, f"Parameter `{self.display_name}`.reset_ctx")
         if self._data is None:
             if self._deferred_init:
                 init, explicit, _ = self._deferred_init
-                self._deferred_init = (init, explicit, ctx)
+                self._deferred_init = (init, explicit, ctxs)
             return
-        if ctx is self._ctx:
+        old = self.list_ctx()
+        if ctxs == old:
             return
-        grad = self._grad.to(ctx) if self._grad is not None else None
-        self._ctx = ctx
-        self._set_arrays(self._data.to(ctx).copy(), grad)
+        copies = self._copies()
+        datas, grads = [], []
+        for c in ctxs:
+            data, grad = copies[old.index(c)] if c in old else copies[0]
+            datas.append(_moved(data, c))
+            grads.append(_moved(grad, c) if grad is not None else None)
+        self._adopt_ctxs(ctxs, datas, None if any(g is None for g in grads) else grads)
 
     def _load_init(self, host: np.ndarray, ctx=None) -> None:
         """load_parameters: fill unknown dims from the file, initialize if needed, then copy in place."""
@@ -263,23 +335,30 @@ class Parameter:
         if self._data is None:
             if ctx is None:
                 ctx = self._deferred_init[2] if self._deferred_init else None
-            self._ctx = _one_ctx(ctx)
+            ctxs = ctx_list(ctx, f"Parameter `{self.display_name}`.load")
             self._deferred_init = ()
-            self._set_arrays(array(host, device=self._ctx), None)
+            self._adopt_ctxs(ctxs, [array(host, device=c) for c in ctxs], None)
             return
         if ctx is not None:
             self.reset_ctx(ctx)
-        self._data.copy_(host)
+        for copy, _ in self._copies():
+            copy.copy_(host)
 
     def _host_copy(self) -> np.ndarray:
-        return self.data().numpy()
+        """What save_parameters writes: the copy on the host; on several contexts their mean (MXNet's
+        ``_reduce``), which is every copy's value when they are identical, as a Trainer keeps them."""
+        if self._data_list is None:
+            return self.data().numpy()
+        self.data()
+        return host_mean(self._data_list)
+
+    _reduce = _host_copy  # MXNet's name
 
     def cast(self, dtype) -> None:
         dtype = np.dtype(dtype)
         self.dtype = dtype
-        if self._data is not None:
-            grad = self._grad.astype(dtype) if self._grad is not None else None
-            self._set_arrays(self._data.astype(dtype), grad)
+        for k, (data, grad) in enumerate(self._copies()):
+            self._set_arrays(data.astype(dtype), grad.astype(dtype) if grad is not None else None, k)
 
 
 class Constant(Parameter):
@@ -298,131 +377,4 @@ class Constant(Parameter):
                          init=_init.create(lambda desc, arr: arr.copy_(value)), differentiable=False)
 
 
-class ParameterDict:
-    """An ordered name -> Parameter mapping (``collect_params()`` returns one keyed by structural names)."""
-
-    def __init__(self, prefix: str = "", shared: ParameterDict | None = None):
-        self._prefix = prefix
-        self._params: OrderedDict[str, Parameter] = OrderedDict()
-        self._shared = shared
-
-    prefix = property(lambda self: self._prefix)
-
-    def __repr__(self) -> str:
-        body = "\n".join(f"  {p!r}" for p in self._params.values())
-        return f"ParameterDict {self._prefix!r} (\n{body}\n)" if body else f"ParameterDict {self._prefix!r} ()"
-
-    def __getitem__(self, key: str) -> Parameter:
-        return self._params[key]
-
-    def __setitem__(self, key: str, value: Parameter) -> None:
-        self._params[key] = value
-
-    def __iter__(self):
-        return iter(self._params)
-
-    def __len__(self) -> int:
-        return len(self._params)
-
-    def __contains__(self, key) -> bool:
-        return key in self._params
-
-    def keys(self):
-        return self._params.keys()
-
-    def values(self):
-        return self._params.values()
-
-    def items(self):
-        return self._params.items()
-
-    def update(self, other) -> None:
-        for k, v in (other.items() if hasattr(other, "items") else other):
-            if k in self._params and self._params[k] is not v:
-                raise ValueError(f"ParameterDict.update: two different Parameters named `{k}`")
-            self._params[k] = v
-
-    def get(self, name: str, **kwargs) -> Parameter:
-        """The Parameter ``prefix + name``, created with ``kwargs`` if absent (MXNet 1.x ``params.get``)."""
-        full = self._prefix + name
-        param = self._params.get(full)
-        if param is None and self._shared is not None:
-            param = self._shared._params.get(full) or self._shared._params.get(name)
-        if param is None:
-            param = Parameter(full, **kwargs)
-        elif "shape" in kwargs:
-            param.shape = kwargs["shape"]  # a shared Parameter: fill in what this layer knows
-        self._params[full] = param
-        return param
-
-    def get_constant(self, name: str, value=None) -> Parameter:
-        """The Constant ``prefix + name``, created from ``value`` if absent (MXNet 1.x ``params.get_constant``)."""
-        full = self._prefix + name
-        param = self._params.get(full)
-        if param is None:
-            if value is None:
-                raise KeyError(f"get_constant: no constant {full!r}; pass value= to create it")
-            param = self._params[full] = Constant(full, value)
-        return param
-
-    def select(self, pattern: str | None) -> ParameterDict:
-        if pattern is None:
-            return self
-        rx = re.compile(pattern)
-        out = ParameterDict(self._prefix)
-        out._params.update((k, p) for k, p in self._params.items() if rx.match(k) or rx.match(p.name))
-        return out
-
-    def initialize(self, init=None, ctx=None, verbose: bool = False, force_reinit: bool = False) -> None:
-        """Initialize every Parameter: ``init`` is the global initializer (default Uniform(0.07))."""
-        default = _init.create(init) if init is not None else _init.Uniform()
-        for p in self._params.values():
-            p.initialize(None, ctx, default, force_reinit=force_reinit)
-            if verbose:
-                print(f"initialized {p!r} with {p.init if p.init is not None else default!r}")
-
-    def zero_grad(self) -> None:
-        for p in self._params.values():
-            p.zero_grad()
-
-    def reset_ctx(self, ctx) -> None:
-        for p in self._params.values():
-            p.reset_ctx(ctx)
-
-    def list_ctx(self) -> list:
-        out = []
-        for p in self._params.values():
-            for c in p.list_ctx():
-                if c not in out:
-                    out.append(c)
-        return out
-
-    def setattr(self, name: str, value) -> None:
-        """Set an attribute on every Parameter, e.g. ``setattr('grad_req', 'add')``."""
-        for p in self._params.values():
-            setattr(p, name, value)
-
-    def save(self, filename, strip_prefix: str = "") -> None:
-        """Save every Parameter under its prefixed name minus ``strip_prefix`` (MXNet 1.x's format); atomic."""
-        arrays = {}
-        for p in self._params.values():
-            if not p.name.startswith(strip_prefix):
-                raise ValueError(f"ParameterDict.save: strip_prefix {strip_prefix!r} is not a prefix of Parameter "
-                                 f"`{p.name}` (a shared Parameter, or a child made outside name_scope())")
-            arrays[p.name[len(strip_prefix):]] = p._host_copy()
-        serialization.save(filename, arrays)
-
-    def load(self, filename, ctx=None, allow_missing: bool = False, ignore_extra: bool = False,
-             restore_prefix: str = "", cast_dtype: bool = False, dtype_source: str = "current") -> None:
-        """Load a file keyed by prefixed names (``save``, MXNet's ``export``/Module with ``arg:``/``aux:``).
-
-        ``restore_prefix`` is prepended to every name in the file, undoing ``save(strip_prefix=...)``.
-        """
-        targets = {p.name: p for p in self._params.values()}
-        bad = [name for name in targets if not name.startswith(restore_prefix)]
-        if bad:
-            raise ValueError(f"ParameterDict.load: restore_prefix {restore_prefix!r} is not a prefix of "
-                             f"Parameter `{bad[0]}`")
-        loaded = {restore_prefix + k: v for k, v in _read_param_file(filename).items()}
-        _load_into(targets, loaded, f"ParameterDict.load({os.fspath(filename)!r})", ctx, allow_missing,
-                   ignore_extra, cast_dtype, dtype_source)
+from .parameter_dict import ParameterDict  # at the end: it builds the Parameters and Constants defined above

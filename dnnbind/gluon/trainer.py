@@ -1,5 +1,5 @@
 """Trainer (``mxnet.gluon.Trainer``): applies an Optimizer to a set of Parameters.
-Layer: gluon; imports autograd, ops, runtime, gluon.parameter, gluon.optimizer.
+Layer: gluon; imports autograd, ops, runtime, gluon.parameter, gluon.optimizer (dnnbind.distributed lazily).
 
 Flat buffers: when it is created (or on the first step, if shapes were still deferred) the Trainer moves
 every trainable Parameter's data and gradient into views of ONE flat data buffer and ONE flat gradient
@@ -9,53 +9,54 @@ gradient views (``mark_variables``), so backward writes straight into the flat g
 few ops per group over the whole model. Arrays obtained from ``param.data()`` *before* the Trainer was
 created are stale afterwards: fetch them again.
 
+Several contexts (``initialize(ctx=[gpu(0), gpu(1)])``): one set of flat buffers per context, all with the same
+layout. A step sums the gradient buffers of all contexts (one fused all-reduce per buffer: _trainer_reduce, per
+``kvstore``), then runs the same update on every context's buffers: the same arithmetic on the same inputs, so the
+copies stay bitwise identical, as MXNet's KVStore keeps them. Under ``python -m dnnbind.launch`` the flat gradient
+is also summed across processes (one NCCL all-reduce per step): the communicator is made when the Trainer first
+packs (at construction when shapes are known), and rank 0's Parameters are then broadcast to every process, as
+MXNet's ``kvstore.init`` does.
+
 ``step(batch_size)`` sets ``rescale_grad = 1 / batch_size`` (the loss was summed over the batch by
-backward) and refuses gradients that no backward wrote since the last step, as MXNet does.
+backward) and refuses gradients that no backward wrote since the last step, as MXNet does. The gradients summed
+over contexts and processes are divided by the ``batch_size`` given, as in MXNet (whose KVStore sums): pass the
+batch of the whole step, i.e. the sum of the slices of every context and, when launched, of every process
+(``local batch * world_size``), to get the mean gradient of it. (PyTorch's DDP and Horovod average instead.)
 
 Mixed precision (``net.cast('float16')``, BatchNorm staying float32): float16 Parameters keep their data and
 gradients in float16 buffers of their own, and the flat float32 buffers hold their *master* copy, so the update
 runs in float32 on float32 weights and optimizer state: one cast of all float16 gradients in, one of all updated
 weights out. This is MXNet's ``multi_precision=True``; float16 Parameters get it whatever the flag says (updating
-float16 weights in float16 loses small updates, which MXNet only warns about). As in MXNet, the master copy is
-the optimizer's: ``set_data`` on a float16 Parameter after the Trainer packed it does not reach it.
+float16 weights in float16 loses small updates, which MXNet only warns about). Gradients are summed across
+contexts after that cast, in float32 (a float16 sum could overflow and rounds once per term). As in MXNet, the
+master copy is the optimizer's: ``set_data`` on a float16 Parameter after the Trainer packed it does not reach it.
 """
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
-from .. import autograd, ops
-from ..runtime.array import zeros
+from .. import autograd
+from . import _trainer_reduce as _reduce
 from . import optimizer as opt
-from .parameter import Parameter, ParameterDict
-from .utils import atomic_savez
+from ._trainer_pack import ALIGN, pack, same_layout
+from ._trainer_states import load_states, save_states
+from .parameter import Parameter, ParameterDict, generation
 
-__all__ = ["StaleGradientError", "Trainer"]
-
-ALIGN = 64  # elements; 256 bytes of float32, the alignment cuDNN/cuBLAS like for every tensor
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+__all__ = ["ALIGN", "StaleGradientError", "Trainer"]
 
 
 class StaleGradientError(RuntimeError, UserWarning):
     """A Parameter's gradient was not written by backward since the last step (MXNet raises UserWarning)."""
 
 
-class _Group:
-    """Parameters sharing (lr_mult, wd_mult): one contiguous slice [start, end) of the flat buffers."""
-
-    def __init__(self, lr_mult: float, wd_mult: float, members: list, start: int, end: int):
-        self.lr_mult, self.wd_mult, self.members, self.start, self.end = lr_mult, wd_mult, members, start, end
-        self.data = self.grad = None
-        self.states: tuple = ()
-
-
 class Trainer:
-    """``Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-4})``."""
+    """``Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-4})``.
+
+    ``kvstore``: None, 'local', 'device' (default), 'nccl', 'dist_sync', 'dist_device_sync' or a KVStore-like
+    object with that ``.type`` (see _trainer_reduce for what each sums). ``compression_params`` and
+    ``update_on_kvstore`` are accepted for MXNet's signature: every process updates its own copies.
+    """
 
     def __init__(self, params, optimizer, optimizer_params: dict | None = None, kvstore="device",
                  compression_params=None, update_on_kvstore=None):
@@ -74,14 +75,20 @@ class Trainer:
                 seen.add(id(p))
                 self._names.append(name)
                 self._params.append(p)
+        self._kvstore = _reduce.check_kvstore(kvstore)
         self._optimizer = opt.create(optimizer, **(optimizer_params or {}))
         self._optimizer.param_dict = dict(enumerate(self._params))  # lr_mult/wd_mult for custom optimizers
         self._scale = self._optimizer.rescale_grad
         # Per-Parameter update count (Adam's t), starting at begin_num_update as MXNet's _update_count does.
         self._counts = np.full(len(self._params), self._optimizer.begin_num_update, np.int64)
-        self._custom_states: dict[int, object] = {}  # state of a custom (per-Parameter) optimizer, by index
+        self._custom_states: dict = {}  # state of a custom (per-Parameter) optimizer: by index, (index, k) on ctx k
+        self._custom_counts: dict[int, dict] = {}  # a custom optimizer's update counts on context k > 0
         self._layout = None  # set by _pack: what each Parameter must still be for the packing to hold
-        self._carried_fresh: set[int] = set()
+        self._generation = -1  # parameter.generation when the layout was last checked
+        self._carried_fresh: set[tuple] = set()  # (index, context) written by a backward before packing
+        self._bufs: list = []
+        self._local_comms = self._world_comm = None  # NCCL communicators, made on first use and kept
+        self._reduced = False  # allreduce_grads() ran: the next update uses the summed gradients as they are
         self._amp_loss_scaler = None  # dnnbind.amp.init_trainer sets it (and _amp_original_scale)
         if all(p._data is not None for p in self._params):
             self._pack()
@@ -92,80 +99,16 @@ class Trainer:
 
     def _pack(self) -> None:
         """Move trainable Parameters into views of the flat buffers (keeping data, grads, optimizer state)."""
-        params, trainable = self._params, self._trainable()
-        for i in trainable:
-            params[i].data()  # raises the clear deferred/uninitialized error if a shape is still unknown
-        if not trainable:
-            self._layout = [(p._data, p._grad, p.grad_req) for p in params]
-            self._groups, self._offsets, self._states, self._half_end = [], {}, (), 0
-            return
-        where = {i: params[i]._ctx for i in trainable}
-        if len(set(where.values())) > 1:
-            listing = ", ".join(f"{self._names[i]} on {d!r}" for i, d in where.items())
-            raise ValueError(f"Trainer: all Parameters must be on one device, found {listing}")
-        dtypes = {params[i].dtype for i in trainable}
-        half = np.dtype(np.float16)
-        if half in dtypes and dtypes <= {half, np.dtype(np.float32)}:
-            dtype = np.dtype(np.float32)  # mixed precision: float32 master weights (module docstring)
-        elif len(dtypes) > 1:
-            raise ValueError(f"Trainer: all trainable Parameters must share one dtype (or be float16 and float32), "
-                             f"found {sorted(map(str, dtypes))}")
-        else:
-            dtype = next(iter(dtypes))
-        device = where[trainable[0]]
-        keys: dict[tuple, list[int]] = {}
-        for i in sorted(trainable, key=lambda i: params[i].dtype != half):  # float16 first: one contiguous range
-            keys.setdefault((params[i].dtype == half, params[i].lr_mult, params[i].wd_mult), []).append(i)
-        offsets, groups, off, half_end = {}, [], 0, 0
-        for (is_half, lr_mult, wd_mult), members in keys.items():
-            start = off
-            for i in members:
-                offsets[i] = off
-                off = _align(off + params[i].data().size)
-            groups.append(_Group(lr_mult, wd_mult, members, start, off))
-            half_end = off if is_half else half_end
-        total = max(off, ALIGN)
-        flat_data, flat_grad = zeros((total,), dtype, device), zeros((total,), dtype, device)
-        half_data = half_grad = None
-        if half_end:  # the float16 Parameters' own data and gradients, laid out like the master range
-            half_data, half_grad = zeros((half_end,), half, device), zeros((half_end,), half, device)
-        states = self._optimizer.create_state_flat(total, dtype, device)
-        old_states = getattr(self, "_states", None)
-        for i in trainable:
-            p, o = params[i], offsets[i]
-            n = p._data.size
-            if p.dtype == half:
-                ops.copy(p._data.astype(dtype).reshape((n,)), flat_data[o:o + n])  # the master copy
-                data, grad = half_data, half_grad
-            else:
-                data, grad = flat_data, flat_grad
-            data_view = data[o:o + n].reshape(p._data.shape)
-            grad_view = grad[o:o + n].reshape(p._data.shape)
-            ops.copy(p._data, data_view)
-            if p._grad is not None:
-                ops.copy(p._grad, grad_view)
-            if old_states and i in self._offsets:  # repacking: carry momentum / moments over
-                oo = self._offsets[i]
-                for new, old in zip(states, old_states):
-                    ops.copy(old[oo:oo + n], new[o:o + n])
-            # A backward that ran before packing marked the old array fresh: carry that over to the view.
-            if autograd.is_fresh(p._data):
-                self._carried_fresh.add(i)
-                autograd.clear_fresh(p._data)
-            p._rebind(data_view, grad_view)
-        for g in groups:  # the views one step hands to the optimizer, made once
-            g.data, g.grad = flat_data[g.start:g.end], flat_grad[g.start:g.end]
-            g.states = tuple(s[g.start:g.end] for s in states)
-        self._flat_data, self._flat_grad, self._states = flat_data, flat_grad, states
-        self._half_data, self._half_grad, self._half_end = half_data, half_grad, half_end
-        self._offsets, self._groups = offsets, groups
-        self._layout = [(p._data, p._grad, p.grad_req) for p in params]
+        pack(self)
+        if self._bufs:
+            self._world()  # launched on the cpu: say so now, not at the first step
 
     def _ensure_packed(self) -> None:
-        layout = self._layout
-        if layout is None or any(p._data is not d or p._grad is not g or p.grad_req != r
-                                 for p, (d, g, r) in zip(self._params, layout)):
+        if self._generation == generation[0]:  # no Parameter anywhere adopted new arrays since the last check
+            return
+        if self._layout is None or not same_layout(self._params, self._layout):
             self._pack()  # first step, or a Parameter moved (reset_ctx, grad_req change, another Trainer)
+        self._generation = generation[0]
 
     # -- public API ---------------------------------------------------------------------------------------
     @property
@@ -180,52 +123,139 @@ class Trainer:
         return self._optimizer
 
     def state_arrays(self) -> list:
-        """The device arrays a step changes (flat data, flat grads, optimizer state), packed first.
+        """The device arrays a step changes (flat data, flat grads, optimizer state per context), packed first.
 
         A CUDA-graph capture (dnnbind.graph.CapturedStep) snapshots these before its warm-up steps and restores
         them after. Host-side scalars are baked into a capture: a captured step replays the lr (and Adam's
         bias correction) of the capture.
         """
         self._ensure_packed()
-        if not self._groups:
-            return []
-        half = [self._half_data, self._half_grad] if self._half_end else []
-        return [self._flat_data, self._flat_grad, *half, *self._states]
+        out = []
+        for b in self._bufs:
+            half = [b.half_data, b.half_grad] if self._half_end else []
+            out += [b.data, b.grad, *half, *b.states]
+        return out
 
     def zero_grad(self) -> None:
-        """Zero every gradient at once: one memset over the flat gradient buffer (for grad_req='add')."""
+        """Zero every gradient at once: one memset per flat gradient buffer (for grad_req='add')."""
         self._ensure_packed()
-        if self._groups:
-            self._flat_grad.zero_()
+        for b in self._bufs:
+            b.grad.zero_()
             if self._half_end:
-                self._half_grad.zero_()
+                b.half_grad.zero_()
 
     def allreduce_grads(self) -> None:
-        """Nothing to reduce: one device, gradients already in the flat buffer."""
+        """Sum the gradients over contexts (and launched processes) now, e.g. to clip them before ``update``."""
+        self._ensure_packed()
+        self._prepare_grads(self._fresh(True)[1])
+        self._reduced = True
 
     def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
-        """One update with gradients scaled by 1/batch_size."""
+        """Sum the gradients (contexts, processes), then one update with them scaled by 1/batch_size."""
         self._optimizer.rescale_grad = self._scale / batch_size
         self._ensure_packed()
-        self._update(ignore_stale_grad)
+        fresh, partial = self._fresh(ignore_stale_grad)
+        if not self._reduced:
+            self._prepare_grads(partial)
+        self._update(fresh)
 
     def update(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
+        """The update of ``step``, on gradients ``allreduce_grads()`` summed. Unlike MXNet, where the copies
+        would then drift apart, it sums them itself when allreduce_grads() was not called."""
         self.step(batch_size, ignore_stale_grad)
 
-    def _update(self, ignore_stale_grad: bool) -> None:
-        params, trainable = self._params, self._trainable()
-        fresh = [i for i in trainable if i in self._carried_fresh or autograd.is_fresh(params[i]._data)]
-        if len(fresh) != len(trainable) and not ignore_stale_grad:
-            stale = [i for i in trainable if i not in set(fresh)]
-            i = stale[0]
-            more = f" (and {len(stale) - 1} more: {', '.join(self._names[j] for j in stale[1:6])})" \
-                if len(stale) > 1 else ""
-            raise StaleGradientError(
-                f"Gradient of Parameter `{self._names[i]}` on context {params[i]._ctx!r} has not been updated by "
-                f"backward since last `step`{more}. This could mean a bug in your model that made it only use a "
-                "subset of the Parameters (Blocks) for this iteration. If you are intentionally only using a subset, "
-                "call step with ignore_stale_grad=True to suppress this warning and skip updating of Parameters "
-                "with stale gradient")
+    # -- one step -----------------------------------------------------------------------------------------
+    def _fresh(self, ignore_stale_grad: bool) -> tuple[list, list]:
+        """(Parameters to update, [(index, stale contexts)] of those updated with some copies stale).
+
+        MXNet's rule: a Parameter is stale when any copy's gradient was not written since the last step, and
+        that raises. With ignore_stale_grad, a Parameter with no fresh copy is skipped; one with some fresh copies
+        is updated everywhere, its stale copies counting as zeros (MXNet would skip those copies' update and
+        let them drift apart from the others).
+        """
+        params, carried, n = self._params, self._carried_fresh, len(self._bufs)
+        trainable = self._trainable()
+        if n <= 1:  # one context: one check per Parameter, as always
+            fresh = [i for i in trainable if (i, 0) in carried or autograd.is_fresh(params[i]._data)]
+            if len(fresh) == len(trainable) or ignore_stale_grad:
+                return fresh, []
+            stale = [(i, 0) for i in sorted(set(trainable) - set(fresh))]
+            raise self._stale_error(stale)
+        fresh, partial, stale = [], [], []
+        for i in trainable:
+            datas = params[i]._data_list
+            gone = [k for k in range(n) if (i, k) not in carried and not autograd.is_fresh(datas[k])]
+            if len(gone) < n:
+                fresh.append(i)
+            if gone and len(gone) < n:
+                partial.append((i, gone))
+            stale += [(i, k) for k in gone]
+        if stale and not ignore_stale_grad:
+            raise self._stale_error(stale)
+        return fresh, partial
+
+    def _stale_error(self, stale: list) -> StaleGradientError:
+        i, k = stale[0]
+        names = list(dict.fromkeys(self._names[j] for j, _ in stale[1:] if j != i))
+        more = f" (and {len(names)} more: {', '.join(names[:5])})" if names else ""
+        ctx = self._params[i].list_ctx()[k]
+        return StaleGradientError(
+            f"Gradient of Parameter `{self._names[i]}` on context {ctx!r} has not been updated by backward since "
+            f"last `step`{more}. This could mean a bug in your model that made it only use a subset of the "
+            "Parameters (Blocks) for this iteration. If you are intentionally only using a subset, call step with "
+            "ignore_stale_grad=True to suppress this warning and skip updating of Parameters with stale gradient")
+
+    def _prepare_grads(self, partial: list) -> None:
+        """The gradients the update reads: stale copies zeroed, float16 ones cast into the master range, then
+        summed over contexts and processes."""
+        for i, gone in partial:
+            if self._params[i].grad_req == "write":  # a copy no backward wrote holds the last step's gradient
+                for k in gone:
+                    self._params[i]._grad_list[k].zero_()
+        h = self._half_end
+        if h:  # float16 gradients into the float32 master range: summed and applied in float32
+            for b in self._bufs:
+                b.grad[:h].copy_(b.half_grad)  # converts as it copies
+        grads = [b.grad for b in self._bufs]
+        summed = len(grads) > 1 and self._kvstore is not None
+        if summed:
+            if self._bufs[0].device.kind == "cpu":
+                _reduce.sum_on_host(grads)
+            else:
+                if self._local_comms is None:
+                    self._local_comms = _reduce.local_communicators([b.device for b in self._bufs])
+                _reduce.sum_on_devices(self._local_comms, grads)
+        comm = self._world() if grads else None
+        if comm is not None:
+            comm.all_reduce(grads[0], out=grads[0])
+            summed = True
+        if summed and h and self._optimizer.per_parameter:  # a custom optimizer reads the float16 gradients
+            for b in self._bufs:
+                b.half_grad.copy_(b.grad[:h])
+
+    def _world(self):
+        """This process's communicator of the launched world when gradients cross processes, else None."""
+        if self._kvstore not in _reduce.WORLD_KINDS or _reduce.world_size() == 1:
+            return None
+        if len(self._bufs) > 1:
+            raise ValueError(f"Trainer: under dnnbind.distributed (world of {_reduce.world_size()}) each process "
+                             f"trains on one GPU, but the Parameters live on {[b.device for b in self._bufs]}; "
+                             "initialize them on gpu(dnnbind.distributed.local_rank()) only")
+        device = self._bufs[0].device
+        if self._world_comm is None:
+            comm = _reduce.world_communicator(device)
+            for flat in (self._bufs[0].data, self._bufs[0].half_data):  # MXNet's kvstore.init: every process
+                if flat is not None:  # starts from rank 0's values
+                    comm.broadcast(flat, root=0, out=flat)
+            self._world_comm = comm
+        elif getattr(self._world_comm, "device", device) is not device:
+            raise ValueError(f"Trainer: the Parameters moved to {device!r}, but this process's NCCL communicator "
+                             f"is on {self._world_comm.device!r}; keep them on gpu(local_rank)")
+        return self._world_comm
+
+    def _update(self, fresh: list) -> None:
+        self._reduced = False
+        params, trainable, bufs = self._params, self._trainable(), self._bufs
         o = self._optimizer
         if o.per_parameter:
             self._update_custom(fresh)
@@ -234,95 +264,68 @@ class Trainer:
             o.num_update = max(o.num_update, int(self._counts[fresh].max()) + 1)
         lr, wd = o.learning_rate, o.wd
         fresh_set = set(fresh)
-        h = self._half_end
-        if h:  # float16 gradients into the float32 master range: the update runs in float32
-            ops.copy(self._half_grad.astype(np.float32), self._flat_grad[:h])
         scaler = self._amp_loss_scaler
-        if scaler is not None and self._groups:  # dnnbind.amp: skip a step whose gradients overflowed
-            overflow = not np.isfinite(float(self._flat_grad.sum().asscalar()))  # inf/NaN anywhere: one read
+        if scaler is not None and bufs:  # dnnbind.amp: skip a step whose gradients overflowed
+            overflow = not all(np.isfinite(float(b.grad.sum().asscalar())) for b in bufs)  # one read per context
             scaler.update_scale(overflow)
             if overflow:
-                for i in trainable:
-                    autograd.clear_fresh(params[i]._data)
-                self._carried_fresh.clear()
+                self._clear_fresh(trainable)
                 return
-        for g in self._groups:
+        for gi, g in enumerate(self._groups):
             counts = self._counts[g.members]
             if all(i in fresh_set for i in g.members) and (counts == counts[0]).all():
-                # The fast path: the whole group in a handful of ops over its flat slice.
-                o.update_flat(g.data, g.grad, g.states, lr * g.lr_mult, wd * g.wd_mult, int(counts[0]) + 1)
+                # The fast path: the whole group in a handful of ops over its flat slice, on every context.
+                for b in bufs:
+                    data, grad, states = b.views[gi]
+                    o.update_flat(data, grad, states, lr * g.lr_mult, wd * g.wd_mult, int(counts[0]) + 1)
                 self._counts[g.members] += 1
                 continue
             for i in g.members:  # some stale (skipped) or out-of-step counts: one Parameter at a time
                 if i in fresh_set:
-                    a, b = self._offsets[i], self._offsets[i] + params[i]._data.size
-                    o.update_flat(self._flat_data[a:b], self._flat_grad[a:b], tuple(s[a:b] for s in self._states),
-                                  lr * g.lr_mult, wd * g.wd_mult, int(self._counts[i]) + 1)
+                    a, z = self._offsets[i], self._offsets[i] + params[i]._data.size
+                    for b in bufs:
+                        o.update_flat(b.data[a:z], b.grad[a:z], tuple(s[a:z] for s in b.states),
+                                      lr * g.lr_mult, wd * g.wd_mult, int(self._counts[i]) + 1)
                     self._counts[i] += 1
-        if h:  # the updated master weights, rounded to the float16 Parameters
-            ops.copy(self._flat_data[:h].astype(np.float16), self._half_data)
-        for i in trainable:
-            autograd.clear_fresh(params[i]._data)
-        self._carried_fresh.clear()
+        if self._half_end:  # the updated master weights, rounded to the float16 Parameters
+            for b in bufs:
+                b.half_data.copy_(b.data[:self._half_end])
+        self._clear_fresh(trainable)
 
     def _update_custom(self, fresh: list[int]) -> None:
-        """A custom optimizer (MXNet's ``update(index, weight, grad, state)``): one Parameter at a time."""
+        """A custom optimizer (MXNet's ``update(index, weight, grad, state)``): one Parameter at a time, on each
+        context with its own state and update counts (MXNet keeps one updater per device)."""
         o, params = self._optimizer, self._params
-        for i in fresh:
-            p = params[i]
-            if i not in self._custom_states:
-                self._custom_states[i] = o.create_state_multi_precision(i, p.data())
-            o.update_multi_precision(i, p.data(), p.grad(), self._custom_states[i])
-            self._counts[i] += 1
-        for i in self._trainable():
-            autograd.clear_fresh(params[i]._data)
+        counts0 = o._index_update_count
+        try:
+            for k in range(max(len(self._bufs), 1)):
+                if k:
+                    o._index_update_count = self._custom_counts.setdefault(k, {})
+                for i in fresh:
+                    p, key = params[i], (i if k == 0 else (i, k))
+                    data, grad = p._copies()[k]
+                    if key not in self._custom_states:
+                        self._custom_states[key] = o.create_state_multi_precision(i, data)
+                    o.update_multi_precision(i, data, grad, self._custom_states[key])
+        finally:
+            o._index_update_count = counts0
+        self._counts[fresh] += 1
+        self._clear_fresh(self._trainable())
+
+    def _clear_fresh(self, trainable: list) -> None:
+        for i in trainable:
+            for data, _ in self._params[i]._copies():
+                autograd.clear_fresh(data)
         self._carried_fresh.clear()
 
     # -- checkpoints --------------------------------------------------------------------------------------
     def save_states(self, fname) -> None:
-        """Optimizer state (momentum / Adam moments per Parameter), step counts and lr; atomic."""
+        """Optimizer state (momentum / Adam moments per Parameter, from the first context), step counts and lr;
+        atomic."""
         self._ensure_packed()
-        o = self._optimizer
-        if any(s is not None for s in self._custom_states.values()):
-            raise ValueError(f"save_states({fname!r}): the state of the custom optimizer {type(o).__name__} "
-                             "cannot be saved (only built-in optimizers' flat state is)")
-        meta = {"optimizer": type(o).__name__, "n_states": len(self._states), "num_update": o.num_update,
-                "lr": o.lr, "names": self._names, "counts": self._counts.tolist()}
-        arrays = {"__meta__": np.array(json.dumps(meta))}
-        for i in self._trainable():
-            a, n = self._offsets[i], self._params[i]._data.size
-            for k, s in enumerate(self._states):
-                arrays[f"{self._names[i]}::state{k}"] = s[a:a + n].numpy()
-        atomic_savez(fname, arrays)
+        save_states(self, fname)
 
     def load_states(self, fname) -> None:
-        """Restore what save_states wrote; the Parameters must be initialized (load_parameters first)."""
+        """Restore what save_states wrote, into every context; the Parameters must be initialized."""
         self._ensure_packed()
-        o = self._optimizer
-        with np.load(fname, allow_pickle=False) as f:
-            meta = json.loads(str(f["__meta__"]))
-            arrays = {k: f[k] for k in f.files if k != "__meta__"}
-        if meta["optimizer"] != type(o).__name__ or meta["n_states"] != len(self._states):
-            raise ValueError(f"load_states({fname!r}): the file holds {meta['optimizer']} state "
-                             f"({meta['n_states']} buffers), this Trainer uses {type(o).__name__} "
-                             f"({len(self._states)})")
-        problems = []
-        for i in self._trainable():
-            a, n = self._offsets[i], self._params[i]._data.size
-            for k, s in enumerate(self._states):
-                key = f"{self._names[i]}::state{k}"
-                if key not in arrays:
-                    problems.append(f"missing {key}")
-                elif arrays[key].size != n:
-                    problems.append(f"{key}: expected {n} values, the file has {arrays[key].size}")
-        if problems:
-            raise ValueError(f"load_states({fname!r}): " + "; ".join(problems))
-        for i in self._trainable():
-            a, n = self._offsets[i], self._params[i]._data.size
-            for k, s in enumerate(self._states):
-                ops.copy(arrays[f"{self._names[i]}::state{k}"].astype(s.dtype, copy=False), s[a:a + n])
-        counts = dict(zip(meta["names"], meta["counts"]))
-        self._counts[:] = [counts.get(name, 0) for name in self._names]
-        o.num_update = int(meta["num_update"])
-        if o.lr_scheduler is None:
-            o.lr = float(meta["lr"])
+        load_states(self, fname)

@@ -63,11 +63,14 @@ def split_data(data, num_slice: int, batch_axis: int = 0, even_split: bool = Tru
 
 
 def split_and_load(data, ctx_list, batch_axis: int = 0, even_split: bool = True) -> list:
-    """Split ``data`` and put slice i on ``ctx_list[i]`` (MXNet's multi-device helper)."""
+    """Split ``data`` along ``batch_axis`` and put slice i on ``ctx_list[i]`` (MXNet's multi-device helper): one
+    context gives ``[data.as_in_context(ctx)]``; numpy (or list) data is first made an array on ``ctx_list[0]``."""
     if not isinstance(ctx_list, (list, tuple)):
         ctx_list = [ctx_list]
+    if not ctx_list:
+        raise ValueError("split_and_load: ctx_list is empty; give at least one context")
     if not isinstance(data, NDArray):
-        data = array(data)
+        data = array(data, device=ctx_list[0])
     if len(ctx_list) == 1:
         return [data.as_in_context(ctx_list[0])]
     return [s.as_in_context(c) for s, c in zip(split_data(data, len(ctx_list), batch_axis, even_split), ctx_list)]

@@ -1,0 +1,149 @@
+"""The Trainer's flat buffers: every trainable Parameter's data and gradient moved into views of one flat data and
+one flat gradient buffer per context (gluon/trainer.py's docstring says why). Layer: gluon; imports autograd, ops,
+runtime. Split from trainer.py.
+
+Every context gets the same layout, so the k-th context's buffers hold copy k of every Parameter at the same
+offsets: one all-reduce per buffer sums the gradients of all Parameters, and one update per group runs on each.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import autograd, ops
+from ..runtime.array import zeros
+
+__all__ = ["ALIGN", "pack", "same_layout"]
+
+ALIGN = 64  # elements; 256 bytes of float32, the alignment cuDNN/cuBLAS like for every tensor
+_HALF = np.dtype(np.float16)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class _Group:
+    """Parameters sharing (lr_mult, wd_mult): one contiguous slice [start, end) of the flat buffers.
+    ``data``/``grad``/``states`` are the first context's views of it (the others' are in _Buffers.views)."""
+
+    def __init__(self, lr_mult: float, wd_mult: float, members: list, start: int, end: int):
+        self.lr_mult, self.wd_mult, self.members, self.start, self.end = lr_mult, wd_mult, members, start, end
+        self.data = self.grad = None
+        self.states: tuple = ()
+
+
+class _Buffers:
+    """One context's flat buffers, and per group the (data, grad, states) views one step hands the optimizer."""
+
+    __slots__ = ("data", "device", "grad", "half_data", "half_grad", "states", "views")
+
+    def __init__(self, device, total: int, dtype, half_end: int, optimizer) -> None:
+        self.device = device
+        self.data, self.grad = zeros((total,), dtype, device), zeros((total,), dtype, device)
+        self.half_data = self.half_grad = None
+        if half_end:  # the float16 Parameters' own data and gradients, laid out like the master range
+            self.half_data, self.half_grad = zeros((half_end,), _HALF, device), zeros((half_end,), _HALF, device)
+        self.states = optimizer.create_state_flat(total, dtype, device)
+        self.views: list = []
+
+
+def _contexts(trainer, trainable: list) -> list:
+    """The contexts every trainable Parameter lives on (one list for all of them, as MXNet requires)."""
+    params, names = trainer._params, trainer._names
+    first = params[trainable[0]].list_ctx()
+    for i in trainable[1:]:
+        mine = params[i].list_ctx()
+        if mine != first:
+            raise ValueError(f"Trainer: all Parameters must live on the same contexts, but `{names[i]}` is on "
+                             f"{mine!r} and `{names[trainable[0]]}` on {first!r}")
+    if len(first) > 1 and len({d.kind for d in first}) > 1:
+        raise ValueError(f"Trainer: the Parameters live on {first!r}, a mix of cpu and gpu contexts; their "
+                         "gradients can be summed on GPUs (NCCL) or on the host, not across both. Use only GPUs or "
+                         "only the cpu.")
+    return first
+
+
+def _dtype(trainer, trainable: list) -> np.dtype:
+    dtypes = {trainer._params[i].dtype for i in trainable}
+    if _HALF in dtypes and dtypes <= {_HALF, np.dtype(np.float32)}:
+        return np.dtype(np.float32)  # mixed precision: float32 master weights (trainer.py's docstring)
+    if len(dtypes) > 1:
+        raise ValueError(f"Trainer: all trainable Parameters must share one dtype (or be float16 and float32), "
+                         f"found {sorted(map(str, dtypes))}")
+    return next(iter(dtypes))
+
+
+def pack(trainer) -> None:
+    """Move ``trainer``'s trainable Parameters into views of new flat buffers, per context, keeping their values,
+    gradients, optimizer state and freshness."""
+    params, trainable = trainer._params, trainer._trainable()
+    for i in trainable:
+        params[i].list_data()  # raises the clear deferred/uninitialized error if a shape is still unknown
+    if not trainable:
+        trainer._layout = layout(params)
+        trainer._groups, trainer._offsets, trainer._bufs, trainer._states, trainer._half_end = [], {}, [], (), 0
+        return
+    ctxs, dtype = _contexts(trainer, trainable), _dtype(trainer, trainable)
+    keys: dict[tuple, list[int]] = {}
+    for i in sorted(trainable, key=lambda i: params[i].dtype != _HALF):  # float16 first: one contiguous range
+        keys.setdefault((params[i].dtype == _HALF, params[i].lr_mult, params[i].wd_mult), []).append(i)
+    offsets, groups, off, half_end = {}, [], 0, 0
+    for (is_half, lr_mult, wd_mult), members in keys.items():
+        start = off
+        for i in members:
+            offsets[i] = off
+            off = _align(off + params[i]._data.size)
+        groups.append(_Group(lr_mult, wd_mult, members, start, off))
+        half_end = off if is_half else half_end
+    total = max(off, ALIGN)
+    bufs = [_Buffers(c, total, dtype, half_end, trainer._optimizer) for c in ctxs]
+    old_bufs, old_offsets = trainer._bufs, trainer._offsets if trainer._bufs else {}
+    for i in trainable:
+        p, o = params[i], offsets[i]
+        n = p._data.size
+        for k, ((data, grad), b) in enumerate(zip(p._copies(), bufs)):
+            if p.dtype == _HALF:
+                ops.copy(data.astype(dtype).reshape((n,)), b.data[o:o + n])  # the master copy
+                flat_data, flat_grad = b.half_data, b.half_grad
+            else:
+                flat_data, flat_grad = b.data, b.grad
+            data_view = flat_data[o:o + n].reshape(data.shape)
+            grad_view = flat_grad[o:o + n].reshape(data.shape)
+            ops.copy(data, data_view)
+            if grad is not None:
+                ops.copy(grad, grad_view)
+            if i in old_offsets:  # repacking: carry momentum / moments over (a new context takes the first's)
+                oo, old = old_offsets[i], old_bufs[k if k < len(old_bufs) else 0]
+                for new_s, old_s in zip(b.states, old.states):
+                    ops.copy(old_s[oo:oo + n], new_s[o:o + n])
+            # A backward that ran before packing marked the old array fresh: carry that over to the view.
+            if autograd.is_fresh(data):
+                trainer._carried_fresh.add((i, k))
+                autograd.clear_fresh(data)
+            p._rebind(data_view, grad_view, k)
+    for b in bufs:  # the views one step hands to the optimizer, made once
+        b.views = [(b.data[g.start:g.end], b.grad[g.start:g.end], tuple(s[g.start:g.end] for s in b.states))
+                   for g in groups]
+    for g, (data, grad, states) in zip(groups, bufs[0].views):
+        g.data, g.grad, g.states = data, grad, states
+    first = bufs[0]
+    trainer._bufs, trainer._offsets, trainer._groups, trainer._half_end = bufs, offsets, groups, half_end
+    # The first context's buffers under their single-device names (checkpoints, tests, dnnbind.graph).
+    trainer._flat_data, trainer._flat_grad, trainer._states = first.data, first.grad, first.states
+    trainer._half_data, trainer._half_grad = first.half_data, first.half_grad
+    trainer._layout = layout(params)
+
+
+def layout(params: list) -> list:
+    """What each Parameter must still hold for a packing to be valid: its copies' arrays and grad_req."""
+    return [(tuple(p._copies()), p.grad_req) for p in params]
+
+
+def same_layout(params: list, saved: list) -> bool:
+    for p, (copies, req) in zip(params, saved):
+        now = p._copies()
+        if p.grad_req != req or len(now) != len(copies) or \
+                any(d is not d0 or g is not g0 for (d, g), (d0, g0) in zip(now, copies)):
+            return False
+    return True
