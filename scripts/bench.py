@@ -5,6 +5,7 @@ the model's individual ops and an 8192^3 sgemm. Prints a table and writes JSON.
     python scripts/bench.py                 # strict FP32
     python scripts/bench.py --tf32 --json runs/bench_tf32.json
     python scripts/bench.py --model resnet18   # d2l's ResNet-18 / AlexNet training step: scripts/bench_models.py
+    python scripts/bench.py --model resnet18 --gpus 2   # scaling from 1 to 2 GPUs: scripts/bench_scaling.py
 """
 
 import argparse
@@ -213,7 +214,12 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--model", choices=MODELS, default="simplecnn")
+    pre.add_argument("--gpus", type=int, default=None)
     known, rest = pre.parse_known_args(argv)
+    if known.gpus is not None:  # data-parallel scaling, 1 to N GPUs: its own script
+        import bench_scaling
+        model = "resnet18" if known.model == "simplecnn" else known.model
+        return bench_scaling.main(["--model", model, "--gpus", str(known.gpus), *rest])
     if known.model != "simplecnn":  # the larger models time a training step: their own script and options
         import bench_models
         return bench_models.main(["--model", known.model, *rest])

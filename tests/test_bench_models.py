@@ -51,3 +51,13 @@ def test_cpu_smoke_run(tmp_path, model):
     if model == "resnet18":  # no dropout: the same first training step from the same weights
         first = runs["dnnbind-fp32"]["first_loss"], runs["torch-fp32"]["first_loss"]
         assert abs(first[0] - first[1]) < 1e-4 * abs(first[1]), first
+
+
+def test_scaling_benchmark_help_and_a_clear_refusal_without_the_gpus():
+    """bench.py --gpus N goes to scripts/bench_scaling.py: its options need no GPU; asking for more GPUs than the
+    machine has stops with one line saying how many there are."""
+    out = _bench("--model", "resnet18", "--gpus", "2", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "--modes" in out.stdout and "single" in out.stdout and "launch" in out.stdout
+    out = _bench("--model", "resnet18", "--gpus", "64", "--modes", "single")
+    assert out.returncode != 0 and "--gpus 64: this machine has" in out.stderr, out.stderr[-2000:]
