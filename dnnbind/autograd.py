@@ -200,6 +200,15 @@ def grad(heads, variables, head_grads=None, retain_graph=None, create_graph: boo
     return out[0] if single else out
 
 
+def leaves(head: NDArray) -> list:
+    """The leaf arrays (attach_grad'ed arrays, Parameters' data) the graph of ``head`` reaches."""
+    if head._node is None:
+        return [head] if head._grad_req != "null" else []
+    order: list = []
+    _topo(head._node, set(), order)
+    return [v for v in order if type(v) is not Node]
+
+
 def _vertex(x):
     """x's place in the graph: the Node that made it, or x itself for a leaf."""
     return x._node if x._node is not None else x

@@ -230,7 +230,11 @@ class CachedBlock:
         if recording:
             sig.tape = out  # its private tape waits for the first backward
             sig.head = empty(out._shape, out._dtype, out.device)
-            sig.leaves = [_copy(p) for p in params if p._data is not None and p._grad_req != "null"]
+            # The Parameters this forward used (as eager backward would, it marks only their gradients fresh: an
+            # unused one stays stale for the Trainer to report).
+            used = {id(x) for x in autograd.leaves(out)}
+            sig.leaves = [c for c in (_copy(p) for p in params if p._data is not None and p._grad_req != "null")
+                          if id(c) in used]
         sig.state = _READY
         return self._emit(sig, args, recording)
 

@@ -397,3 +397,45 @@ def test_traced_replay_names_the_scopes_an_eager_step_names():
     assert rows[0] == rows[1], "\n".join(f"{a} | {b}" for a, b in zip(*rows) if a != b)
     scopes = [scope for scope, _ in rows[1]]
     assert len(scopes) > 10 and any("backward" in sc for sc in scopes) and len({sc.count("/") for sc in scopes}) > 1
+
+
+def test_summary_of_a_hybridized_block_lists_its_layers(capsys):
+    """summary() runs the forward eagerly (a replay would skip the children whose hooks make the rows) and leaves
+    the Block hybridized."""
+    net = _net(mx.cpu(), 14)
+    net.hybridize()
+    net.summary(mx.nd.ones((2, 3, 12, 12), ctx=mx.cpu()))
+    out = capsys.readouterr().out
+    assert "Conv2D-1" in out and "Dense" in out and "Total params" in out
+    assert "_cached" in net.__dict__ and "_cached" in net[0].__dict__
+
+
+@gpu
+def test_an_unused_parameter_stays_stale_as_in_eager():
+    """A layer the forward never calls gets no gradient: the Trainer reports it (eagerly and hybridized alike)."""
+    from dnnbind.gluon.trainer import StaleGradientError
+    dev = mx.gpu(0)
+
+    class Partial(nn.Block):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Dense(4), nn.Dense(4)
+
+        def forward(self, x):
+            return self.used(x)
+
+    for hybrid in (False, True):
+        net = Partial()
+        net.initialize(mx.init.Xavier(), ctx=dev)
+        net(mx.nd.ones((2, 3), ctx=dev))
+        net.unused(mx.nd.ones((2, 3), ctx=dev))
+        if hybrid:
+            net.hybridize()
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+        for step in range(3):  # warm, record, replay
+            with autograd.record():
+                loss = net(mx.nd.ones((2, 3), ctx=dev)).sum()
+            loss.backward()
+            with pytest.raises(StaleGradientError, match="unused"):
+                trainer.step(2)
+            trainer.step(2, ignore_stale_grad=True)

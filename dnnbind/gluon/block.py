@@ -305,9 +305,16 @@ class Block:
     def summary(self, *inputs) -> None:
         """Run ``self(*inputs)`` and print MXNet 1.x's table: one row per layer called (Sequential containers
         are not rows) with its output shape and parameter count, then the total, trainable, non-trainable
-        and shared counts. The Block must be initialized."""
+        and shared counts. The Block must be initialized. A hybridized Block runs eagerly here: its replay would
+        skip the children's calls, whose hooks make the rows."""
         from ._summary import summary
-        summary(self, *inputs)
+        cached = []
+        self.apply(lambda b: cached.append((b, b.__dict__.pop("_cached"))) if "_cached" in b.__dict__ else None)
+        try:
+            summary(self, *inputs)
+        finally:
+            for b, c in cached:
+                b.__dict__["_cached"] = c
 
     def __repr__(self) -> str:
         if not self._children:
