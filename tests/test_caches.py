@@ -107,3 +107,29 @@ def test_handle_creation_race_creates_one_per_stream(monkeypatch):
     monkeypatch.setattr(handles, "_register_exit", lambda: None)
     got = _race(lambda: table.get(stream) or handles._create(table, FakeHandle, None, stream))
     assert len(created) == 1 and all(g is created[0] for g in got) and table[stream] is created[0]
+
+
+@pytest.mark.gpu
+def test_large_conv_scratch_is_borrowed_for_the_call_and_small_scratch_is_shared():
+    """ops._common.scratch: up to SHARED_WORKSPACE_MAX the stream's shared workspace (the same pointer each time);
+    beyond it a buffer of its own that goes back to the pool when the call is queued (the shared one does not
+    grow to it)."""
+    import dnnbind as mx
+    from dnnbind.ops import _common
+    from dnnbind.runtime.memory import pool_stats
+    dev = mx.gpu(0)
+    with _common.scratch(dev, 1 << 20) as (p1, n1):
+        pass
+    with _common.scratch(dev, 1 << 20) as (p2, n2):
+        pass
+    assert p1 == p2 and n1 >= 1 << 20
+    shared = _common._workspaces[mx.current_stream(dev)].nbytes
+    big = _common.SHARED_WORKSPACE_MAX + (64 << 20)
+    mx.current_stream(dev).synchronize()
+    before = pool_stats(dev)["used"]
+    with _common.scratch(dev, big) as (p3, n3):
+        assert n3 >= big and p3 != p1
+        assert pool_stats(dev)["used"] >= before + big
+    mx.current_stream(dev).synchronize()
+    assert pool_stats(dev)["used"] < before + big  # freed once the call was queued
+    assert _common._workspaces[mx.current_stream(dev)].nbytes == shared

@@ -56,6 +56,32 @@ def workspace(device, nbytes: int) -> tuple[int, int]:
     return buf.ptr, buf.nbytes
 
 
+SHARED_WORKSPACE_MAX = 32 << 20  # larger scratch is borrowed from the pool for the one call (see scratch)
+
+
+class scratch:
+    """``with scratch(device, nbytes) as (ptr, size):`` workspace for one library call.
+
+    Up to SHARED_WORKSPACE_MAX it is the stream's shared buffer (``workspace``: no allocation per call). A larger
+    request, an FFT convolution's hundreds of MiB, is a buffer of its own, freed (stream-ordered) when the call is
+    queued: the pool hands that memory to the activations afterwards, as PyTorch's caching allocator does, instead
+    of a shared buffer keeping it for the life of the process."""
+
+    __slots__ = ("device", "nbytes", "buf")
+
+    def __init__(self, device, nbytes: int) -> None:
+        self.device, self.nbytes, self.buf = device, nbytes, None
+
+    def __enter__(self) -> tuple[int, int]:
+        if self.nbytes <= SHARED_WORKSPACE_MAX:
+            return workspace(self.device, self.nbytes)
+        self.buf = DeviceBuffer(self.nbytes, self.device, current_stream(self.device))
+        return self.buf.ptr, self.buf.nbytes
+
+    def __exit__(self, *exc) -> None:
+        self.buf = None
+
+
 def with_context(exc: DnnbindError, **info) -> DnnbindError:
     """Add op-level context (shapes, algorithm) to a library error on its way up (CuPy's add_infos)."""
     text = ", ".join(f"{k}={v}" for k, v in info.items())

@@ -2,7 +2,8 @@
 
 Imports _lib, runtime and ops. NCHW, cross-correlation (what every framework calls convolution). The output
 shape is validated by ops._check (same rule as cudnnGetConvolution2dForwardOutputDim; a CPU test holds the
-two together). Algorithms come from ops.algos, chosen once per shape; the workspace is shared per stream.
+two together). Algorithms come from ops.algos, chosen once per shape; the workspace is shared per stream (up to
+32 MiB; a larger one is borrowed from the pool for the call: ops._common.scratch).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..runtime import config
 from ..runtime.array import NDArray, empty
 from . import _check, algos, conv_backend, reference
 from . import descriptors as D
-from ._common import blas, cache_insert, dnn, float_dtype, out_like, with_context, workspace
+from ._common import blas, cache_insert, dnn, float_dtype, out_like, scratch, with_context
 from ._dispatch import op
 from .blas import ones_vector, row_sums_into, sum_rows_into
 
@@ -127,7 +128,8 @@ def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
                                       plans=lambda: plan.backend_plans("fwd", h))
         if TRACING:
             _annotate("fwd", algo, key, ws_bytes, dtype, x=x._shape, w=w._shape)
-        run(algo, *workspace(x._device, ws_bytes))
+        with scratch(x._device, ws_bytes) as (ws, ws_size):
+            run(algo, ws, ws_size)
         if b is not None:
             L.cudnnAddTensor(h, one, plan.bd, b._ptr, one, yd, y._ptr)
     except CudnnError as exc:
@@ -172,7 +174,8 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
                                       plans=lambda: plan.backend_plans("fwd_bias_relu", h))
         if TRACING:
             _annotate("fwd_bias_relu", algo, key, ws_bytes, dtype, x=x._shape, w=w._shape)
-        run(algo, *workspace(x._device, ws_bytes))
+        with scratch(x._device, ws_bytes) as (ws, ws_size):
+            run(algo, ws, ws_size)
     except CudnnError as exc:
         raise with_context(exc, op="conv_bias_relu_forward", x=x._shape, w=w._shape) from None
     return y
@@ -202,7 +205,8 @@ def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1
                                       plans=lambda: plan.backend_plans("bwd_data", h))
         if TRACING:
             _annotate("bwd_data", algo, key, ws_bytes, dtype, w=w._shape, dy=dy._shape)
-        run(algo, *workspace(w._device, ws_bytes))
+        with scratch(w._device, ws_bytes) as (ws, ws_size):
+            run(algo, ws, ws_size)
     except CudnnError as exc:
         raise with_context(exc, op="conv_backward_data", w=w._shape, dy=dy._shape, x_shape=x_shape) from None
     return dx
@@ -232,7 +236,8 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
                                       x._device, plans=lambda: plan.backend_plans("bwd_filter", h))
         if TRACING:
             _annotate("bwd_filter", algo, key, ws_bytes, dtype, x=x._shape, dy=dy._shape)
-        run(algo, *workspace(x._device, ws_bytes))
+        with scratch(x._device, ws_bytes) as (ws, ws_size):
+            run(algo, ws, ws_size)
     except CudnnError as exc:
         raise with_context(exc, op="conv_backward_filter", x=x._shape, dy=dy._shape, w_shape=w_shape) from None
     return dw
