@@ -256,3 +256,43 @@ def test_float16_conv_with_relu_fused_matches_float64(shape, kernel, stride, pad
             R.conv_backward_filter(x.astype(np.float64), dz, w.shape, *f64), dz.sum(axis=(0, 2, 3))]
     for name, a, ref in zip("xwb", grads[True], want):
         np.testing.assert_allclose(a, ref, atol=1e-2 * np.abs(ref).max(), rtol=1e-2, err_msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_fused_half_update_equals_cast_update_cast(device, momentum, monkeypatch):
+    """The Trainer's one-pass float16 update (float16 gradients read, float16 weights written) gives bitwise the
+    weights of the three-pass form (cast the gradients to float32, update the master weights, cast back)."""
+    ctx = _ctx(device)
+    rng = np.random.default_rng(int(momentum * 10) + 7)
+    batches = [(rng.standard_normal((6, 5)).astype(np.float16), rng.integers(0, 3, 6)) for _ in range(4)]
+    results, calls = [], []
+    original = gluon.optimizer.SGD.update_flat_mixed
+    monkeypatch.setattr(gluon.optimizer.SGD, "update_flat_mixed",
+                        lambda self, *a: calls.append(1) or original(self, *a))
+    for fused in (True, False):
+        if not fused:
+            assert len(calls) == len(batches)  # the fused run took the one-pass update every step
+            monkeypatch.setattr(gluon.Trainer, "_fused_half", lambda self, fresh: False)
+        np.random.seed(3)
+        net = gluon.nn.Sequential()
+        net.add(gluon.nn.Dense(7, activation="relu"), gluon.nn.Dense(3))
+        net.initialize(init.Xavier(), ctx=ctx)
+        net(nd.ones((1, 5), ctx=ctx))
+        net.cast("float16")
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": momentum,
+                                                               "wd": 1e-3, "multi_precision": True})
+        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        for x, y in batches:
+            with autograd.record():
+                loss = loss_fn(net(nd.array(x, ctx=ctx, dtype="float16")), nd.array(y, ctx=ctx, dtype="int32"))
+            loss.backward()
+            trainer.step(6)
+        results.append(([p.data().asnumpy() for p in net.collect_params().values()],
+                        trainer._flat_data.asnumpy().copy()))
+    (w_fused, m_fused), (w_plain, m_plain) = results
+    assert all(a.dtype == np.float16 for a in w_fused)
+    for a, b in zip(w_fused, w_plain):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(m_fused, m_plain)
+    assert not np.array_equal(m_fused, 0) and len(calls) == len(batches)

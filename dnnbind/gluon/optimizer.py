@@ -72,6 +72,12 @@ class SGD(Optimizer):
             ops.axpy(-lr * wd, weight, mom)
         ops.axpy(1.0, mom, weight)
 
+    def update_flat_mixed(self, weight, grad16, states, lr, wd, t, weight16) -> None:
+        """update_flat for float16 Parameters: float32 master ``weight`` and state, their float16 gradients read
+        and float16 weights written in the same pass (the Trainer's mixed precision; no clip_gradient)."""
+        ops.sgd_update(weight, grad16, states[0] if self.momentum != 0.0 else None, lr, self.momentum, wd,
+                       self.rescale_grad, w16=weight16)
+
     def hyperparams(self) -> dict:
         return {**super().hyperparams(), "momentum": self.momentum}
 

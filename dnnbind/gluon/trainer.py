@@ -155,9 +155,10 @@ class Trainer:
         self._optimizer.rescale_grad = self._scale / batch_size
         self._ensure_packed()
         fresh, partial = self._fresh(ignore_stale_grad)
+        fused = self._fused_half(fresh)
         if not self._reduced:
-            self._prepare_grads(partial)
-        self._update(fresh)
+            self._prepare_grads(partial, cast_half=not fused)
+        self._update(fresh, fused)
 
     def update(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         """The update of ``step``, on gradients ``allreduce_grads()`` summed. Unlike MXNet, where the copies
@@ -205,7 +206,23 @@ class Trainer:
             "Parameters (Blocks) for this iteration. If you are intentionally only using a subset, call step with "
             "ignore_stale_grad=True to suppress this warning and skip updating of Parameters with stale gradient")
 
-    def _prepare_grads(self, partial: list) -> None:
+    def _fused_half(self, fresh: list) -> bool:
+        """Whether this step updates the float16 Parameters straight from their float16 gradients (the optimizer's
+        ``update_flat_mixed``: one pass, no cast in or out): one context, no other process, no loss scaler or
+        clipping, every float16 group updated whole (the per-Parameter path reads the float32 range)."""
+        h, o = self._half_end, self._optimizer
+        if not h or len(self._bufs) != 1 or self._amp_loss_scaler is not None or o.per_parameter or \
+                o.clip_gradient or getattr(o, "update_flat_mixed", None) is None or self._world() is not None:
+            return False
+        fresh_set = set(fresh)
+        for g in self._groups:
+            if g.start < h:
+                counts = self._counts[g.members]
+                if not all(i in fresh_set for i in g.members) or not (counts == counts[0]).all():
+                    return False
+        return True
+
+    def _prepare_grads(self, partial: list, cast_half: bool = True) -> None:
         """The gradients the update reads: stale copies zeroed, float16 ones cast into the master range, then
         summed over contexts and processes."""
         for i, gone in partial:
@@ -213,7 +230,7 @@ class Trainer:
                 for k in gone:
                     self._params[i]._grad_list[k].zero_()
         h = self._half_end
-        if h:  # float16 gradients into the float32 master range: summed and applied in float32
+        if h and cast_half:  # float16 gradients into the float32 master range: summed and applied in float32
             for b in self._bufs:
                 b.grad[:h].copy_(b.half_grad)  # converts as it copies
         grads = [b.grad for b in self._bufs]
@@ -253,7 +270,7 @@ class Trainer:
                              f"is on {self._world_comm.device!r}; keep them on gpu(local_rank)")
         return self._world_comm
 
-    def _update(self, fresh: list) -> None:
+    def _update(self, fresh: list, fused: bool = False) -> None:
         self._reduced = False
         params, trainable, bufs = self._params, self._trainable(), self._bufs
         o = self._optimizer
@@ -277,7 +294,11 @@ class Trainer:
                 # The fast path: the whole group in a handful of ops over its flat slice, on every context.
                 for b in bufs:
                     data, grad, states = b.views[gi]
-                    o.update_flat(data, grad, states, lr * g.lr_mult, wd * g.wd_mult, int(counts[0]) + 1)
+                    if fused and g.start < self._half_end:  # float16 gradients in, float16 weights out
+                        o.update_flat_mixed(data, b.half_grad[g.start:g.end], states, lr * g.lr_mult,
+                                            wd * g.wd_mult, int(counts[0]) + 1, b.half_data[g.start:g.end])
+                    else:
+                        o.update_flat(data, grad, states, lr * g.lr_mult, wd * g.wd_mult, int(counts[0]) + 1)
                 self._counts[g.members] += 1
                 continue
             for i in g.members:  # some stale (skipped) or out-of-step counts: one Parameter at a time
@@ -287,7 +308,7 @@ class Trainer:
                         o.update_flat(b.data[a:z], b.grad[a:z], tuple(s[a:z] for s in b.states),
                                       lr * g.lr_mult, wd * g.wd_mult, int(self._counts[i]) + 1)
                     self._counts[i] += 1
-        if self._half_end:  # the updated master weights, rounded to the float16 Parameters
+        if self._half_end and not fused:  # the updated master weights, rounded to the float16 Parameters
             for b in bufs:
                 b.half_data.copy_(b.data[:self._half_end])
         self._clear_fresh(trainable)

@@ -70,6 +70,38 @@ extern "C" __global__ void sgd_f32(float* w, const float* g, float decay, float 
         w[i] = fmaf(a_g, g[i], decay * w[i]);
 }
 
+/* Mixed precision (net.cast('float16')): the same SGD reading the float16 gradients directly and writing the
+   float16 weights rounded from the new float32 master weights: one pass instead of a cast in, the update and a
+   cast out. Conversions as cuda_fp16.h does them (NVRTC ships no cuda_fp16.h): exact in, round-to-nearest out. */
+__device__ __forceinline__ float sgd_h2f(const unsigned short h) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ unsigned short sgd_f2h(const float f) {
+    unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+extern "C" __global__ void sgd_mom_f32_h16(float* w, const unsigned short* g, float* mom, unsigned short* w16,
+                                           float momentum, float a_g, float a_w, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float m = momentum * mom[i];
+        m = fmaf(a_g, sgd_h2f(g[i]), m);
+        m = fmaf(a_w, w[i], m);
+        mom[i] = m;
+        const float wn = w[i] + m;
+        w[i] = wn;
+        w16[i] = sgd_f2h(wn);
+    }
+}
+extern "C" __global__ void sgd_f32_h16(float* w, const unsigned short* g, unsigned short* w16, float decay,
+                                       float a_g, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float wn = fmaf(a_g, sgd_h2f(g[i]), decay * w[i]);
+        w[i] = wn;
+        w16[i] = sgd_f2h(wn);
+    }
+}
+
 extern "C" __global__ void adam_f32(float* w, const float* g, float* m, float* v, float lr_t, float beta1,
                                     float beta2, float eps, float rescale, float wd, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {

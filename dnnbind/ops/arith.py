@@ -31,22 +31,35 @@ def adam_update(w, g, m, v, lr_t, beta1, beta2, eps, rescale, wd) -> None:
                                  np.int64(w.size)), w._device)
 
 
-def sgd_update(w, g, mom, lr, momentum, wd, rescale) -> None:
+def sgd_update(w, g, mom, lr, momentum, wd, rescale, w16=None) -> None:
     """In place over flat float32 buffers, MXNet's SGD: with ``mom`` (momentum != 0) ``mom = momentum*mom -
-    lr*wd*w - lr*rescale*g; w += mom``, else ``w = (1 - lr*wd)*w - lr*rescale*g``. One kernel on the GPU."""
+    lr*wd*w - lr*rescale*g; w += mom``, else ``w = (1 - lr*wd)*w - lr*rescale*g``. One kernel on the GPU.
+
+    Mixed precision: ``g`` float16 (the float16 Parameters' gradients) and ``w16`` their float16 weights, written
+    from the updated float32 master ``w`` in the same pass."""
     f = np.float32
     a_g = f(-lr * rescale)
+    half = g.dtype == np.float16
+    if half and (w16 is None or w16.dtype != np.float16 or w16.shape != w.shape):
+        raise TypeError(f"sgd_update: float16 gradients need w16, the float16 weights of shape {w.shape}")
     if w._data is not None:
+        gd = g._data.astype(f) if half else g._data
         if mom is None:
-            w._data[...] = f(1.0 - lr * wd) * w._data + a_g * g._data
-            return
-        m = f(momentum) * mom._data + a_g * g._data + f(-lr * wd) * w._data
-        mom._data[...] = m
-        w._data[...] += m
+            w._data[...] = f(1.0 - lr * wd) * w._data + a_g * gd
+        else:
+            m = f(momentum) * mom._data + a_g * gd + f(-lr * wd) * w._data
+            mom._data[...] = m
+            w._data[...] += m
+        if half:
+            w16._data[...] = w._data.astype(np.float16)
         return
     if w.dtype != np.float32:
         raise TypeError(f"sgd_update: GPU SGD supports float32 weights, got {w.dtype}")
+    n = np.int64(w.size)
     if mom is None:
-        _launch("sgd_f32", w.size, (w, g, f(1.0 - lr * wd), a_g, np.int64(w.size)), w._device)
+        name, args = ("sgd_f32_h16", (w, g, w16, f(1.0 - lr * wd), a_g, n)) if half else \
+            ("sgd_f32", (w, g, f(1.0 - lr * wd), a_g, n))
     else:
-        _launch("sgd_mom_f32", w.size, (w, g, mom, f(momentum), a_g, f(-lr * wd), np.int64(w.size)), w._device)
+        name, args = ("sgd_mom_f32_h16", (w, g, mom, w16, f(momentum), a_g, f(-lr * wd), n)) if half else \
+            ("sgd_mom_f32", (w, g, mom, f(momentum), a_g, f(-lr * wd), n))
+    _launch(name, w.size, args, w._device)
