@@ -382,7 +382,8 @@ BIG_WS_CASE = ((64, 48, 26, 26), (96, 48, 5, 5), 1, 2, 1, 1)
 
 def test_algorithm_search_leaves_only_the_chosen_workspace(fresh_algo_choices):
     """Timing every candidate must not leave the largest candidate's scratch allocated for the process: the shared
-    workspace ends no larger than the largest chosen algorithm's (rounded to 2 MiB), and results stay right."""
+    workspace ends no larger than the largest chosen algorithm's that it serves (rounded to 2 MiB; one above
+    ops._common.SHARED_WORKSPACE_MAX is borrowed from the pool per call instead), and results stay right."""
     from dnnbind.ops import _common
     algos = fresh_algo_choices
     seen = []
@@ -403,8 +404,9 @@ def test_algorithm_search_leaves_only_the_chosen_workspace(fresh_algo_choices):
     assert_close(dx, dx_ref, *tol_for(dx_ref))
     chosen = [ws for k, (_, ws) in algos.chosen().items() if k[1] == xs]
     buffers = [b.nbytes for b in _common._workspaces.values()]
-    largest_chosen = max(chosen)
+    largest_chosen = max([c for c in chosen if c <= _common.SHARED_WORKSPACE_MAX], default=0)
     assert max(buffers, default=0) == -(-largest_chosen // (2 << 20)) * (2 << 20), (buffers, chosen)
+    assert max(buffers, default=0) <= _common.SHARED_WORKSPACE_MAX
     if max(seen) > 2 * max(largest_chosen, 2 << 20):  # the search did try a much bigger one
         assert max(buffers, default=0) < max(seen)
 
