@@ -2,7 +2,7 @@
 signature as the library calls they make, then replayed on every call. MXNet's CachedOp with ``static_alloc`` and
 ``static_shape``; the user's loop (``record()``, ``backward()``, ``trainer.step()``) is unchanged.
 
-Layer: top (beside graph); imports graph, autograd, gluon, runtime. gluon sits below this layer and cannot import
+Layer: top (beside graph); imports recording, autograd, gluon, runtime. gluon sits below this layer and cannot import
 it, so importing dnnbind registers ``CachedBlock`` as gluon.block's factory (``set_cached_block_factory``).
 
 For one hybridized Block and one *signature* (input shapes, dtypes and devices, which inputs need a gradient, and
@@ -53,7 +53,7 @@ from ._lib.hooks import RECORDING, TRACING
 from .gluon import block as _block
 from .gluon.block import RUN_EAGERLY
 from .gluon import parameter as _parameter
-from .graph import CallRecording, CaptureError
+from .recording import CallRecording, CaptureError
 from .runtime.array import NDArray, empty
 from .runtime.stream import current_stream
 
@@ -101,8 +101,8 @@ def _binding(params) -> tuple:
     out = []
     for p in params:
         out.append(p._grad_req)
-        out.extend(p._data_list or (p._data,))
-        out.extend(p._grad_list or (p._grad,))
+        for data, grad in p._copies() or ((None, None),):
+            out += (data, grad)
     return tuple(out)
 
 

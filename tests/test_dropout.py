@@ -282,7 +282,7 @@ def test_mx_random_seed_reseeds_the_gpu_states_identically(fake_cudnn):
 
 
 def test_replayed_steps_do_not_replay_the_dropout_queries():
-    from dnnbind.graph import _QUERY
+    from dnnbind.recording import _QUERY
     assert _QUERY.match("cudnnDropoutGetStatesSize") and _QUERY.match("cudnnDropoutGetReserveSpaceSize")
     assert _QUERY.match("cudnnCreateDropoutDescriptor")
     assert not _QUERY.match("cudnnDropoutForward") and not _QUERY.match("cudnnDropoutBackward")

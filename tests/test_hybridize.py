@@ -373,7 +373,7 @@ def test_shared_parameter_autograd_grad_and_retain_graph(deterministic):
 def test_traced_replay_names_the_scopes_an_eager_step_names():
     """Inside dnnbind.trace() a replay goes call by call, each call under the Block path and op it was recorded
     in: the cuDNN/cuBLAS calls of a hybridized step read as an eager step's (same functions, same scopes)."""
-    from dnnbind.graph import _QUERY
+    from dnnbind.recording import _QUERY
     dev = mx.gpu(0)
     eager = _net(dev, 13)
     hybrid = _twin(eager, dev, 13)

@@ -228,7 +228,8 @@ class _KV:
                                      "dist_sync_device", _KV("device"), _KV("local")])
 def test_kvstore_accepts_mxnets_synchronous_kinds(kvstore):
     net = _dense()
-    gluon.Trainer(net.collect_params(), "sgd", kvstore=kvstore)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", kvstore=kvstore)
+    assert trainer._kvstore == (kvstore.type if isinstance(kvstore, _KV) else kvstore)
 
 
 def test_kvstore_refuses_anything_else_naming_the_argument():

@@ -4,7 +4,13 @@ Layer: gluon; imports dnnbind.nd, autograd, ops, runtime (and dnnbind.initialize
 
 from . import loss, metric, nn, utils
 from .block import Block, HybridBlock, SymbolBlock
-from .parameter import Constant, DeferredInitializationError, Parameter, ParameterDict
+from . import parameter as _parameter_module
+from .parameter import Constant, DeferredInitializationError, Parameter
+from .parameter_dict import ParameterDict
+
+# MXNet spells it gluon.parameter.ParameterDict too; set here so that parameter.py (which ParameterDict builds
+# on) need not import parameter_dict: no import cycle.
+_parameter_module.ParameterDict = ParameterDict
 from .trainer import StaleGradientError, Trainer
 
 try:

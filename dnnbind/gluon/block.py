@@ -26,7 +26,8 @@ from .._lib.hooks import TRACING
 from ..runtime.array import NDArray
 from ._param_ctx import current_device, multi_ctx, using_device
 from .param_files import _load_into, _read_param_file
-from .parameter import Parameter, ParameterDict
+from .parameter import Parameter
+from .parameter_dict import ParameterDict
 
 __all__ = ["Block", "HookHandle", "HybridBlock", "SymbolBlock"]
 

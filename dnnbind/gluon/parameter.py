@@ -1,4 +1,5 @@
-"""Parameter and ParameterDict (``mxnet.gluon.Parameter``). Layer: gluon; imports runtime, autograd, initializer.
+"""Parameter (``mxnet.gluon.Parameter``; ParameterDict is in parameter_dict.py). Layer: gluon; imports runtime,
+autograd, initializer.
 
 A Parameter owns a data NDArray and a gradient NDArray per context: usually one device; after
 ``initialize(ctx=[gpu(0), gpu(1)])`` one copy per device, initialized once and copied, each copy its own autograd
@@ -25,7 +26,7 @@ from ..runtime.device import Device, as_device
 from ._param_ctx import _tls as _ctx_tls
 from ._param_ctx import ctx_list, current_device, host_mean, multi_ctx, using_device
 
-__all__ = ["Constant", "DeferredInitializationError", "Parameter", "ParameterDict", "current_device", "multi_ctx",
+__all__ = ["Constant", "DeferredInitializationError", "Parameter", "current_device", "multi_ctx",
            "using_device"]
 
 _REQS = ("write", "add", "null")
@@ -377,4 +378,3 @@ class Constant(Parameter):
                          init=_init.create(lambda desc, arr: arr.copy_(value)), differentiable=False)
 
 
-from .parameter_dict import ParameterDict  # at the end: it builds the Parameters and Constants defined above

@@ -41,7 +41,8 @@ from . import _trainer_reduce as _reduce
 from . import optimizer as opt
 from ._trainer_pack import ALIGN, pack, same_layout
 from ._trainer_states import load_states, save_states
-from .parameter import Parameter, ParameterDict, generation
+from .parameter import Parameter, generation
+from .parameter_dict import ParameterDict
 
 __all__ = ["ALIGN", "StaleGradientError", "Trainer"]
 

@@ -1,0 +1,245 @@
+"""Top layer (beside graph and hybrid): record the library calls one run of a function makes, replay them.
+Imports _lib, runtime, kernels.launch and trace.
+
+``CallRecording`` is the recorder graph.RecordedStep (a whole training step) and hybrid.py (a Block's forward and
+its backward) share: every cuDNN/cuBLAS call with its arguments (intercepted), every kernel launch with its packed
+parameters and every device copy or memset (through _lib.hooks.RECORDING), each with the scope path (Blocks, ops)
+it ran in; the memory they point at held by a runtime.memory.Hold; replayed call by call from the host, or (on
+request) as one CUDA graph captured from a replay.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+
+from ._lib import cublas, cudart, cudnn, hooks
+from ._lib.cfunc import Library, intercept
+from ._lib.hooks import RECORDING, TRACING
+from .kernels.launch import _drv_call
+from .runtime.memory import D2D, Hold
+from .trace import session as _traced
+
+__all__ = ["CallRecording", "CaptureError"]
+
+# cudaStreamCaptureMode: thread-local, so another thread's unrelated CUDA calls don't invalidate the capture
+CAPTURE_MODE_THREAD_LOCAL = 1
+
+
+class CaptureError(RuntimeError):
+    pass
+
+
+# Calls that only query or create (no GPU work, no state a replay needs) are made but not recorded; a Destroy
+# during the recording is postponed until the recording is dropped (a replay may still use the object).
+_QUERY = re.compile(r"^(cudnn|cublas)(Get|Create)|^cudnnDropoutGet|^cudnnBackend(Create|Set|Get|Finalize|Initialize)")
+_DESTROY = re.compile(r"^(cudnn|cublas)Destroy|^cudnnBackendDestroy")
+
+
+class CallRecording:
+    """The library calls one run of a function made, re-issued by ``replay()`` with the same arguments.
+
+    ``out = rec.record(fn)`` runs ``fn`` once for real, noting every cuDNN/cuBLAS call with its arguments, every
+    kernel launch with its packed parameters and every device-to-device copy or memset. The memory those calls
+    point at stays allocated while the recording exists (runtime.memory.Hold): everything freed during the run
+    (its temporaries keep distinct addresses), and everything allocated during it (so an activation kept past
+    the run, or a view into one, outlives its arrays). ``calls`` lists the recorded functions in order; a replay
+    inside ``dnnbind.trace()`` goes through the traced library functions, so the trace lists and times them.
+    Shared by RecordedStep (a whole training step) and hybridize() (a Block's forward and its backward).
+    """
+
+    def __init__(self, graph: bool = False) -> None:
+        self._calls, self.calls, self._libs, self._keep, self._destroys = [], [], [], [], []
+        self._hold: Hold | None = None
+        # graph=True: the first replay is captured into a CUDA graph (one cudaGraphLaunch per replay after that)
+        # where CUDA accepts the capture; a refused capture leaves the call-by-call replay.
+        self._graph_wanted, self._graph, self._exec, self._stream = graph, None, None, 0
+        self._paths: list = []  # per call: the scopes open when it was recorded (for a traced replay)
+        self._base = 0
+
+    def record(self, fn, parent: CallRecording | None = None):
+        """Run ``fn`` once, recording it; returns its result. ``parent``: a recording always replayed just before
+        this one (a hybridized Block's forward before its backward), whose freed memory this one may reuse."""
+        if TRACING or Library._on_bind is not None:
+            raise CaptureError("cannot record inside dnnbind.trace() (or another recording); trace the replay "
+                               "instead")
+        self._calls, self.calls, self._libs, self._keep, self._destroys = [], [], [], [], []
+        self._paths, self._base = [], len(hooks.stack())
+        hold = Hold(parent._hold if parent is not None else None)
+        undo = intercept((cudnn.lib, cublas.lib), self._wrap)
+        RECORDING.append(self)
+        TRACING.append(self)  # no trace session: only the scope names (Blocks, ops) are kept, one path per call
+        try:
+            with hold:
+                out = fn()
+        except BaseException as exc:
+            self._calls, self._keep = [], []
+            hold.release()
+            if isinstance(exc, CaptureError):
+                raise
+            raise CaptureError(f"recording failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            TRACING.remove(self)
+            RECORDING.remove(self)
+            undo()
+        pointers = set(hold.allocated)
+        for args in [args for _, args, _ in self._calls] + self._keep:  # call arguments, kernel parameters
+            for a in args:
+                v = getattr(a, "value", a)
+                if type(v) is int and v > 0xFFFF:
+                    pointers.add(v)
+        hold.pin(pointers)
+        self._hold = hold
+        return out
+
+    def _wrap(self, lib, name, fn):
+        if _QUERY.match(name):
+            return fn
+        if _DESTROY.match(name):
+            def postponed(*args):
+                self._destroys.append((fn, args))
+                return 0
+            return postponed
+
+        def recorded(*args):
+            result = fn(*args)
+            self._calls.append(_lean(fn, args))
+            self.calls.append(name)
+            self._libs.append((lib, args))  # as called: a traced replay goes through lib with these
+            self._paths.append(self._path())
+            return result
+        return recorded
+
+    def _path(self) -> tuple:
+        """The scopes open now, below the recording's start: a traced replay re-opens them around the call."""
+        return tuple((name, op) for name, op, _, _ in hooks.stack()[self._base:])
+
+    # Hooks the lower layers call through _lib.hooks.RECORDING (kernels.launch, runtime.memory).
+    def launch(self, name, fn, args, holders, device: int = 0) -> None:
+        self._keep.append(holders)
+        self._calls.append((functools.partial(_drv_call, "cuLaunchKernel"), args, None))
+        self.calls.append(name)
+        self._libs.append(("kernel", name, device))  # a traced replay records it as the kernel it is
+        self._paths.append(self._path())
+
+    def runtime(self, name, args) -> None:
+        if name == "cudaMemcpyAsync" and args[3] != D2D:
+            raise CaptureError("the recorded code copies between host and device (.numpy(), .asscalar(), an "
+                               "array from numpy): a recording can replay device work only")
+        self._calls.append((functools.partial(cudart.call, name), args, None))  # raises CudaError on failure
+        self.calls.append(name)
+        self._libs.append(None)
+        self._paths.append(self._path())
+
+    def refuse(self, why: str) -> None:
+        """Called (through hooks.RECORDING) by code whose GPU work a replay could not repeat faithfully."""
+        raise CaptureError(f"cannot record: {why}")
+
+    def replay(self, stream=None) -> None:
+        """Re-issue the calls (``stream``: the stream they were recorded on, for a graph=True recording)."""
+        if self._hold is None:
+            raise CaptureError("this recording was closed; record it again")
+        if TRACING:  # replay through the libraries' (traced) functions, so dnnbind.trace() lists every call,
+            # each inside the scopes (Blocks, ops) it was recorded in, as an eager call would be
+            for (fn, args, _), bound, name, path in zip(self._calls, self._libs, self.calls, self._paths):
+                for scope_name, op in path:
+                    hooks.push(scope_name, op)
+                try:
+                    if bound is None:
+                        fn(*args)
+                    elif bound[0] == "kernel":  # (fn.handle, grid xyz, block xyz, shared, stream, params, extra)
+                        _traced.replayed_launch(bound[1], bound[2], args[8], args[1:4], args[4:7],
+                                                functools.partial(fn, *args))
+                    else:
+                        getattr(bound[0], name)(*bound[1])
+                finally:
+                    for _ in path:
+                        hooks.pop()
+            return
+        if self._exec is not None:
+            err = cudart.rt().cudaGraphLaunch(self._exec, self._stream)
+            if (err[0] if type(err) is tuple else err) == 0:
+                return
+            cudart.call("cudaGraphLaunch", self._exec, self._stream)  # raises CudaError with CUDA's text
+        if self._graph_wanted and stream is not None:
+            self._graph_wanted = False  # one try
+            if self._capture(stream.handle):
+                cudart.call("cudaGraphLaunch", self._exec, self._stream)
+                return
+        self._replay_calls()
+
+    def _capture(self, handle: int) -> bool:
+        """Capture one replay of the calls into a CUDA graph (nothing runs while capturing)."""
+        rt = cudart.rt()
+        try:
+            cudart.call("cudaStreamBeginCapture", handle, rt.cudaStreamCaptureMode(CAPTURE_MODE_THREAD_LOCAL))
+        except Exception:  # noqa: BLE001  (e.g. the stream is already capturing: stay call by call)
+            return False
+        try:
+            self._replay_calls()
+        except Exception:  # noqa: BLE001  (a call CUDA cannot capture: call by call it is)
+            try:
+                graph = cudart.call("cudaStreamEndCapture", handle)
+                cudart.call("cudaGraphDestroy", graph)
+            except Exception:  # noqa: BLE001
+                pass
+            return False
+        try:
+            graph = cudart.call("cudaStreamEndCapture", handle)
+            self._exec = cudart.call("cudaGraphInstantiate", graph, 0)
+        except Exception:  # noqa: BLE001  (the capture was invalidated)
+            return False
+        self._graph, self._stream = graph, handle
+        return True
+
+    def _replay_calls(self) -> None:
+        for fn, args, bound in self._calls:
+            status = fn(*args)
+            if status and bound is not None:  # raise as the bound function would: function, status, cuDNN's text
+                bound.errcheck(status, bound, args)
+
+    def close(self) -> None:
+        """Free what the recording holds now (also done when it is garbage collected)."""
+        for fn, args in self._destroys:
+            try:
+                fn(*args)
+            except Exception:
+                pass
+        self._destroys, self._calls, self._libs, self._keep = [], [], [], []
+        exec_, graph, self._exec, self._graph = self._exec, self._graph, None, None
+        for fn, obj in (("cudaGraphExecDestroy", exec_), ("cudaGraphDestroy", graph)):
+            if obj is not None:
+                try:
+                    cudart.call(fn, obj)
+                except Exception:  # noqa: BLE001
+                    pass
+        if self._hold is not None:
+            hold, self._hold = self._hold, None
+            hold.release()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+_SIMPLE = (ctypes.c_int, ctypes.c_uint, ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_float,
+           ctypes.c_double)
+
+
+def _lean(fn, args) -> tuple:
+    """(callable, arguments, bound function or None) for the replay of one library call.
+
+    NOTE: replay is where host time per call matters most, so a status-returning function is re-bound at the
+    same address without its Python errcheck (the replay loop tests the int status and calls the errcheck only
+    on failure), and int/float arguments are converted once to their declared ctypes types here rather than
+    by ctypes at every call.
+    """
+    if getattr(fn, "errcheck", None) is None or not fn.argtypes:
+        return fn, args, None
+    raw = type(fn)(ctypes.cast(fn, ctypes.c_void_p).value)
+    raw.argtypes, raw.restype = fn.argtypes, ctypes.c_int
+    converted = tuple(t(a) if t in _SIMPLE and type(a) in (int, float) else a for a, t in zip(args, fn.argtypes))
+    return raw, converted, fn
