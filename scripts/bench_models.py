@@ -315,7 +315,7 @@ def parse_args(argv=None):
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), metavar="MODE",
                    help=f"modes to run, in this order (default: all): {' '.join(MODES)}")
     p.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile modes")
-    p.add_argument("--bn-mode", choices=("spatial", "persistent"), default="spatial",
+    p.add_argument("--bn-mode", choices=("persistent", "spatial"), default="persistent",
                    help="dnnbind's training BatchNorm algorithm (dnnbind.set_batchnorm_mode)")
     p.add_argument("--compile-budget", type=float, default=COMPILE_BUDGET,
                    help="seconds a torch.compile mode may spend warming up (compiling); 0: no limit")

@@ -545,7 +545,7 @@ def parse_args(argv=None):
                    help="train on the first K batches, test on the first K test batches (smoke runs)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     p.add_argument("--seed", type=int, default=SEED)
-    p.add_argument("--bn-mode", choices=("spatial", "persistent"), default="spatial",
+    p.add_argument("--bn-mode", choices=("persistent", "spatial"), default="persistent",
                    help="dnnbind's training BatchNorm algorithm (dnnbind.set_batchnorm_mode)")
     p.add_argument("--float16", action="store_true",
                    help="also train dnnbind's model in mixed precision (net.cast('float16'), float32 master weights)")

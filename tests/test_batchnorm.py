@@ -495,12 +495,13 @@ def test_gpu_ops_match_twin(gpu, shape, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_gpu_persistent_mode_matches_twin(gpu, dtype):
-    """set_batchnorm_mode("persistent") (CUDNN_BATCHNORM_SPATIAL_PERSISTENT): same results as the twin, in float32
-    and in mixed precision; the previous mode comes back."""
+@pytest.mark.parametrize("mode", ["persistent", "spatial"])
+def test_gpu_batchnorm_modes_match_twin(gpu, dtype, mode):
+    """Both training modes (CUDNN_BATCHNORM_SPATIAL_PERSISTENT, MXNet's and the default, and CUDNN_BATCHNORM_SPATIAL)
+    give the twin's results, in float32 and in mixed precision; the previous mode comes back."""
     import dnnbind
     shape = (32, 16, 12, 12)
-    previous = dnnbind.set_batchnorm_mode("persistent")
+    previous = dnnbind.set_batchnorm_mode(mode)
     try:
         if dtype == np.float16:
             host = _half_inputs(shape, 50)
@@ -519,7 +520,8 @@ def test_gpu_persistent_mode_matches_twin(gpu, dtype):
             for got, want, name in ((dx, edx, "dx"), (dg, edg, "dgamma"), (db, edb, "dbeta")):
                 assert_close(got, want, 1e-4, 1e-4 * max(1.0, float(np.abs(want).max())), name)
     finally:
-        assert dnnbind.set_batchnorm_mode(previous) == "persistent"
+        assert dnnbind.set_batchnorm_mode(previous) == mode
+    assert previous == "persistent"  # the default
     with pytest.raises(ValueError, match="set_batchnorm_mode: mode must be one of"):
         dnnbind.set_batchnorm_mode("fast")
 

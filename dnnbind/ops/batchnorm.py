@@ -28,17 +28,20 @@ from .reference.batchnorm import bn_dtypes, bn_scalars, bn_shapes, items_per_cha
 L = cudnn.lib
 SPATIAL = cudnn.CUDNN_BATCHNORM_SPATIAL
 _MODES = {"spatial": SPATIAL, "persistent": cudnn.CUDNN_BATCHNORM_SPATIAL_PERSISTENT}
-TRAIN_MODE = SPATIAL  # the mode of the training forward and backward (they must agree); inference is SPATIAL
+# The mode of the training forward and backward (they must agree); inference is SPATIAL. MXNet 1.x's cuDNN
+# BatchNorm trains in CUDNN_BATCHNORM_SPATIAL_PERSISTENT (cudnn_batch_norm-inl.h, cuDNN >= 7.0.2), and so does dnnbind.
+TRAIN_MODE = cudnn.CUDNN_BATCHNORM_SPATIAL_PERSISTENT
 
 
-def set_batchnorm_mode(mode: str = "spatial") -> str:
+def set_batchnorm_mode(mode: str = "persistent") -> str:
     """cuDNN's algorithm for training-mode BatchNorm (forward and backward); returns the previous one.
 
-    "spatial" (default): CUDNN_BATCHNORM_SPATIAL. "persistent": CUDNN_BATCHNORM_SPATIAL_PERSISTENT, which on an H100
-    takes d2l's ResNet-18 step (batch 256) from 8.5 to 6.5 ms in float16 and from 11.3 to 9.8 ms in TF32
-    (docs/benchmarks.md). It is opt-in because cuDNN reduces in scaled integers there: data of a very large range can
-    overflow to inf/NaN (cuDNN's documentation), and PyTorch keeps it to channels_last after accuracy losses in some
-    NCHW models (ResNeXt-101, R(2+1)D). Check the model's accuracy when switching it on."""
+    "persistent" (default, as in MXNet 1.x): CUDNN_BATCHNORM_SPATIAL_PERSISTENT, which on an H100 takes d2l's
+    ResNet-18 step (batch 256) from 8.4 to 6.4 ms in float16 and from 11.2 to 9.6 ms in TF32 (docs/benchmarks.md).
+    cuDNN reduces in scaled integers there: data of a very large range can overflow to inf/NaN (cuDNN's
+    documentation), and PyTorch keeps it to channels_last after accuracy losses in some NCHW models (ResNeXt-101,
+    R(2+1)D). "spatial": CUDNN_BATCHNORM_SPATIAL, plain floating-point reductions; switch to it if a model's
+    BatchNorm outputs turn inf/NaN or its accuracy falls short of another framework's."""
     global TRAIN_MODE
     if mode not in _MODES:
         raise ValueError(f"set_batchnorm_mode: mode must be one of {sorted(_MODES)}, got {mode!r}")
