@@ -78,18 +78,20 @@ class TensorDesc(_Descriptor):
     _create, _destroy = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
     __slots__ = ()
 
-    def __init__(self, shape4: tuple, dtype):
+    def __init__(self, shape4: tuple, dtype, fmt: int = cudnn.CUDNN_TENSOR_NCHW):
         super().__init__()
-        L.cudnnSetTensor4dDescriptor(self, cudnn.CUDNN_TENSOR_NCHW, cudnn_dtype("tensor", dtype), *shape4)
+        # NOTE: the dims are (N, C, H, W) in both formats; the format says how they lie in memory.
+        L.cudnnSetTensor4dDescriptor(self, fmt, cudnn_dtype("tensor", dtype), *shape4)
 
 
 class FilterDesc(_Descriptor):
     _create, _destroy = "cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor"
     __slots__ = ()
 
-    def __init__(self, shape4: tuple, dtype):
+    def __init__(self, shape4: tuple, dtype, fmt: int = cudnn.CUDNN_TENSOR_NCHW):
         super().__init__()
-        L.cudnnSetFilter4dDescriptor(self, cudnn_dtype("filter", dtype), cudnn.CUDNN_TENSOR_NCHW, *shape4)
+        # NOTE: the dims are (K, C, R, S) in both formats; NHWC lays them out as K, R, S, C (MXNet's OHWI weight).
+        L.cudnnSetFilter4dDescriptor(self, cudnn_dtype("filter", dtype), fmt, *shape4)
 
 
 class ConvDesc(_Descriptor):
@@ -150,6 +152,20 @@ def tensor(shape: tuple, dtype) -> TensorDesc:
     """A 4-D NCHW descriptor for ``shape``: (N, C) -> (N, C, 1, 1); 1-D (C,) -> (1, C, 1, 1)."""
     key = ("t", shape, dtype)
     return _cache.get(key) or _insert(key, lambda: TensorDesc(as4d(shape), dtype))
+
+
+def tensor_nhwc(shape: tuple, dtype) -> TensorDesc:
+    """A channels-last descriptor for an array of shape (N, H, W, C) (CUDNN_TENSOR_NHWC)."""
+    key = ("tn", shape, dtype)
+    n, h, w, c = shape
+    return _cache.get(key) or _insert(key, lambda: TensorDesc((n, c, h, w), dtype, cudnn.CUDNN_TENSOR_NHWC))
+
+
+def filt_nhwc(shape: tuple, dtype) -> FilterDesc:
+    """A channels-last filter for a weight of shape (K, R, S, C): MXNet's NHWC convolution weight (OHWI)."""
+    key = ("fn", shape, dtype)
+    k, r, s, c = shape
+    return _cache.get(key) or _insert(key, lambda: FilterDesc((k, c, r, s), dtype, cudnn.CUDNN_TENSOR_NHWC))
 
 
 def as4d(shape: tuple) -> tuple:
