@@ -101,9 +101,11 @@ def dnnbind_step(mode, d2l, spec, ctx, data, args):
     mx.set_math_mode("tf32" if half else mode.math)  # fp16: what stays float32 (BatchNorm's statistics) in TF32
     xs, ys = data["mx"]
     net = make_mx(d2l, spec, ctx, args.seed)
+    cast = (lambda x: x) if not half else (lambda x: x.astype("float16"))
     if half:  # MXNet's mixed precision: the network in float16, float32 master weights in the Trainer
         net.cast("float16")
-        xs = [x.astype("float16") for x in xs]
+        # NOTE: each batch is cast in the step, as torch's autocast casts its float32 input: both hold the same
+        # float32 pool, and the float16 copy is a transient of the step (counted in its peak), not a second pool.
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr, "momentum": MOMENTUM,
                                                           "multi_precision": half})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -112,14 +114,15 @@ def dnnbind_step(mode, d2l, spec, ctx, data, args):
     if mode.kind in ("eager", "hybrid"):
         def step(i):
             with autograd.record():
-                loss = loss_fn(net(xs[i % len(xs)]), ys[i % len(xs)])
+                loss = loss_fn(net(cast(xs[i % len(xs)])), ys[i % len(xs)])
             loss.backward()
             trainer.step(xs[0].shape[0])  # rescales by 1/batch: the mean loss's gradient, as torch's
             return loss
         return step, lambda: None
     recorded = training_step(net, loss_fn, trainer, xs[0].shape, replay=mode.kind, device=ctx,
-                             data_dtype=xs[0].dtype)
-    return (lambda i: recorded(xs[i % len(xs)], ys[i % len(xs)])), getattr(recorded.replay, "close", lambda: None)
+                             data_dtype=np.float16 if half else xs[0].dtype)
+    return (lambda i: recorded(cast(xs[i % len(xs)]), ys[i % len(xs)])), getattr(recorded.replay, "close",
+                                                                                   lambda: None)
 
 
 def set_torch_math(torch, math: str) -> None:
