@@ -296,3 +296,47 @@ def test_fused_half_update_equals_cast_update_cast(device, momentum, monkeypatch
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(m_fused, m_plain)
     assert not np.array_equal(m_fused, 0) and len(calls) == len(batches)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_gradients_of_float16_parameters_only_when_an_update_reads_them(device, monkeypatch):
+    """The one-pass float16 update reads float16 gradients, so the Trainer keeps no float32 gradient range for
+    float16 Parameters; a step that needs one (here clip_gradient set between steps) packs again with it and goes on
+    with the same weights and momentum as a Trainer that had it from the start."""
+    ctx = _ctx(device)
+    rng = np.random.default_rng(11)
+    batches = [(rng.standard_normal((6, 5)).astype(np.float16), rng.integers(0, 3, 6)) for _ in range(5)]
+    results = []
+    for always in (False, True):
+        if always:
+            monkeypatch.setattr(gluon.Trainer, "_fused_half", lambda self, fresh: False)
+        np.random.seed(5)
+        net = gluon.nn.Sequential()
+        net.add(gluon.nn.Dense(7), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"), gluon.nn.Dense(3))
+        net.initialize(init.Xavier(), ctx=ctx)
+        net(nd.ones((2, 5), ctx=ctx))
+        net.cast("float16")  # BatchNorm's gamma and beta stay float32: their gradient range is kept either way
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9,
+                                                               "multi_precision": True})
+        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        bases = []
+        for k, (x, y) in enumerate(batches):
+            if k == 3:
+                trainer._optimizer.clip_gradient = 1e6  # clipping reads float32 gradients; too wide to clip
+            with autograd.record():
+                loss = loss_fn(net(nd.array(x, ctx=ctx, dtype="float16")), nd.array(y, ctx=ctx, dtype="int32"))
+            loss.backward()
+            trainer.step(6)
+            b = trainer._bufs[0]
+            bases.append((b.grad_base, b.grad.size, b.data.size, trainer._half_end))
+        results.append(([p.data().asnumpy() for p in net.collect_params().values()], trainer._states[0].asnumpy()))
+        if not always:
+            half_end = bases[0][3]
+            assert half_end > 0 and bases[0][:3] == (half_end, bases[0][2] - half_end, bases[0][2])
+            assert [g for g, *_ in bases] == [half_end] * 3 + [0, 0]  # packed again at the clipped step
+            assert bases[-1][1] == bases[-1][2]
+    (w_lazy, s_lazy), (w_full, s_full) = results
+    for a, b in zip(w_lazy, w_full):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(s_lazy, s_full)
+    assert not np.array_equal(s_lazy, 0)

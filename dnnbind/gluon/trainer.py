@@ -91,6 +91,7 @@ class Trainer:
         self._local_comms = self._world_comm = None  # NCCL communicators, made on first use and kept
         self._reduced = False  # allreduce_grads() ran: the next update uses the summed gradients as they are
         self._amp_loss_scaler = None  # dnnbind.amp.init_trainer sets it (and _amp_original_scale)
+        self._master_grad = False  # keep float32 gradients for float16 Parameters even where the update needs none
         if all(p._data is not None for p in self._params):
             self._pack()
 
@@ -103,6 +104,21 @@ class Trainer:
         pack(self)
         if self._bufs:
             self._world()  # launched on the cpu: say so now, not at the first step
+
+    def _master_grad_needed(self, contexts: int) -> bool:
+        """Whether float16 Parameters need float32 gradients too (summed, clipped, scaled or checked there): all
+        but the one-pass update of _fused_half. Decided at packing; a step that finds it needed after all
+        (a loss scaler attached later, stale gradients) packs again with them (sticky)."""
+        o = self._optimizer
+        return self._master_grad or contexts != 1 or self._amp_loss_scaler is not None or o.per_parameter or \
+            bool(o.clip_gradient) or getattr(o, "update_flat_mixed", None) is None or \
+            (self._kvstore in _reduce.WORLD_KINDS and _reduce.world_size() > 1)
+
+    def _with_master_grad(self) -> None:
+        """Pack again with the float16 Parameters' float32 gradient range, if it was left out (see _Buffers)."""
+        if self._bufs and self._bufs[0].grad_base:
+            self._master_grad = True
+            self._pack()
 
     def _ensure_packed(self) -> None:
         if self._generation == generation[0]:  # no Parameter anywhere adopted new arrays since the last check
@@ -148,6 +164,7 @@ class Trainer:
     def allreduce_grads(self) -> None:
         """Sum the gradients over contexts (and launched processes) now, e.g. to clip them before ``update``."""
         self._ensure_packed()
+        self._with_master_grad()  # the sum runs over the float32 gradients
         self._prepare_grads(self._fresh(True)[1])
         self._reduced = True
 
@@ -157,6 +174,8 @@ class Trainer:
         self._ensure_packed()
         fresh, partial = self._fresh(ignore_stale_grad)
         fused = self._fused_half(fresh)
+        if not fused:
+            self._with_master_grad()
         if not self._reduced:
             self._prepare_grads(partial, cast_half=not fused)
         self._update(fresh, fused)
@@ -306,7 +325,7 @@ class Trainer:
                 if i in fresh_set:
                     a, z = self._offsets[i], self._offsets[i] + params[i]._data.size
                     for b in bufs:
-                        o.update_flat(b.data[a:z], b.grad[a:z], tuple(s[a:z] for s in b.states),
+                        o.update_flat(b.data[a:z], b.grad_slice(a, z), tuple(s[a:z] for s in b.states),
                                       lr * g.lr_mult, wd * g.wd_mult, int(self._counts[i]) + 1)
                     self._counts[i] += 1
         if self._half_end and not fused:  # the updated master weights, rounded to the float16 Parameters
