@@ -62,6 +62,7 @@ class Mode:
     #                 net.cast('float16') with float32 master weights, MXNet's mixed precision; NCHW)
     kind: str       # "eager", "hybrid" (the eager loop after net.hybridize()), "host" (dnnbind's recorded step),
     #                 "graph" (whole step in a CUDA graph), "compile"
+    layout: str = "NCHW"  # dnnbind "NHWC": the model's channels-last twin with fused BatchNorm-add-ReLU (bench_nhwc)
 
 
 MODES = {
@@ -73,6 +74,10 @@ MODES = {
     "dnnbind-amp-hybrid": Mode("dnnbind AMP fp16, hybridize()", "dnnbind", "fp16", "hybrid"),
     "dnnbind-amp": Mode("dnnbind AMP fp16 (net.cast), eager", "dnnbind", "fp16", "eager"),
     "dnnbind-amp-captured": Mode("dnnbind AMP fp16, captured step", "dnnbind", "fp16", "graph"),
+    "dnnbind-nhwc-hybrid": Mode("dnnbind NHWC+BNAddRelu, hybridize(), tf32", "dnnbind", "tf32", "hybrid", "NHWC"),
+    "dnnbind-amp-nhwc-hybrid": Mode("dnnbind AMP fp16 NHWC+BNAddRelu, hybridize()", "dnnbind", "fp16", "hybrid",
+                                    "NHWC"),
+    "dnnbind-amp-nhwc": Mode("dnnbind AMP fp16 NHWC+BNAddRelu, eager", "dnnbind", "fp16", "eager", "NHWC"),
     "torch-fp32": Mode("PyTorch eager, fp32 strict", "torch", "fp32", "eager"),
     "torch-tf32": Mode("PyTorch eager, tf32", "torch", "tf32", "eager"),
     "torch-amp": Mode("PyTorch eager, AMP bf16 + ch_last", "torch", "bf16", "eager"),
@@ -101,6 +106,9 @@ def dnnbind_step(mode, d2l, spec, ctx, data, args):
     mx.set_math_mode("tf32" if half else mode.math)  # fp16: what stays float32 (BatchNorm's statistics) in TF32
     xs, ys = data["mx"]
     net = make_mx(d2l, spec, ctx, args.seed)
+    if mode.layout == "NHWC":
+        import bench_nhwc
+        net, xs = bench_nhwc.build(spec, net, ctx), [bench_nhwc.to_nhwc(x) for x in xs]
     cast = (lambda x: x) if not half else (lambda x: x.astype("float16"))
     if half:  # MXNet's mixed precision: the network in float16, float32 master weights in the Trainer
         net.cast("float16")
@@ -216,6 +224,8 @@ def run_mode(key, ctx, torch, d2l, spec, tnet0, data, args) -> dict:
         return {"status": "skipped", "reason": "torch is not installed"}
     if not ctx.is_gpu and (mode.math != "fp32" or mode.kind != "eager"):
         return {"status": "skipped", "reason": "needs a GPU"}
+    if mode.layout == "NHWC" and spec.arch.__name__ != "resnet":
+        return {"status": "skipped", "reason": "the NHWC twin is ResNet-18's only (scripts/bench_nhwc.py)"}
     clock, memory = clock_for(mode.framework, ctx, torch), memory_for(mode.framework, ctx, torch)
     close, compiling = None, mode.kind == "compile"
     try:

@@ -61,3 +61,25 @@ def test_scaling_benchmark_help_and_a_clear_refusal_without_the_gpus():
     assert "--modes" in out.stdout and "single" in out.stdout and "launch" in out.stdout
     out = _bench("--model", "resnet18", "--gpus", "64", "--modes", "single")
     assert out.returncode != 0 and "--gpus 64: this machine has" in out.stderr, out.stderr[-2000:]
+
+
+def test_model_floor_counts_alexnets_multiply_adds_and_traffic():
+    """scripts/model_floor.py against AlexNet's layer arithmetic worked out by hand (alexnet.md, 1x224x224)."""
+    out = subprocess.run([sys.executable, "-c", "import sys, json; sys.path.insert(0, 'scripts'); import model_floor;"
+                          "print(json.dumps(model_floor.main(['--model', 'alexnet', '--batch', '2'])))"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.splitlines()[-1])
+    convs = [  # (out channels, out side, in channels * kh * kw)
+        (96, 54, 1 * 11 * 11), (256, 26, 96 * 5 * 5), (384, 12, 256 * 3 * 3), (384, 12, 384 * 3 * 3),
+        (256, 12, 384 * 3 * 3)]
+    dense = [6400 * 4096, 4096 * 4096, 4096 * 10]
+    macs = [c * s * s * k for c, s, k in convs] + dense
+    flops = 2 * 2 * (3 * sum(macs) - macs[0])  # batch 2; the first layer has no data gradient
+    assert abs(got["tf32"]["gflop"] - flops / 1e9) < 1e-9
+    params = sum(c * k + c for c, _, k in convs) + sum(dense) + 4096 + 4096 + 10
+    assert abs(got["tf32"]["params_m"] - params / 1e6) < 1e-9
+    outs = [c * s * s for c, s, _ in convs] + [96 * 26 * 26, 256 * 12 * 12, 256 * 5 * 5] + [4096] * 4 + [10]
+    assert abs(got["fp16"]["activation_mib"] - 2 * 2 * sum(outs) / 2**20) < 1e-9
+    assert got["fp16"]["compute_ms"] * 2 == pytest.approx(got["tf32"]["compute_ms"])
