@@ -269,11 +269,15 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
             node = x
             if g is None or node.backward is None:  # no gradient reached it, or an earlier backward freed it
                 continue
+            # NOTE: the gradient is handed over, no reference kept here (a call moves its arguments into the
+            # callee's frame): a backward done with dy early (a fused conv+bias+ReLU after its ReLU part) frees it
+            # with `del dy` before it allocates the rest, as an unfused graph would free it between two nodes.
+            box, g = [g], None
             if node.scope is not None and TRACING:
                 with hooks.scopes(node.scope):
-                    in_grads = node.backward(g)
+                    in_grads = node.backward(box.pop())
             else:
-                in_grads = node.backward(g)
+                in_grads = node.backward(box.pop())
             for inp, ig in zip(node.inputs, in_grads):
                 if ig is not None and inp is not None:
                     _accumulate(grads, inp, ig)
