@@ -378,6 +378,19 @@ VALID = {
     "nll_loss_backward": ((L, LAB, rand((4,), seed=13)), {}),
     "softmax_cross_entropy": ((L, LAB), {}),
     "softmax_cross_entropy_backward": ((L, LAB, rand((4,), seed=14)), {}),
+    # fused BatchNorm + add + ReLU: NHWC float16 data (C = 8), float32 per-channel arrays; the cpu reserve is empty
+    # (on a GPU a 0-byte reserve is refused with ValueError before cuDNN is called)
+    "batchnorm_add_relu_forward_training": ((X.astype(np.float16), rand(X.shape, np.float16, seed=17),
+                                             *(rand((8,), seed=s) for s in (18, 19, 20)),
+                                             np.abs(rand((8,), seed=21)) + 0.5), {}),
+    "batchnorm_add_relu_backward": ((X.astype(np.float16), np.abs(rand(X.shape, np.float16, seed=22)),
+                                     rand(X.shape, np.float16, seed=23), *(rand((8,), seed=s) for s in (24, 25, 26)),
+                                     np.abs(rand((8,), seed=27)) + 0.5, np.zeros(0, np.uint8)), {}),
+    "batchnorm_nhwc_forward_training": ((X.astype(np.float16), *(rand((8,), seed=s) for s in (28, 29, 30)),
+                                         np.abs(rand((8,), seed=31)) + 0.5), {}),
+    "batchnorm_nhwc_backward": ((X.astype(np.float16), rand(X.shape, np.float16, seed=32),
+                                 *(rand((8,), seed=s) for s in (33, 34, 35)), np.abs(rand((8,), seed=36)) + 0.5,
+                                 np.zeros(0, np.uint8)), {}),
 }
 
 

@@ -374,6 +374,34 @@ _TABLE = {
     #     void *dBnBiasResult, double epsilon, const void *savedMean, const void *savedInvVariance)
     "cudnnBatchNormalizationBackward": (
         STATUS, [vp, i32, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, f64, vp, vp]),
+    # --- fused BatchNorm + add + ReLU (ops.batchnorm_fused), cudnn_ops_v9.h; deprecated since 9.0, exported by 9.x ---
+    # cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(handle, mode, bnOps, xDesc, zDesc,
+    #     yDesc, bnScaleBiasMeanVarDesc, activationDesc, size_t *sizeInBytes)
+    "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize": (STATUS, [vp, i32, i32, vp, vp, vp, vp, vp, P(size_t)]),
+    # cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(handle, mode, bnOps, xDesc, yDesc, dyDesc,
+    #     dzDesc, dxDesc, dBnScaleBiasDesc, activationDesc, size_t *sizeInBytes)
+    "cudnnGetBatchNormalizationBackwardExWorkspaceSize": (
+        STATUS, [vp, i32, i32, vp, vp, vp, vp, vp, vp, vp, P(size_t)]),
+    # cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(handle, mode, bnOps, activationDesc, xDesc,
+    #     size_t *sizeInBytes)   (mode: cudnnBatchNormMode_t, bnOps: cudnnBatchNormOps_t, both enums)
+    "cudnnGetBatchNormalizationTrainingExReserveSpaceSize": (STATUS, [vp, i32, i32, vp, vp, P(size_t)]),
+    # cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(handle, mode, bnOps, const void *alpha, const void *beta,
+    #     xDesc, const void *xData, zDesc, const void *zData, yDesc, void *yData, bnScaleBiasMeanVarDesc,
+    #     const void *bnScale, const void *bnBias, double exponentialAverageFactor, void *resultRunningMean,
+    #     void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance,
+    #     activationDesc, void *workspace, size_t workSpaceSizeInBytes, void *reserveSpace, size_t reserveSpaceSize)
+    "cudnnBatchNormalizationForwardTrainingEx": (
+        STATUS, [vp, i32, i32, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, f64, vp, vp, f64, vp, vp, vp, vp, size_t,
+                 vp, size_t]),
+    # cudnnStatus_t cudnnBatchNormalizationBackwardEx(handle, mode, bnOps, const void *alphaDataDiff,
+    #     const void *betaDataDiff, const void *alphaParamDiff, const void *betaParamDiff, xDesc, const void *xData,
+    #     yDesc, const void *yData, dyDesc, const void *dyData, dzDesc, void *dzData, dxDesc, void *dxData,
+    #     dBnScaleBiasDesc, const void *bnScaleData, const void *bnBiasData, void *dBnScaleData, void *dBnBiasData,
+    #     double epsilon, const void *savedMean, const void *savedInvVariance, activationDesc, void *workSpace,
+    #     size_t workSpaceSizeInBytes, void *reserveSpace, size_t reserveSpaceSizeInBytes)
+    "cudnnBatchNormalizationBackwardEx": (
+        STATUS, [vp, i32, i32, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, f64, vp,
+                 vp, vp, vp, size_t, vp, size_t]),
     # --- dropout (ops.dropout), cudnn_ops_v9.h; cudnnDropoutBackward sits in its training section -------------
     # cudnnStatus_t cudnnCreateDropoutDescriptor(cudnnDropoutDescriptor_t *dropoutDesc)
     "cudnnCreateDropoutDescriptor": (STATUS, [P(vp)]),
@@ -405,7 +433,7 @@ _TABLE = {
 # cudnnBatchNormMode_t (cudnn_ops_v9.h) and CUDNN_BN_MIN_EPSILON (0.0 since cuDNN 7.5; a #define)
 CUDNN_BATCHNORM_PER_ACTIVATION, CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_SPATIAL_PERSISTENT = 0, 1, 2
 CUDNN_BN_MIN_EPSILON = 0.0
-# cudnnBatchNormOps_t (for the *Ex calls, not bound yet)
+# cudnnBatchNormOps_t (the *Ex calls: ops.batchnorm_fused)
 CUDNN_BATCHNORM_OPS_BN, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION = 0, 1, 2
 
 

@@ -13,6 +13,7 @@ from . import _indexing, _linalg, _shape, _sort, _table  # noqa: F401  (each reg
 from ._creation import (arange, array, empty, eye, full, linspace, ones, ones_like, zeros,  # noqa: F401
                         zeros_like)
 from ._layers import BatchNorm  # noqa: F401
+from ._bn_fused import BatchNormAddRelu  # noqa: F401
 from ._deconv import Deconvolution  # noqa: F401
 from ._layers import (Activation, Convolution, Dropout, Flatten, FullyConnected, Pooling, add_n,  # noqa: F401
                       log_softmax, pick_nll, reshape_like, softmax, softmax_cross_entropy, waitall)
@@ -95,4 +96,5 @@ _methods.install(globals())
 __all__ = sorted({*_generated, "arange", "array", "empty", "eye", "full", "linspace", "ones", "ones_like",
                   "zeros", "zeros_like", "Activation", "BatchNorm", "Convolution", "Deconvolution", "Dropout", "Flatten", "FullyConnected",
                   "Pooling", "add_n", "ElementWiseSum", "reshape_like", "log_softmax", "pick_nll", "softmax", "softmax_cross_entropy", "waitall", "save",
-                  "load", "load_frombuffer", "Embedding", "LeakyReLU", "concatenate", "NDArray", "random"})
+                  "load", "load_frombuffer", "Embedding", "LeakyReLU", "concatenate", "NDArray", "random",
+                  "BatchNormAddRelu"})

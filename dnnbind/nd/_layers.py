@@ -33,33 +33,47 @@ def _pair(v):
 # -- convolution and dense ------------------------------------------------------------------------------------
 
 _FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
-_UNFUSED: set = set()  # float16 shapes cuDNN could not fuse (the legacy fused call refused, no backend plan)
+_UNFUSED: set = set()  # float16 or NHWC shapes cuDNN could not fuse (the legacy call refused, no backend plan)
+
+
+def _layout(opname: str, layout, data) -> str:
+    """MXNet's ``layout`` argument of Convolution/Pooling on 4-D data: None (NCHW), 'NCHW' or 'NHWC'."""
+    if layout is None:
+        return "NCHW"
+    if isinstance(layout, str) and layout in ("NCHW", "NHWC"):
+        return layout
+    kind = ValueError if isinstance(layout, str) else TypeError
+    raise kind(f"{opname}: layout must be 'NCHW' or 'NHWC' (data {tuple(data.shape)}), got {layout!r}")
 
 
 def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0), dilate=(1, 1), num_filter=None,
-                num_group=1, no_bias=False, act_type=None, **_ignored):
+                num_group=1, no_bias=False, act_type=None, layout=None, **_ignored):
     """y = conv(x, w) + b (cudnnConvolutionForward + cudnnAddTensor).
 
-    ``act_type="relu"`` fuses the ReLU: one cudnnConvolutionBiasActivationForward (or backend-API plan) on the GPU
-    (float32 or float16, with a bias); its backward is cudnnActivationBackward on the output, then the convolution's backward.
+    ``layout='NHWC'`` (MXNet's): data (N, H, W, C), weight (num_filter, kh, kw, C/num_group), y (N, H', W',
+    num_filter), run by cuDNN on channels-last descriptors (no transposes). ``act_type="relu"`` fuses the ReLU:
+    one cudnnConvolutionBiasActivationForward (or backend-API plan) on the GPU (float32 or float16, with a bias);
+    its backward is cudnnActivationBackward on the output, then the convolution's backward.
     """
     b = None if no_bias else bias
     stride, pad, dilate = _pair(stride), _pair(pad), _pair(dilate)
+    layout = _layout("Convolution", layout, data)
     fused = act_type == "relu"
     if act_type not in (None, "relu"):
         raise ValueError(f"Convolution: act_type must be None or 'relu', got {act_type!r}")
     y = None
     if fused and b is not None and data._data is None and data.dtype in _FUSED_DTYPES:
-        key = (data.shape, weight.shape, data.dtype, stride, pad, dilate, num_group)
+        key = (data.shape, weight.shape, data.dtype, stride, pad, dilate, num_group, layout)
         if key not in _UNFUSED:
             try:
-                y = ops.conv_bias_relu_forward(data, weight, b, stride, pad, dilate, num_group)
-            except CudnnError:  # float16: where cuDNN has no fused engine for the shape, the three calls
-                if data.dtype != np.float16:
+                y = ops.conv_bias_relu_forward(data, weight, b, stride, pad, dilate, num_group, layout=layout)
+            except CudnnError:  # float16 or NHWC: where cuDNN has no fused engine for the shape, the three calls
+                # NOTE: cuDNN documents the legacy fused call for NCHW float32; NHWC float32 may have no engine.
+                if data.dtype != np.float16 and layout == "NCHW":
                     raise
                 _UNFUSED.add(key)
     if y is None:
-        y = ops.conv_forward(data, weight, b, stride, pad, dilate, num_group)
+        y = ops.conv_forward(data, weight, b, stride, pad, dilate, num_group, layout=layout)
         if fused:
             y = ops.activation_forward(y, "relu")
     if is_recording():
@@ -68,29 +82,29 @@ def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0),
         def backward(dy):
             if fused:  # relu'(z) from its output: y > 0 exactly where z > 0
                 dy = ops.activation_backward(y, dy, y, "relu")
-            dx = ops.conv_backward_data(weight, dy, x_shape, stride, pad, dilate, num_group) \
+            dx = ops.conv_backward_data(weight, dy, x_shape, stride, pad, dilate, num_group, layout=layout) \
                 if needs_grad(data) else None
             dw = None
             if needs_grad(weight):
                 if dy._data is None:  # GPU: straight into the Parameter's grad buffer when autograd allows
                     dw = ops.conv_backward_filter.gpu(data, dy, w_shape, stride, pad, dilate, num_group,
-                                                      out=grad_out(weight))
+                                                      out=grad_out(weight), layout=layout)
                 else:
-                    dw = ops.conv_backward_filter(data, dy, w_shape, stride, pad, dilate, num_group)
+                    dw = ops.conv_backward_filter(data, dy, w_shape, stride, pad, dilate, num_group, layout=layout)
             db = None
             if b is not None and needs_grad(b):
-                db = _conv_bias_grad(dy, b)
+                db = _conv_bias_grad(dy, b, layout)
             return dx, dw, db
 
         record_op("Convolution", y, (data, weight, b), backward)
     return y
 
 
-def _conv_bias_grad(dy, b):
+def _conv_bias_grad(dy, b, layout="NCHW"):
     # On the GPU two gemv calls (GemmEx for float16) beat cudnnConvolutionBackwardBias (FACTS.md).
     if dy._data is None:  # float16 too: cudnnConvolutionBackwardBias's half kernel is 2.3 ms of a ResNet-18 step
-        return conv_backward_bias_gemv(dy, out=grad_out(b))
-    return ops.conv_backward_bias(dy)
+        return conv_backward_bias_gemv(dy, out=grad_out(b), layout=layout)
+    return ops.conv_backward_bias(dy, layout=layout)
 
 
 def FullyConnected(data, weight, bias=None, num_hidden=None, no_bias=False, flatten=True, **_ignored):
@@ -152,23 +166,27 @@ def Activation(data, act_type="relu", coef=0.0, **_ignored):
 
 
 def Pooling(data, kernel=(1, 1), pool_type="max", stride=None, pad=(0, 0), global_pool=False,
-            pooling_convention="valid", count_include_pad=True, **_ignored):
-    """cudnnPoolingForward; backward cudnnPoolingBackward. MXNet arguments. 1-D input and
+            pooling_convention="valid", count_include_pad=True, layout=None, **_ignored):
+    """cudnnPoolingForward; backward cudnnPoolingBackward. MXNet arguments; ``layout='NHWC'``: 4-D data
+    (N, H, W, C) pooled over H and W by cuDNN on channels-last descriptors. 1-D input and
     ``pooling_convention='full'`` (ceil) go through ``_nn_extra.pooling_ext``, which calls back here."""
+    if data.ndim == 4:
+        layout = _layout("Pooling", layout, data)
     if pooling_convention != "valid" or data.ndim != 4:
         from ._nn_extra import pooling_ext
         return pooling_ext(Pooling, data, kernel, pool_type, stride, pad, global_pool, pooling_convention,
-                           count_include_pad)
+                           count_include_pad, layout)
     if global_pool:
-        kernel, stride, pad = data.shape[2:], data.shape[2:], (0, 0)
+        kernel = stride = data.shape[2:] if layout == "NCHW" else data.shape[1:3]
+        pad = (0, 0)
     mode = {"max": "max", "avg": "avg" if count_include_pad else "avg_exclude_pad"}.get(pool_type)
     if mode is None:
         raise ValueError(f"Pooling: pool_type must be 'max' or 'avg', got {pool_type!r}")
     window, stride, pad = _pair(kernel), _pair(stride if stride is not None else kernel), _pair(pad)
-    y = ops.pooling_forward(data, mode, window, stride, pad)
+    y = ops.pooling_forward(data, mode, window, stride, pad, layout=layout)
     if is_recording():
         record_op("Pooling", y, (data,),
-                  lambda dy: (ops.pooling_backward(y, dy, data, mode, window, stride, pad),))
+                  lambda dy: (ops.pooling_backward(y, dy, data, mode, window, stride, pad, layout=layout),))
     return y
 
 
@@ -291,16 +309,30 @@ def waitall():
 
 # -- batch normalization --------------------------------------------------------------------------------------
 
+from .._lib.errors import CudnnBadParam, CudnnNotSupported
 from ..ops import batchnorm as _bn
+from ..ops import batchnorm_fused as _bn_ex
 from ..ops.blas import fill as _fill
 from ..ops.reference.batchnorm import bn_shapes as _bn_shapes
 from ..runtime.array import zeros as _zeros
 
 
+_NO_EX: set = set()  # (shape, dtype) the Ex call refused: the legacy call from then on
+
+
+def _nhwc_ex(data, gamma, layout: str) -> bool:
+    """Whether training BatchNorm takes cuDNN's Ex call (ops.batchnorm_fused.batchnorm_nhwc_*): channels-last float16
+    GPU data in the persistent mode, where the legacy call's NHWC kernel is 50-100x slower (ResNet-18 float16 on an
+    H100: 16 ms of a 21 ms step). Other cases keep the legacy call."""
+    return (layout == "NHWC" and data._device.kind == "gpu" and _bn.TRAIN_MODE == _bn_ex.MODE
+            and _bn_ex.fusable(data.shape, data.dtype, gamma.dtype) and (data.shape, data.dtype) not in _NO_EX)
+
+
 def BatchNorm(data, gamma, beta, moving_mean, moving_var, eps=1e-3, momentum=0.9, fix_gamma=True,
               use_global_stats=False, output_mean_var=False, axis=1, cudnn_off=False, **_ignored):
     """MXNet 1.x's ``BatchNorm`` operator (defaults from src/operator/nn/batch_norm-inl.h: eps 1e-3,
-    momentum 0.9, fix_gamma True). Spatial batch norm over ``axis`` (any axis; not 1 goes through a transpose).
+    momentum 0.9, fix_gamma True). Spatial batch norm over ``axis``: 1, or the last axis of 4-D data (MXNet's
+    channels-last ``axis=3``/``-1``, run by cuDNN on an NHWC descriptor); any other axis goes through a transpose.
 
     - Training (``autograd.is_training()`` and not ``use_global_stats``): batch statistics,
       cudnnBatchNormalizationForwardTraining on a GPU; ``moving_mean``/``moving_var`` are updated IN PLACE,
@@ -318,22 +350,36 @@ def BatchNorm(data, gamma, beta, moving_mean, moving_var, eps=1e-3, momentum=0.9
     from ._registry import as_array, call, norm_axes
     data = as_array("BatchNorm", "data", data)
     ax = norm_axes("BatchNorm", data.ndim, axis)[0] if data.ndim else axis
-    perm = None
-    if ax != 1 and data.ndim >= 2:  # channels to axis 1, and back afterwards (the transposes have gradients)
+    perm, layout = None, "NHWC" if ax == 3 and data.ndim == 4 else "NCHW"
+    if ax != 1 and data.ndim >= 2 and layout == "NCHW":  # channels to axis 1, and back (the transposes have grads)
         perm = [i for i in range(data.ndim) if i != ax]
         perm.insert(1, ax)
         data = call("transpose", data, axes=tuple(perm))
-    _bn_shapes("BatchNorm", data.shape, gamma=gamma.shape, beta=beta.shape, moving_mean=moving_mean.shape,
+    _bn_shapes("BatchNorm", data.shape, layout, gamma=gamma.shape, beta=beta.shape, moving_mean=moving_mean.shape,
                moving_var=moving_var.shape)
     if fix_gamma:
         _fill(gamma, 1.0)
     if is_training() and not use_global_stats:
-        y, mean, inv_std = _bn.batchnorm_forward_training(data, gamma, beta, moving_mean, moving_var, momentum, eps)
+        ex = _nhwc_ex(data, gamma, layout)
+        if ex:
+            try:
+                y, mean, inv_std, reserve = _bn_ex.batchnorm_nhwc_forward_training(data, gamma, beta, moving_mean,
+                                                                                   moving_var, momentum, eps)
+            except (CudnnNotSupported, CudnnBadParam):  # refused before any work: the legacy call from now on
+                _NO_EX.add((data.shape, data.dtype))
+                ex = False
+        if not ex:
+            y, mean, inv_std = _bn.batchnorm_forward_training(data, gamma, beta, moving_mean, moving_var, momentum,
+                                                              eps, layout=layout)
         if is_recording():
             x = data
 
             def backward(dy):
-                dx, dgamma, dbeta = _bn.batchnorm_backward(x, dy, gamma, mean, inv_std, eps)
+                if ex:
+                    dx, dgamma, dbeta = _bn_ex.batchnorm_nhwc_backward(x, dy, gamma, beta, mean, inv_std, reserve,
+                                                                       eps)
+                else:
+                    dx, dgamma, dbeta = _bn.batchnorm_backward(x, dy, gamma, mean, inv_std, eps, layout=layout)
                 if fix_gamma:
                     dgamma = _zeros(dgamma.shape, dgamma.dtype, dgamma.device)
                 return dx, dgamma, dbeta
@@ -342,12 +388,12 @@ def BatchNorm(data, gamma, beta, moving_mean, moving_var, eps=1e-3, momentum=0.9
     else:
         inv_std = None
         if is_recording() and any(needs_grad(a) for a in (data, gamma, beta)):
-            bshape = (1, data.shape[1]) + (1,) * (data.ndim - 2)
+            bshape = (1, 1, 1, data.shape[3]) if layout == "NHWC" else (1, data.shape[1]) + (1,) * (data.ndim - 2)
             inv_std = call("rsqrt", moving_var + float(eps))
             g = gamma * 0.0 + 1.0 if fix_gamma else gamma  # fix_gamma: gamma's gradient is 0, like MXNet's
             y = (data - moving_mean.reshape(bshape)) * (g * inv_std).reshape(bshape) + beta.reshape(bshape)
         else:
-            y = _bn.batchnorm_forward_inference(data, gamma, beta, moving_mean, moving_var, eps)
+            y = _bn.batchnorm_forward_inference(data, gamma, beta, moving_mean, moving_var, eps, layout=layout)
         if output_mean_var:
             mean = moving_mean.copy()
             if inv_std is None:

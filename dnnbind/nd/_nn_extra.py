@@ -85,11 +85,12 @@ def Embedding(data, weight, input_dim: int | None = None, output_dim: int | None
 _scales: dict = {}
 
 
-def _full_divisor_scale(size, window, stride, pad, out, include_pad: bool, dtype, device) -> NDArray:
-    """(1, 1, P, Q) factors turning cuDNN's sum/(kh*kw) into MXNet's average in 'full' mode (pool.h): the
-    divisor of a window counting padding stops at H + pad, so the extra high-side rows ceil mode adds never
-    count; without padding only real elements count."""
-    key = (tuple(size), window, stride, pad, out, include_pad, np.dtype(dtype).str, device)
+def _full_divisor_scale(size, window, stride, pad, out, include_pad: bool, dtype, device,
+                        layout: str = "NCHW") -> NDArray:
+    """(1, 1, P, Q) factors ((1, P, Q, 1) for NHWC) turning cuDNN's sum/(kh*kw) into MXNet's average in 'full' mode
+    (pool.h): the divisor of a window counting padding stops at H + pad, so the extra high-side rows ceil mode
+    adds never count; without padding only real elements count."""
+    key = (tuple(size), window, stride, pad, out, include_pad, np.dtype(dtype).str, device, layout)
     scale = _scales.get(key)
     if scale is None:
         counts = []
@@ -101,7 +102,8 @@ def _full_divisor_scale(size, window, stride, pad, out, include_pad: bool, dtype
                 cnt = np.minimum(start + window[d], size[d]) - np.maximum(start, 0)
             counts.append(np.maximum(cnt, 1).astype(np.float64))
         host = (window[0] * window[1]) / np.outer(counts[0], counts[1])
-        scale = _scales[key] = array(host.reshape((1, 1) + host.shape).astype(dtype), device=device)
+        shape = (1, 1) + host.shape if layout == "NCHW" else (1,) + host.shape + (1,)
+        scale = _scales[key] = array(host.reshape(shape).astype(dtype), device=device)
     return scale
 
 
@@ -112,14 +114,19 @@ def _tuple(v, n: int, name: str, arg: str) -> tuple:
     return t
 
 
-def pooling_ext(pool, data, kernel, pool_type, stride, pad, global_pool, convention, count_include_pad):
+def pooling_ext(pool, data, kernel, pool_type, stride, pad, global_pool, convention, count_include_pad,
+                layout=None):
     """``nd.Pooling`` for 1-D input (N, C, W) through the 2-d path (H = 1) and for ``pooling_convention='full'``
     (output 1 + ceil((H + 2p - k) / s)): cuDNN pools with floor, so the input gets extra rows/columns on the
     high side (the lowest finite value for max, zeros for avg) and avg is rescaled to MXNet's divisor.
-    ``pool`` is nd.Pooling itself, called back for the plain 4-D 'valid' case."""
+    ``pool`` is nd.Pooling itself, called back for the plain 4-D 'valid' case. ``layout``: None, 'NCW' for
+    3-D data; None, 'NCHW' or 'NHWC' for 4-D data."""
     if convention not in ("valid", "full"):
         raise ValueError(f"Pooling: pooling_convention must be 'valid' or 'full', got {convention!r}")
     if data.ndim == 3:
+        if layout not in (None, "NCW"):
+            raise ValueError(f"Pooling: layout must be 'NCW' for 3-D data {data.shape} (channels-last 1-D pooling "
+                             f"is not supported), got {layout!r}")
         n, c, w = data.shape
         # nd.Pooling's signature defaults are 2-D: read them as their 1-D equivalents.
         kernel, pad = (1 if kernel == (1, 1) else kernel), (0 if pad == (0, 0) else pad)
@@ -133,31 +140,34 @@ def pooling_ext(pool, data, kernel, pool_type, stride, pad, global_pool, convent
     if data.ndim != 4:
         raise ValueError(f"Pooling: data must be 3-D (N, C, W) or 4-D (N, C, H, W), got shape {data.shape}")
     if global_pool:
-        return pool(data, kernel, pool_type, stride, pad, True, "valid", count_include_pad)
+        return pool(data, kernel, pool_type, stride, pad, True, "valid", count_include_pad, layout)
+    nhwc = layout == "NHWC"
     window = _tuple(kernel, 2, "Pooling", "kernel")
     strides = _tuple(stride if stride is not None else window, 2, "Pooling", "stride")
     pads = _tuple(pad, 2, "Pooling", "pad")
-    size = data.shape[2:]
+    h_axis = 1 if nhwc else 2  # H, then W
+    size = data.shape[h_axis:h_axis + 2]
     if any(size[d] + 2 * pads[d] < window[d] for d in range(2)) or min(strides) < 1:
         raise ValueError(f"Pooling: kernel {window} with pad {pads} and stride {strides} does not fit input "
                          f"{data.shape}")
     out = tuple(1 + -(-(size[d] + 2 * pads[d] - window[d]) // strides[d]) for d in range(2))
     extra = [max(0, (out[d] - 1) * strides[d] + window[d] - size[d] - 2 * pads[d]) for d in range(2)]
     if not any(extra):
-        return pool(data, window, pool_type, strides, pads, False, "valid", count_include_pad)
+        return pool(data, window, pool_type, strides, pads, False, "valid", count_include_pad, layout)
     fill = float(np.finfo(data.dtype).min) if pool_type == "max" else 0.0
     x = data
-    n, c = data.shape[:2]
-    if extra[0]:
-        x = call("concat", x, _const((n, c, extra[0], size[1]), fill, data), dim=2)
-    if extra[1]:
-        x = call("concat", x, _const((n, c, x.shape[2], extra[1]), fill, data), dim=3)
+    for d in range(2):  # extra rows (d = 0), then columns, on the high side
+        if extra[d]:
+            shape = list(x.shape)
+            shape[h_axis + d] = extra[d]
+            x = call("concat", x, _const(tuple(shape), fill, data), dim=h_axis + d)
     if pool_type == "max":
-        return pool(x, window, "max", strides, pads, False, "valid", True)
+        return pool(x, window, "max", strides, pads, False, "valid", True, layout)
     if pool_type != "avg":
         raise ValueError(f"Pooling: pool_type must be 'max' or 'avg', got {pool_type!r}")
-    y = pool(x, window, "avg", strides, pads, False, "valid", True)
-    return y * _full_divisor_scale(size, window, strides, pads, out, count_include_pad, data.dtype, data.device)
+    y = pool(x, window, "avg", strides, pads, False, "valid", True, layout)
+    return y * _full_divisor_scale(size, window, strides, pads, out, count_include_pad, data.dtype, data.device,
+                                   "NHWC" if nhwc else "NCHW")
 
 
 def _const(shape, value: float, like: NDArray) -> NDArray:

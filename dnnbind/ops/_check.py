@@ -137,6 +137,29 @@ def _out_size(size: int, pad: int, extent: int, stride: int) -> int:
 
 # -- convolution ------------------------------------------------------------------------------------------
 
+def conv_layout(op: str, layout: Any) -> str:
+    """'NCHW', or 'NHWC' (channels last: data (N, H, W, C), conv weight (K, R, S, C/groups), MXNet's "OHWI")."""
+    if layout == "NCHW" or layout == "NHWC":
+        return layout
+    if not isinstance(layout, str):
+        raise TypeError(f"{op}: layout must be a string, 'NCHW' or 'NHWC'; got {layout!r}")
+    raise ValueError(f"{op}: unknown layout {layout!r}; expected 'NCHW' or 'NHWC'")
+
+
+def to_nchw(shape: tuple, layout: str) -> tuple:
+    """A 4-D shape in ``layout`` as (N, C, H, W) (a weight (K, R, S, C) as (K, C, R, S))."""
+    return tuple(shape) if layout == "NCHW" else (shape[0], shape[3], shape[1], shape[2])
+
+
+def from_nchw(shape: tuple, layout: str) -> tuple:
+    """The inverse of to_nchw: (N, C, H, W) in ``layout``."""
+    return tuple(shape) if layout == "NCHW" else (shape[0], shape[2], shape[3], shape[1])
+
+
+def _axes_text(layout: str, nchw: str, nhwc: str) -> str:
+    return f"4-D {nchw}" if layout == "NCHW" else f"4-D {nhwc} (layout NHWC)"
+
+
 def _conv_geometry(op: str, stride: Any, padding: Any, dilation: Any, groups: Any) -> tuple[Pair, Pair, Pair, int]:
     """stride, padding, dilation as pairs and groups as an int >= 1: shared by conv_params and deconv_params."""
     stride = as_tuple(stride, 2, op, "stride", 1)
@@ -151,15 +174,16 @@ def _conv_geometry(op: str, stride: Any, padding: Any, dilation: Any, groups: An
 
 
 def conv_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None, stride: Any = 1,
-                padding: Any = 0, dilation: Any = 1, groups: Any = 1
+                padding: Any = 0, dilation: Any = 1, groups: Any = 1, layout: Any = "NCHW"
                 ) -> tuple[Pair, Pair, Pair, int, tuple[int, int, int, int]]:
-    """Validate a 2-D convolution; returns (stride, padding, dilation, groups, y_shape)."""
-    x_shape = check_ndim(op, "x", x_shape, (4,), "4-D (N, C, H, W)")
-    w_shape = check_ndim(op, "w", w_shape, (4,), "4-D (K, C/groups, R, S)")
-    shapes = _fmt(x=x_shape, w=w_shape)
+    """Validate a 2-D convolution; returns (stride, padding, dilation, groups, y_shape), y_shape in ``layout``."""
+    layout = conv_layout(op, layout)
+    x_shape = check_ndim(op, "x", x_shape, (4,), _axes_text(layout, "(N, C, H, W)", "(N, H, W, C)"))
+    w_shape = check_ndim(op, "w", w_shape, (4,), _axes_text(layout, "(K, C/groups, R, S)", "(K, R, S, C/groups)"))
+    shapes = _fmt(x=x_shape, w=w_shape) + ("" if layout == "NCHW" else " (layout NHWC: w is (K, R, S, C/groups))")
     stride, padding, dilation, groups = _conv_geometry(op, stride, padding, dilation, groups)
-    n, c, h, w = x_shape
-    k, cg, r, s = w_shape
+    n, c, h, w = to_nchw(x_shape, layout)
+    k, cg, r, s = to_nchw(w_shape, layout)
     if c % groups:
         raise ValueError(f"{op}: x has {c} channels, not divisible by groups={groups}: {shapes}")
     if k % groups:
@@ -177,19 +201,19 @@ def conv_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None, stride
     if ho <= 0 or wo <= 0:
         raise ValueError(f"{op}: kernel ({r}, {s}) with dilation {dilation} spans {eff}, larger than the padded "
                          f"input ({h + 2 * padding[0]}, {w + 2 * padding[1]}) (padding {padding}): {shapes}")
-    return stride, padding, dilation, groups, (n, k, ho, wo)
+    return stride, padding, dilation, groups, from_nchw((n, k, ho, wo), layout)
 
 
 def conv_grad_params(op: str, x_shape: Any, w_shape: Any, dy_shape: Any, stride: Any = 1, padding: Any = 0,
-                     dilation: Any = 1, groups: Any = 1
+                     dilation: Any = 1, groups: Any = 1, layout: Any = "NCHW"
                      ) -> tuple[Pair, Pair, Pair, int, tuple[int, int, int, int]]:
     """Validate a convolution backward pass: conv_params, plus dy must have the forward output's shape."""
-    out = conv_params(op, x_shape, w_shape, None, stride, padding, dilation, groups)
-    dy_shape = check_ndim(op, "dy", dy_shape, (4,), "4-D (N, K, P, Q)")
+    out = conv_params(op, x_shape, w_shape, None, stride, padding, dilation, groups, layout)
+    dy_shape = check_ndim(op, "dy", dy_shape, (4,), _axes_text(layout, "(N, K, P, Q)", "(N, P, Q, K)"))
     if dy_shape != out[4]:
         raise ValueError(f"{op}: dy has shape {dy_shape} but the convolution gives {out[4]}: "
                          f"{_fmt(x=x_shape, w=w_shape, dy=dy_shape)} (stride {out[0]}, padding {out[1]}, "
-                         f"dilation {out[2]}, groups {out[3]})")
+                         f"dilation {out[2]}, groups {out[3]}, layout {layout})")
     return out
 
 
@@ -245,9 +269,11 @@ def deconv_grad_params(op: str, x_shape: Any, w_shape: Any, dy_shape: Any, strid
     return stride, padding, dilation, groups, adj, dy_shape
 
 
-def conv_bias_params(op: str, dy_shape: Any) -> int:
-    """conv_backward_bias: dy is (N, K, P, Q); returns K."""
-    return check_ndim(op, "dy", dy_shape, (4,), "4-D (N, K, P, Q)")[1]
+def conv_bias_params(op: str, dy_shape: Any, layout: Any = "NCHW") -> int:
+    """conv_backward_bias: dy is (N, K, P, Q), or (N, P, Q, K) for NHWC; returns K."""
+    layout = conv_layout(op, layout)
+    dy_shape = check_ndim(op, "dy", dy_shape, (4,), _axes_text(layout, "(N, K, P, Q)", "(N, P, Q, K)"))
+    return dy_shape[1 if layout == "NCHW" else 3]
 
 
 def add_tensor_params(op: str, x_shape: Any, b_shape: Any) -> tuple[int, ...]:
@@ -287,15 +313,16 @@ def pooling_mode(op: str, mode: Any) -> str:
     return _choice(op, "pooling mode", mode, POOLING_MODES)
 
 
-def pool_params(op: str, x_shape: Any, mode: Any = "max", window: Any = 2, stride: Any = None, padding: Any = 0
-                ) -> tuple[Pair, Pair, Pair, tuple[int, int, int, int]]:
-    """Validate 2-D pooling; returns (window, stride, padding, y_shape). stride None means window."""
+def pool_params(op: str, x_shape: Any, mode: Any = "max", window: Any = 2, stride: Any = None, padding: Any = 0,
+                layout: Any = "NCHW") -> tuple[Pair, Pair, Pair, tuple[int, int, int, int]]:
+    """Validate 2-D pooling; returns (window, stride, padding, y_shape in ``layout``). stride None means window."""
     pooling_mode(op, mode)
-    x_shape = check_ndim(op, "x", x_shape, (4,), "4-D (N, C, H, W)")
+    layout = conv_layout(op, layout)
+    x_shape = check_ndim(op, "x", x_shape, (4,), _axes_text(layout, "(N, C, H, W)", "(N, H, W, C)"))
     window = as_tuple(window, 2, op, "window", 1)
     stride = window if stride is None else as_tuple(stride, 2, op, "stride", 1)
     padding = as_tuple(padding, 2, op, "padding", 0)
-    n, c, h, w = x_shape
+    n, c, h, w = to_nchw(x_shape, layout)
     # NOTE: padding < window keeps at least one real element in every window, so max never sees only pad.
     if padding[0] >= window[0] or padding[1] >= window[1]:
         raise ValueError(f"{op}: padding {padding} must be smaller than window {window}: x {x_shape}")
@@ -304,14 +331,14 @@ def pool_params(op: str, x_shape: Any, mode: Any = "max", window: Any = 2, strid
     if ho <= 0 or wo <= 0:
         raise ValueError(f"{op}: window {window} is larger than the padded input ({h + 2 * padding[0]}, "
                          f"{w + 2 * padding[1]}) (padding {padding}): x {x_shape}")
-    return window, stride, padding, (n, c, ho, wo)
+    return window, stride, padding, from_nchw((n, c, ho, wo), layout)
 
 
 def pool_grad_params(op: str, x_shape: Any, y_shape: Any, dy_shape: Any, mode: Any = "max", window: Any = 2,
-                     stride: Any = None, padding: Any = 0
+                     stride: Any = None, padding: Any = 0, layout: Any = "NCHW"
                      ) -> tuple[Pair, Pair, Pair, tuple[int, int, int, int]]:
     """pool_params, plus y and dy must have the forward output's shape."""
-    out = pool_params(op, x_shape, mode, window, stride, padding)
+    out = pool_params(op, x_shape, mode, window, stride, padding, layout)
     for name, shape in (("y", y_shape), ("dy", dy_shape)):
         if _shape(shape) != out[3]:
             raise ValueError(f"{op}: {name} has shape {_shape(shape)} but pooling x {_shape(x_shape)} with window "

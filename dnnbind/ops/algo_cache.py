@@ -15,7 +15,8 @@ import re
 import tempfile
 import warnings
 
-FORMAT = 1
+# 2: the conv keys end with the layout ("NCHW" or "NHWC"); a format-1 file (keys without it) is ignored and replaced
+FORMAT = 2
 _loaded: dict = {}      # file path -> {key string: [algo, workspace bytes]}
 _warned: set = set()
 

@@ -3,8 +3,10 @@
 x is (N, C), (N, C, L), (N, C, H, W) or (N, C, D, H, W), channels on axis 1 (descriptors.as4d views it as
 NCHW; spatial mode normalizes over everything but C). float32 and float64, with gamma, beta and the
 statistics in x's dtype; and float16 data with float32 parameters and statistics (cuDNN wants double parameters
-for double data, float otherwise), which is what mixed precision needs. Other channel axes are nd.BatchNorm's
-business (a transpose).
+for double data, float otherwise), which is what mixed precision needs. ``layout="NHWC"``: 4-D x (N, H, W, C),
+channels last, given to cuDNN as a CUDNN_TENSOR_NHWC descriptor (the derived (1, C, 1, 1) parameter descriptor is
+the same); nd.BatchNorm uses it for axis=3 of 4-D data. Other channel axes are nd.BatchNorm's business (a
+transpose).
 
 Semantics are MXNet 1.x's (see ops/reference/batchnorm.py): running = momentum * running + (1 - momentum) *
 batch, with the BIASED batch variance. NOTE: cuDNN's resultRunningVariance averages the UNBIASED variance
@@ -61,29 +63,29 @@ class _BNDesc(D.TensorDesc):
         L.cudnnDeriveBNTensorDescriptor(self, x_desc, SPATIAL)
 
 
-def _descs(x_shape: tuple, dtype) -> tuple:
+def _descs(x_shape: tuple, dtype, layout: str = "NCHW") -> tuple:
     """(x descriptor, derived parameter descriptor), cached with the other descriptors."""
-    xd = D.tensor(x_shape, dtype)
-    key = ("bn", x_shape, dtype)
+    xd = D.tensor_nhwc(x_shape, dtype) if layout == "NHWC" else D.tensor(x_shape, dtype)
+    key = ("bn", x_shape, dtype, layout)
     bnd = D._cache.get(key) or D._insert(key, lambda: _BNDesc(xd, dtype))
     return xd, bnd
 
 
 @op(reference.batchnorm_forward_training, "x", "gamma", "beta", "running_mean", "running_var")
-def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, momentum=0.9, eps=1e-5):
+def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, momentum=0.9, eps=1e-5, layout="NCHW"):
     """Batch statistics: ``cudnnBatchNormalizationForwardTraining`` (spatial). Updates running_mean and
     running_var IN PLACE with MXNet's convention; returns (y, save_mean, save_inv_std)."""
     name = "batchnorm_forward_training"
     dtype, pdtype = bn_dtypes(name, {"x": x}, {"gamma": gamma, "beta": beta, "running_mean": running_mean,
                                                "running_var": running_var})
-    c = bn_shapes(name, x._shape, gamma=gamma._shape, beta=beta._shape, running_mean=running_mean._shape,
+    c = bn_shapes(name, x._shape, layout, gamma=gamma._shape, beta=beta._shape, running_mean=running_mean._shape,
                   running_var=running_var._shape)
     eps, momentum = bn_scalars(name, eps, momentum)
-    m = items_per_channel(name, x._shape)
+    m = items_per_channel(name, x._shape, layout)
     y = out_like(x._shape, dtype, x._device)
     save_mean, save_inv_std = out_like((c,), pdtype, x._device), out_like((c,), pdtype, x._device)
     scratch = out_like((c,), pdtype, x._device)
-    xd, bnd = _descs(x._shape, dtype)
+    xd, bnd = _descs(x._shape, dtype, layout)
     h = dnn(x)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
     # NOTE: cached host scalars (D.scalar_ptr), not locals: a recorded step or hybridized Block replays this call
@@ -97,49 +99,50 @@ def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, moment
                                                  save_mean._ptr, save_inv_std._ptr)
         L.cudnnTransformTensor(h, down, bnd, scratch._ptr, zero, bnd, running_var._ptr)
     except CudnnError as exc:
-        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
+        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name, layout=layout) from None
     return y, save_mean, save_inv_std
 
 
 @op(reference.batchnorm_forward_inference, "x", "gamma", "beta", "mean", "var")
-def batchnorm_forward_inference(x, gamma, beta, mean, var, eps=1e-5):
+def batchnorm_forward_inference(x, gamma, beta, mean, var, eps=1e-5, layout="NCHW"):
     """Given statistics: ``cudnnBatchNormalizationForwardInference`` (spatial)."""
     name = "batchnorm_forward_inference"
     dtype, _ = bn_dtypes(name, {"x": x}, {"gamma": gamma, "beta": beta, "mean": mean, "var": var})
-    bn_shapes(name, x._shape, gamma=gamma._shape, beta=beta._shape, mean=mean._shape, var=var._shape)
+    bn_shapes(name, x._shape, layout, gamma=gamma._shape, beta=beta._shape, mean=mean._shape, var=var._shape)
     eps, _ = bn_scalars(name, eps)
     y = out_like(x._shape, dtype, x._device)
     if not x.size:
         return y
-    xd, bnd = _descs(x._shape, dtype)
+    xd, bnd = _descs(x._shape, dtype, layout)
     try:
         L.cudnnBatchNormalizationForwardInference(dnn(x), SPATIAL, D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype),
                                                   xd, x._ptr, xd, y._ptr, bnd, gamma._ptr, beta._ptr, mean._ptr,
                                                   var._ptr, eps)
     except CudnnError as exc:
-        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
+        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name, layout=layout) from None
     return y
 
 
 @op(reference.batchnorm_backward, "x", "dy", "gamma", "save_mean", "save_inv_std")
-def batchnorm_backward(x, dy, gamma, save_mean, save_inv_std, eps=1e-5):
+def batchnorm_backward(x, dy, gamma, save_mean, save_inv_std, eps=1e-5, layout="NCHW"):
     """Gradients of the training-mode forward: ``cudnnBatchNormalizationBackward`` (spatial) with the saved
     statistics; returns (dx, dgamma, dbeta)."""
     name = "batchnorm_backward"
     dtype, pdtype = bn_dtypes(name, {"x": x, "dy": dy}, {"gamma": gamma, "save_mean": save_mean,
                                                          "save_inv_std": save_inv_std})
     _check.check_same_shape(name, x=x, dy=dy)
-    c = bn_shapes(name, x._shape, gamma=gamma._shape, save_mean=save_mean._shape, save_inv_std=save_inv_std._shape)
+    c = bn_shapes(name, x._shape, layout, gamma=gamma._shape, save_mean=save_mean._shape,
+                  save_inv_std=save_inv_std._shape)
     eps, _ = bn_scalars(name, eps)
-    items_per_channel(name, x._shape)
+    items_per_channel(name, x._shape, layout)
     dx = out_like(x._shape, dtype, x._device)
     dgamma, dbeta = out_like((c,), pdtype, x._device), out_like((c,), pdtype, x._device)
-    xd, bnd = _descs(x._shape, dtype)
+    xd, bnd = _descs(x._shape, dtype, layout)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
     try:
         L.cudnnBatchNormalizationBackward(dnn(x), TRAIN_MODE, one, zero, one, zero, xd, x._ptr, xd, dy._ptr, xd,
                                           dx._ptr, bnd, gamma._ptr, dgamma._ptr, dbeta._ptr, eps, save_mean._ptr,
                                           save_inv_std._ptr)
     except CudnnError as exc:
-        raise with_context(exc, op=name, x=x._shape, dy=dy._shape, dtype=dtype.name) from None
+        raise with_context(exc, op=name, x=x._shape, dy=dy._shape, dtype=dtype.name, layout=layout) from None
     return dx, dgamma, dbeta

@@ -1,9 +1,14 @@
 """Layer 2 (ops): convolution through cuDNN (forward, backward data/filter/bias, fused bias+ReLU).
 
-Imports _lib, runtime and ops. NCHW, cross-correlation (what every framework calls convolution). The output
+Imports _lib, runtime and ops. Cross-correlation (what every framework calls convolution). The output
 shape is validated by ops._check (same rule as cudnnGetConvolution2dForwardOutputDim; a CPU test holds the
 two together). Algorithms come from ops.algos, chosen once per shape; the workspace is shared per stream (up to
 32 MiB; a larger one is borrowed from the pool for the call: ops._common.scratch).
+
+``layout``: "NCHW" (x (N, C, H, W), w (K, C/groups, R, S), y (N, K, P, Q)) or "NHWC", MXNet's channels-last
+(x (N, H, W, C), w (K, R, S, C/groups), "OHWI", y (N, P, Q, K); b (K,) either way), given to cuDNN as
+CUDNN_TENSOR_NHWC descriptors. The layout is part of every cache key (descriptors, plans, the algorithm choice
+in memory and on disk), so the two layouts' choices never mix.
 """
 
 from __future__ import annotations
@@ -43,12 +48,13 @@ class _Plan:
         return found
 
     def _build_plans(self, direction: str, handle) -> list:
-        x_shape, w_shape, stride, padding, dilation, groups, dtype, math = self.params
+        x_shape, w_shape, stride, padding, dilation, groups, dtype, math, layout = self.params
         if dtype not in conv_backend.DTYPES:
             return []
         try:
             return conv_backend.candidates(handle, direction, x_shape, w_shape, self.y_shape, stride, padding,
-                                           dilation, dtype, math, algos.deterministic(), groups=groups)
+                                           dilation, dtype, math, algos.deterministic(), groups=groups,
+                                           layout=layout)
         except CudnnError:
             return []  # the legacy algorithms remain
 
@@ -66,6 +72,8 @@ def _annotate(direction, algo, key, ws_bytes, dtype, **shapes) -> None:
     cudnnBackendExecute also the plan and its workspace (the legacy calls carry their algorithm)."""
     plan = {} if algo < BACKEND else {"algo": algos.algo_name(direction, algo, (direction,) + key),
                                        "workspace_bytes": ws_bytes}
+    if key[-1] != "NCHW":
+        plan["layout"] = key[-1]
     hooks.annotate(**shapes, dtype=dtype.name, math=config.math_mode(), **plan)
 
 
@@ -73,45 +81,53 @@ def _exact(v) -> bool:
     return type(v) is int or (type(v) is tuple and all(type(e) is int for e in v))
 
 
-def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape=None, dy_shape=None):
+def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape=None, dy_shape=None,
+           layout="NCHW"):
     """Validate once per argument set (with the bias, or the gradient's shape for a backward); build the
     descriptors. Other spellings (lists, floats) are validated every call instead of cached."""
     math = config.math_mode()
     raw = None
     # Only exact ints are cached: 1.0 and True hash like 1 but must still be refused by the checks below.
-    if _exact(stride) and _exact(padding) and _exact(dilation) and type(groups) is int:
-        raw = (opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math)
+    if _exact(stride) and _exact(padding) and _exact(dilation) and type(groups) is int and type(layout) is str:
+        raw = (opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math, layout)
         plan = _plans.get(raw)
         if plan is not None:
             return plan
-    plan = _new_plan(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math)
+    plan = _new_plan(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math,
+                     layout)
     return plan if raw is None else cache_insert(_plans, raw, lambda: plan, _plans_lock, PLAN_LIMIT)
 
 
-def _new_plan(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math) -> _Plan:
+def _new_plan(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math,
+              layout="NCHW") -> _Plan:
     if dy_shape is None:
         stride, padding, dilation, groups, y_shape = _check.conv_params(
-            opname, x_shape, w_shape, b_shape, stride, padding, dilation, groups)
+            opname, x_shape, w_shape, b_shape, stride, padding, dilation, groups, layout)
     else:
         stride, padding, dilation, groups, y_shape = _check.conv_grad_params(
-            opname, x_shape, w_shape, dy_shape, stride, padding, dilation, groups)
+            opname, x_shape, w_shape, dy_shape, stride, padding, dilation, groups, layout)
+    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     plan = _Plan()
-    plan.params = (tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, dtype, math)
+    plan.params = (x_shape, w_shape, stride, padding, dilation, groups, dtype, math, layout)
     plan.y_shape = y_shape
     plan.cdesc = D.conv(padding, stride, dilation, groups, dtype, math)
-    plan.key = (tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, dtype.str, math)
-    plan.xd, plan.wd = D.tensor(tuple(x_shape), dtype), D.filt(tuple(w_shape), dtype)
-    plan.yd = D.tensor(y_shape, dtype)
-    plan.bd = D.tensor((1, y_shape[1], 1, 1), dtype)
+    plan.key = (x_shape, w_shape, stride, padding, dilation, groups, dtype.str, math, layout)
+    if layout == "NHWC":  # the same dims for cuDNN, laid out channels last (descriptors.tensor_nhwc/filt_nhwc)
+        plan.xd, plan.wd, plan.yd = D.tensor_nhwc(x_shape, dtype), D.filt_nhwc(w_shape, dtype), \
+            D.tensor_nhwc(y_shape, dtype)
+        plan.bd = D.tensor_nhwc((1, 1, 1, y_shape[3]), dtype)
+    else:
+        plan.xd, plan.wd, plan.yd = D.tensor(x_shape, dtype), D.filt(w_shape, dtype), D.tensor(y_shape, dtype)
+        plan.bd = D.tensor((1, y_shape[1], 1, 1), dtype)
     return plan
 
 
 @op(reference.conv_forward, "x", "w", "b")
-def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
     """y = conv(x, w) + b: ``cudnnConvolutionForward`` (+ ``cudnnAddTensor`` for the bias)."""
     dtype = float_dtype("conv_forward", x=x, w=w, b=b)
     plan = _setup("conv_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,
-                  b_shape=None if b is None else b._shape)
+                  b_shape=None if b is None else b._shape, layout=layout)
     y_shape, cdesc, key, xd, wd, yd = plan.y_shape, plan.cdesc, plan.key, plan.xd, plan.wd, plan.yd
     y = out_like(y_shape, dtype, x._device)
     h = dnn(x)
@@ -134,16 +150,17 @@ def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
             L.cudnnAddTensor(h, one, plan.bd, b._ptr, one, yd, y._ptr)
     except CudnnError as exc:
         raise with_context(exc, op="conv_forward", x=x._shape, w=w._shape, stride=stride, padding=padding,
-                           dilation=dilation, groups=groups) from None
+                           dilation=dilation, groups=groups, layout=layout) from None
     return y
 
 
-def _reference_conv_bias_relu(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
-    return reference.activation_forward(reference.conv_forward(x, w, b, stride, padding, dilation, groups), "relu")
+def _reference_conv_bias_relu(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
+    y = reference.conv_forward(x, w, b, stride, padding, dilation, groups, layout)
+    return reference.activation_forward(y, "relu")
 
 
 @op(_reference_conv_bias_relu, "x", "w", "b")
-def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
     """y = relu(conv(x, w) + b) in one call: ``cudnnConvolutionBiasActivationForward``, or (eager calls, when
     faster) one backend-API plan of the graph conv -> add bias -> relu (ops.conv_backend "fwd_bias_relu").
 
@@ -154,7 +171,7 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
     if b is None:
         raise ValueError("conv_bias_relu_forward: needs a bias b (use conv_forward + activation_forward without)")
     plan = _setup("conv_bias_relu_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,
-                  b_shape=b._shape)
+                  b_shape=b._shape, layout=layout)
     y_shape, cdesc, key, xd, wd, yd, bd = plan.y_shape, plan.cdesc, plan.key, plan.xd, plan.wd, plan.yd, plan.bd
     y = out_like(y_shape, dtype, x._device)
     h = dnn(x)
@@ -177,17 +194,17 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
         with scratch(x._device, ws_bytes) as (ws, ws_size):
             run(algo, ws, ws_size)
     except CudnnError as exc:
-        raise with_context(exc, op="conv_bias_relu_forward", x=x._shape, w=w._shape) from None
+        raise with_context(exc, op="conv_bias_relu_forward", x=x._shape, w=w._shape, layout=layout) from None
     return y
 
 
 @op(reference.conv_backward_data, "w", "dy")
-def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1):
+def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
     """dx = conv_transpose(dy, w): ``cudnnConvolutionBackwardData``."""
     dtype = float_dtype("conv_backward_data", w=w, dy=dy)
     x_shape = _check.check_shape_arg("conv_backward_data", "x_shape", x_shape)
     plan = _setup("conv_backward_data", x_shape, w._shape, stride, padding, dilation, groups, dtype,
-                  dy_shape=dy._shape)
+                  dy_shape=dy._shape, layout=layout)
     cdesc, key, wd, dyd, dxd = plan.cdesc, plan.key, plan.wd, plan.yd, plan.xd
     dx = out_like(x_shape, dtype, w._device)
     h = dnn(w)
@@ -208,17 +225,18 @@ def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1
         with scratch(w._device, ws_bytes) as (ws, ws_size):
             run(algo, ws, ws_size)
     except CudnnError as exc:
-        raise with_context(exc, op="conv_backward_data", w=w._shape, dy=dy._shape, x_shape=x_shape) from None
+        raise with_context(exc, op="conv_backward_data", w=w._shape, dy=dy._shape, x_shape=x_shape,
+                           layout=layout) from None
     return dx
 
 
 @op(reference.conv_backward_filter, "x", "dy")
-def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups=1, out=None):
+def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups=1, out=None, layout="NCHW"):
     """dw = correlation of x with dy: ``cudnnConvolutionBackwardFilter`` (into ``out`` if given, GPU only)."""
     dtype = float_dtype("conv_backward_filter", x=x, dy=dy)
     w_shape = _check.check_shape_arg("conv_backward_filter", "w_shape", w_shape)
     plan = _setup("conv_backward_filter", x._shape, w_shape, stride, padding, dilation, groups, dtype,
-                  dy_shape=dy._shape)
+                  dy_shape=dy._shape, layout=layout)
     cdesc, key, xd, dyd, dwd = plan.cdesc, plan.key, plan.xd, plan.yd, plan.wd
     dw = _target(out, w_shape, dtype, x._device, "conv_backward_filter")
     h = dnn(x)
@@ -239,19 +257,23 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
         with scratch(x._device, ws_bytes) as (ws, ws_size):
             run(algo, ws, ws_size)
     except CudnnError as exc:
-        raise with_context(exc, op="conv_backward_filter", x=x._shape, dy=dy._shape, w_shape=w_shape) from None
+        raise with_context(exc, op="conv_backward_filter", x=x._shape, dy=dy._shape, w_shape=w_shape,
+                           layout=layout) from None
     return dw
 
 
 @op(reference.conv_backward_bias, "dy")
-def conv_backward_bias(dy):
+def conv_backward_bias(dy, layout="NCHW"):
     """db[k] = sum of dy over n, h, w: ``cudnnConvolutionBackwardBias``."""
     dtype = float_dtype("conv_backward_bias", dy=dy)
-    k = _check.conv_bias_params("conv_backward_bias", dy._shape)
+    k = _check.conv_bias_params("conv_backward_bias", dy._shape, layout)
     db = out_like((k,), dtype, dy._device)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
-    L.cudnnConvolutionBackwardBias(dnn(dy), one, D.tensor(dy._shape, dtype), dy._ptr, zero,
-                                   D.tensor((1, k, 1, 1), dtype), db._ptr)
+    if layout == "NHWC":
+        dyd, dbd = D.tensor_nhwc(dy._shape, dtype), D.tensor_nhwc((1, 1, 1, k), dtype)
+    else:
+        dyd, dbd = D.tensor(dy._shape, dtype), D.tensor((1, k, 1, 1), dtype)
+    L.cudnnConvolutionBackwardBias(dnn(dy), one, dyd, dy._ptr, zero, dbd, db._ptr)
     return db
 
 
@@ -266,19 +288,28 @@ def _target(out, shape, dtype, device, opname):
     return out
 
 
-def conv_backward_bias_gemv(dy, out=None):
+def conv_backward_bias_gemv(dy, out=None, layout="NCHW"):
     """Same result as conv_backward_bias, as two cuBLAS gemv against ones (sum over N, then over H*W).
 
     NOTE: cudnnConvolutionBackwardBias is slow at MNIST sizes (FACTS.md), and its float16 kernel at ResNet sizes
     (2.3 ms of a 11 ms ResNet-18 step on an H100); the training path (nd.Convolution's backward) uses this
     instead. float16 goes through cublasGemmEx with float accumulation. GPU NDArrays only.
+
+    NHWC: db is the column sum of dy viewed as (N*H*W, K), taken in the same two steps (over N into a (H*W, K)
+    matrix, then its column sums), so the ones vectors stay N and H*W long as for NCHW; a hybridized Block's
+    recording, which cannot copy from the host, needs no longer one than its eager run made.
     """
     dtype = float_dtype("conv_backward_bias", _check.FLOAT_DTYPES, dy=dy)
-    n, k, p, q = dy._shape
-    hw = p * q
+    k = _check.conv_bias_params("conv_backward_bias", dy._shape, layout)
+    n = dy._shape[0]
+    hw = dy.size // (n * k)
     h = blas(dy)
     per_pixel = empty((k * hw,), dtype, dy._device)
     sum_rows_into(h, dy._ptr, ones_vector(dy._device, n, dtype)._ptr, per_pixel._ptr, n, k * hw, 1.0, 0.0, dtype)
     db = _target(out, (k,), dtype, dy._device, "conv_backward_bias")
-    row_sums_into(h, per_pixel._ptr, ones_vector(dy._device, hw, dtype)._ptr, db._ptr, k, hw, 1.0, 0.0, dtype)
+    if layout == "NHWC":  # per_pixel is (H*W, K): sum its rows
+        sum_rows_into(h, per_pixel._ptr, ones_vector(dy._device, hw, dtype)._ptr, db._ptr, hw, k, 1.0, 0.0, dtype)
+    else:  # per_pixel is (K, H*W): sum each row
+        row_sums_into(h, per_pixel._ptr, ones_vector(dy._device, hw, dtype)._ptr, db._ptr, k, hw, 1.0, 0.0,
+                      dtype)
     return db

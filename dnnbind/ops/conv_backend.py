@@ -13,6 +13,8 @@ Directions: "fwd", "bwd_data", "bwd_filter" (one conv op each) and "fwd_bias_rel
 as ONE graph (conv -> virtual tensor -> pointwise ADD of b -> virtual tensor -> pointwise RELU_FWD -> y), run by
 one engine (typically one kernel; runtime-compiled engines included), so the virtual tensors need no memory.
 Enum values come from cudnn_graph_v9.h (see _lib.cudnn; tests/test_conv_backend.py checks them).
+Tensors are dims + strides: dims always (N, C, H, W) / (K, C, R, S); ``layout="NHWC"`` arrays (MXNet's channels
+last: x (N, H, W, C), w (K, R, S, C)) get the strides (H*W*C, 1, W*C, C) for those dims.
 """
 
 from __future__ import annotations
@@ -133,23 +135,23 @@ class Descriptor:
         return descs[:n.value]
 
 
-def _packed_strides(shape) -> list:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return strides[::-1]
+def _packed_strides(dims, layout: str = "NCHW") -> list:
+    """Element strides of a packed 4-D tensor of ``dims`` (N, C, H, W): row-major, or channels last (NHWC)."""
+    n, c, h, w = dims
+    return [h * w * c, 1, w * c, c] if layout == "NHWC" else [c * h * w, h * w, w, 1]
 
 
-def _tensor(uid: int, shape, dtype_code: int, alignment: int, virtual: bool = False) -> Descriptor:
-    """A fully packed NCHW tensor (unfinalized). Virtual: an intermediate of the graph, never in memory (not in
-    the variant pack). A (1, K, 1, 1) bias gets strides (K, 1, 1, 1): broadcast over N, H, W."""
+def _tensor(uid: int, dims, dtype_code: int, alignment: int, virtual: bool = False,
+            layout: str = "NCHW") -> Descriptor:
+    """A fully packed tensor of ``dims`` (N, C, H, W) in ``layout`` (unfinalized). Virtual: an intermediate of the
+    graph, never in memory (not in the variant pack). A (1, K, 1, 1) bias gets strides (K, 1, 1, 1) (NHWC:
+    (K, 1, K, K)): broadcast over N, H, W."""
     t = (Descriptor(C.CUDNN_BACKEND_TENSOR_DESCRIPTOR)
          .set(C.CUDNN_ATTR_TENSOR_UNIQUE_ID, C.CUDNN_TYPE_INT64, _i64, uid)
          .set(C.CUDNN_ATTR_TENSOR_DATA_TYPE, C.CUDNN_TYPE_DATA_TYPE, _int, dtype_code)
          .set(C.CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, C.CUDNN_TYPE_INT64, _i64, alignment)
-         .set(C.CUDNN_ATTR_TENSOR_DIMENSIONS, C.CUDNN_TYPE_INT64, _i64, *shape)
-         .set(C.CUDNN_ATTR_TENSOR_STRIDES, C.CUDNN_TYPE_INT64, _i64, *_packed_strides(shape)))
+         .set(C.CUDNN_ATTR_TENSOR_DIMENSIONS, C.CUDNN_TYPE_INT64, _i64, *dims)
+         .set(C.CUDNN_ATTR_TENSOR_STRIDES, C.CUDNN_TYPE_INT64, _i64, *_packed_strides(dims, layout)))
     return t.set(C.CUDNN_ATTR_TENSOR_IS_VIRTUAL, C.CUDNN_TYPE_BOOLEAN, ctypes.c_bool, True) if virtual else t
 
 
@@ -202,19 +204,21 @@ def _pointwise_op(pw: Descriptor, x: Descriptor, y: Descriptor, b: Descriptor | 
     return op.set_descs(C.CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y)
 
 
-def _graph_ops(direction: str, x_shape, w_shape, y_shape, conv: Descriptor, dtype, alignment: int) -> list:
-    """The finalized operation nodes of one direction's graph."""
+def _graph_ops(direction: str, x_shape, w_shape, y_shape, conv: Descriptor, dtype, alignment: int,
+               layout: str = "NCHW") -> list:
+    """The finalized operation nodes of one direction's graph (shapes in ``layout``)."""
     code = _DTYPES[dtype]
-    tx, tw = (_tensor(uid, tuple(s), code, alignment).finalize() for uid, s in ((UID_X, x_shape), (UID_W, w_shape)))
-    ty = _tensor(UID_Y, tuple(y_shape), code, alignment).finalize()
+    x_shape, w_shape, y_shape = (_check.to_nchw(s, layout) for s in (x_shape, w_shape, y_shape))
+    tx, tw, ty = (_tensor(uid, s, code, alignment, layout=layout).finalize()
+                  for uid, s in ((UID_X, x_shape), (UID_W, w_shape), (UID_Y, y_shape)))
     if direction != "fwd_bias_relu":
         return [_operation(direction, conv, tx, tw, ty, dtype).finalize()]
     # NOTE: the intermediates and the pointwise math are float for float32 and float16 data (as PyTorch's fused
     # conv graph and cudnn-frontend's ConvBiasAct sample use; half data is rounded once, at y), double for
     # float64 (where cuDNN may well have no engine: candidates() then returns []).
     inner = C.CUDNN_DATA_DOUBLE if dtype == np.float64 else C.CUDNN_DATA_FLOAT
-    tb = _tensor(UID_B, (1, w_shape[0], 1, 1), code, alignment).finalize()
-    conv_out, bias_out = (_tensor(uid, tuple(y_shape), inner, max(alignment, 4), virtual=True).finalize()
+    tb = _tensor(UID_B, (1, w_shape[0], 1, 1), code, alignment, layout=layout).finalize()
+    conv_out, bias_out = (_tensor(uid, y_shape, inner, max(alignment, 4), virtual=True, layout=layout).finalize()
                           for uid in (UID_CONV_OUT, UID_BIAS_OUT))
     add, relu = (_pointwise(m, inner).finalize() for m in (C.CUDNN_POINTWISE_ADD, C.CUDNN_POINTWISE_RELU_FWD))
     return [_operation("fwd", conv, tx, tw, conv_out, dtype).finalize(),
@@ -364,15 +368,15 @@ def _all_configs(graph: Descriptor, skipped: list) -> list:
 
 def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1, padding=0, dilation=1,
                dtype=np.float32, math: str = "fp32", deterministic: bool = False, *, groups: int = 1,
-               alignment: int | None = None, limit: int | None = None, skipped: list | None = None) -> list:
+               alignment: int | None = None, limit: int | None = None, skipped: list | None = None,
+               layout: str = "NCHW") -> list:
     """Usable execution plans for one conv, in heuristic order (mode A, or INSTANT if A fails, then the
     FALLBACK engines not already listed); [] when no engine supports the graph (never raises NOT_SUPPORTED).
     ``direction``: see _OPS (for "fwd_bias_relu" y_shape is y's and the bias is (1, K, 1, 1), K = w_shape[0]).
-    Shapes NCHW / KCRS, fully packed; float32, float64 or float16 (float accumulation); groups=1 only
-    (else []). ``alignment``: the byte
-    alignment promised for every pointer (default: the element size, see below). ``limit``: stop after that
-    many plans. ``skipped``: a list that receives (name, reason) for each engine config refused or failing to
-    finalize (NOT_SUPPORTED or an internal/compile error)."""
+    Shapes NCHW / KCRS, or NHWC / KRSC with ``layout="NHWC"``, fully packed; float32, float64 or float16 (float
+    accumulation); groups=1 only (else []). ``alignment``: the byte alignment promised for every pointer (default:
+    the element size, see below). ``limit``: stop after that many plans. ``skipped``: a list that receives (name,
+    reason) for each engine config refused or failing to finalize (NOT_SUPPORTED or an internal/compile error)."""
     if direction not in _OPS:
         raise ValueError(f"conv_backend.candidates: direction must be one of {sorted(_OPS)}, got {direction!r}")
     dtype = np.dtype(dtype)
@@ -383,7 +387,7 @@ def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1,
     if groups != 1:
         return []
     stride, padding, dilation, _, y_expect = _check.conv_params(
-        "conv_backend.candidates", x_shape, w_shape, None, stride, padding, dilation, 1)
+        "conv_backend.candidates", x_shape, w_shape, None, stride, padding, dilation, 1, layout)
     if tuple(y_shape) != y_expect:
         raise ValueError(f"conv_backend.candidates: y_shape {tuple(y_shape)} but the conv gives {y_expect}")
     # NOTE: CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT promises the alignment of the pointers bound at execute time
@@ -407,7 +411,7 @@ def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1,
         # but the header's descriptor docs still list them as required; cudnn-frontend sets both.
         graph = Descriptor(C.CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)
         try:
-            ops = _graph_ops(direction, x_shape, w_shape, y_shape, conv, dtype, alignment)
+            ops = _graph_ops(direction, x_shape, w_shape, y_shape, conv, dtype, alignment, layout)
             graph.set_descs(C.CUDNN_ATTR_OPERATIONGRAPH_OPS, *ops)
             graph.set(C.CUDNN_ATTR_OPERATIONGRAPH_HANDLE, C.CUDNN_TYPE_HANDLE, _vp, handle).finalize()
         except CudnnNotSupported as exc:
@@ -438,4 +442,4 @@ def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1,
         return plans
     except CudnnError as exc:
         raise exc.add_info(f"conv_backend {direction} x={tuple(x_shape)} w={tuple(w_shape)} "
-                           f"y={tuple(y_shape)} {dtype} {math}") from None
+                           f"y={tuple(y_shape)} {dtype} {math} {layout}") from None

@@ -30,6 +30,7 @@ from .conv_layers import (
     MaxPool2D,
 )
 from .norm_layers import BatchNorm, InstanceNorm, LayerNorm  # noqa: E402
+from .fused_layers import BatchNormAddRelu  # noqa: E402
 
 __all__ = [
     "ELU",
@@ -39,6 +40,7 @@ __all__ = [
     "AvgPool1D",
     "AvgPool2D",
     "BatchNorm",
+    "BatchNormAddRelu",
     "Block",
     "Conv1D",
     "Conv1DTranspose",

@@ -1,7 +1,9 @@
 """Convolution and pooling layers (``mxnet.gluon.nn``). Layer: gluon; imports nd, ops._check, gluon.block.
 
-Conv2D keeps MXNet's weight layout (channels, in_channels/groups, kh, kw), NCHW only: that is cuDNN's
-filter layout, so ``nd.Convolution`` hands the weight to cudnnConvolutionForward unchanged.
+Conv2D keeps MXNet's weight layout (channels, in_channels/groups, kh, kw) for NCHW, and (channels, kh, kw,
+in_channels/groups) for ``layout='NHWC'`` (channels last, MXNet's "OHWI": the data layout applied to the weight).
+Both are cuDNN filter layouts, so ``nd.Convolution`` hands the weight to cuDNN unchanged. The 2-D pooling layers
+take ``layout='NHWC'`` too (data (N, H, W, C)); the other layers keep their channels-first layout only.
 ``in_channels=0`` defers the weight's shape to the first forward pass. The 1-D layers (Conv1D, MaxPool1D,
 AvgPool1D, GlobalMax/AvgPool1D; layout NCW) run the 2-D path on a view with H = 1 and keep MXNet's 1-D weight
 shape (channels, in_channels/groups, k), so their parameter files match MXNet's. ``ceil_mode=True`` is
@@ -21,23 +23,32 @@ __all__ = ["AvgPool1D", "AvgPool2D", "Conv1D", "Conv1DTranspose", "Conv2D", "Con
            "MaxPool2D"]
 
 _LAYOUTS = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
+_CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
 
 
-def _check_layout(name: str, dims: int, layout: str) -> None:
-    if layout != _LAYOUTS[dims]:
+def _check_layout(name: str, dims: int, layout, channels_last: bool = False) -> str:
+    """The layer's layout: channels first, or (``channels_last``) MXNet's channels-last one. A channels-last
+    layout this layer lacks is NotImplementedError; anything else ValueError/TypeError."""
+    allowed = (_LAYOUTS[dims], _CHANNELS_LAST[dims]) if channels_last else (_LAYOUTS[dims],)
+    if isinstance(layout, str) and layout in allowed:
+        return layout
+    if layout == _CHANNELS_LAST[dims]:
         raise NotImplementedError(f"{name}: only layout={_LAYOUTS[dims]!r} is supported (cuDNN's native layout), "
                                   f"got {layout!r}")
+    kind = ValueError if isinstance(layout, str) else TypeError
+    raise kind(f"{name}: layout must be {' or '.join(map(repr, allowed))}, got {layout!r}")
 
 
 class _Conv(Block):
-    """Convolution over ``_dims`` spatial axes (1 or 2), channels first."""
+    """Convolution over ``_dims`` spatial axes (1 or 2), channels first (or last, where ``_nhwc`` allows it)."""
     _dims = 2
+    _nhwc = False  # whether layout='NHWC' is offered (Conv2D)
 
     def __init__(self, channels: int, kernel_size, strides=1, padding=0, dilation=1, groups: int = 1,
                  layout: str | None = None, activation: str | None = None, use_bias: bool = True,
                  weight_initializer=None, bias_initializer=None, in_channels: int = 0, prefix=None, params=None):
         name, dims = type(self).__name__, self._dims
-        _check_layout(name, dims, layout if layout is not None else _LAYOUTS[dims])
+        self._layout = _check_layout(name, dims, layout if layout is not None else _LAYOUTS[dims], self._nhwc)
         if in_channels and in_channels % groups:
             raise ValueError(f"{name}: in_channels {in_channels} is not divisible by groups {groups}")
         if channels % groups:
@@ -62,19 +73,22 @@ class _Conv(Block):
         return "conv"
 
     def _weight_shape(self, in_channels: int) -> tuple:
-        """MXNet's weight layout for ``in_channels`` (0: not yet known)."""
+        """MXNet's weight layout for ``in_channels`` (0: not yet known): OIHW, or OHWI for NHWC."""
+        if self._layout == "NHWC":
+            return (self._channels,) + self._kernel + (in_channels // self._groups,)
         return (self._channels, in_channels // self._groups) + self._kernel
 
     def _infer(self, x) -> None:
         """First forward: take in_channels from the input, then finish the deferred initialization."""
         if not self.weight._shape_known():
             if x.ndim != self._dims + 2:
-                raise ValueError(f"{self.name}: {type(self).__name__} expects {_LAYOUTS[self._dims]} input "
+                raise ValueError(f"{self.name}: {type(self).__name__} expects {self._layout} input "
                                  f"({self._dims + 2}-D), got shape {x.shape}")
-            if x.shape[1] % self._groups:
-                raise ValueError(f"{self.name}: input channels {x.shape[1]} not divisible by groups {self._groups}")
-            self._in_channels = x.shape[1]
-            self.weight.shape = self._weight_shape(x.shape[1])
+            c = x.shape[-1 if self._layout == "NHWC" else 1]
+            if c % self._groups:
+                raise ValueError(f"{self.name}: input channels {c} not divisible by groups {self._groups}")
+            self._in_channels = c
+            self.weight.shape = self._weight_shape(c)
         self.weight._finish_deferred_init()
         if self.bias is not None:
             self.bias._finish_deferred_init()
@@ -84,7 +98,7 @@ class _Conv(Block):
         if self.weight._data is None:
             self._infer(x)
         if x.ndim != self._dims + 2:
-            raise ValueError(f"{self.name}: {type(self).__name__} expects {_LAYOUTS[self._dims]} input "
+            raise ValueError(f"{self.name}: {type(self).__name__} expects {self._layout} input "
                              f"({self._dims + 2}-D), got shape {x.shape}")
         b = self.bias.data() if self.bias is not None else None
         return self.weight.data(), b
@@ -100,13 +114,14 @@ class _Conv(Block):
         fuse = self.act is not None and self.act._act_type == "relu"
         y = nd.Convolution(x, w, b, kernel=kernel, stride=strides, pad=padding, dilate=dilation,
                            num_filter=self._channels, num_group=self._groups, no_bias=b is None,
-                           act_type="relu" if fuse else None)
+                           act_type="relu" if fuse else None, layout=None if self._dims == 1 else self._layout)
         if self._dims == 1:
             y = y.reshape((y.shape[0], y.shape[1], y.shape[3]))
         return self.act(y) if self.act is not None and not fuse else y
 
     def _mapping(self) -> str:
-        return f"{self.weight.shape[1] * self._groups or None} -> {self._channels}"
+        in_axis = -1 if self._layout == "NHWC" else 1
+        return f"{self.weight.shape[in_axis] * self._groups or None} -> {self._channels}"
 
     def __repr__(self) -> str:
         s = f"{type(self).__name__}({self._mapping()}, kernel_size={self._kernel}, stride={self._strides}"
@@ -124,7 +139,9 @@ class _Conv(Block):
 
 
 class Conv2D(_Conv):
-    """2-D convolution, NCHW. MXNet arguments (``strides``, ``padding``, ``dilation``, ``groups``)."""
+    """2-D convolution, NCHW or NHWC (weight (channels, kh, kw, in_channels/groups) then). MXNet arguments
+    (``strides``, ``padding``, ``dilation``, ``groups``, ``layout``)."""
+    _nhwc = True
 
     def __init__(self, channels: int, kernel_size, strides=(1, 1), padding=(0, 0), dilation=(1, 1),
                  groups: int = 1, layout: str = "NCHW", activation: str | None = None, use_bias: bool = True,
@@ -199,14 +216,14 @@ class Conv1DTranspose(_ConvTranspose):
 
 
 class _Pool(Block):
-    """Max/avg pooling over ``_dims`` spatial axes (1 or 2) by ``nd.Pooling``."""
+    """Max/avg pooling over ``_dims`` spatial axes (1 or 2) by ``nd.Pooling``; 2-D also channels last (NHWC)."""
     _pool_type = "max"
     _dims = 2
 
     def __init__(self, pool_size=2, strides=None, padding=0, layout: str | None = None, ceil_mode: bool = False,
                  global_pool: bool = False, count_include_pad: bool = True, prefix=None, params=None):
         name, dims = type(self).__name__, self._dims
-        _check_layout(name, dims, layout if layout is not None else _LAYOUTS[dims])
+        self._layout = _check_layout(name, dims, layout if layout is not None else _LAYOUTS[dims], dims == 2)
         self._size = as_tuple(pool_size, dims, name, "pool_size", 1)
         self._strides = as_tuple(strides if strides is not None else pool_size, dims, name, "strides", 1)
         self._padding = as_tuple(padding, dims, name, "padding", 0)
@@ -218,14 +235,15 @@ class _Pool(Block):
 
     def forward(self, x):
         if x.ndim != self._dims + 2:
-            raise ValueError(f"{self.name}: {type(self).__name__} expects {_LAYOUTS[self._dims]} input "
+            raise ValueError(f"{self.name}: {type(self).__name__} expects {self._layout} input "
                              f"({self._dims + 2}-D), got shape {x.shape}")
         return nd.Pooling(x, kernel=self._size, pool_type=self._pool_type, stride=self._strides, pad=self._padding,
                           global_pool=self._global, pooling_convention="full" if self._ceil else "valid",
-                          count_include_pad=self._count_include_pad)
+                          count_include_pad=self._count_include_pad,
+                          layout=self._layout if self._dims == 2 else None)
 
     def __repr__(self) -> str:
-        layout = _LAYOUTS[self._dims]
+        layout = self._layout
         if self._global:
             return f"{type(self).__name__}(global_pool=True, pool_type={self._pool_type}, layout={layout})"
         return (f"{type(self).__name__}(size={self._size}, stride={self._strides}, padding={self._padding}, "
@@ -269,14 +287,14 @@ class AvgPool1D(_Pool):
 
 
 class GlobalMaxPool2D(_Pool):
-    """(N, C, H, W) -> (N, C, 1, 1) by max."""
+    """(N, C, H, W) -> (N, C, 1, 1) by max ((N, H, W, C) -> (N, 1, 1, C) for NHWC)."""
 
     def __init__(self, layout="NCHW", **kwargs):
         super().__init__(1, None, 0, layout, global_pool=True, **kwargs)
 
 
 class GlobalAvgPool2D(_Pool):
-    """(N, C, H, W) -> (N, C, 1, 1) by mean."""
+    """(N, C, H, W) -> (N, C, 1, 1) by mean ((N, H, W, C) -> (N, 1, 1, C) for NHWC)."""
     _pool_type = "avg"
 
     def __init__(self, layout="NCHW", **kwargs):

@@ -6,6 +6,8 @@ BatchNorm follows MXNet 1.9's python/mxnet/gluon/nn/basic_layers.py ``_BatchNorm
 ``(in_channels,)`` deferred to the first forward when in_channels=0, and ``nd.BatchNorm`` with
 ``fix_gamma = not scale``. Training mode (``autograd.record()`` or ``autograd.train_mode()``) normalizes with
 the batch statistics and updates the running ones in place; predict mode uses the running statistics.
+``axis=3`` (or -1) on 4-D data is MXNet's channels-last (NHWC) BatchNorm: nd.BatchNorm hands it to cuDNN as an
+NHWC tensor, without the transposes other axes take.
 
 LayerNorm and InstanceNorm are compositions of nd reductions (mean over axes), so their gradients come from
 the op table.

@@ -9,7 +9,8 @@ over every other axis. The semantics are MXNet 1.x's (src/operator/nn/batch_norm
   ``runningVarDataPtr[channel] * param_.momentum + variance * (1 - momentum)`` lines);
 - ``save_inv_std`` is 1 / sqrt(var + eps), what cuDNN's ``resultSaveInvVariance`` holds too.
 Statistics are accumulated in float64 and rounded to the data's dtype (the parameters' dtype for the
-per-channel results: float32 for float16 data).
+per-channel results: float32 for float16 data). ``layout="NHWC"``: 4-D x (N, H, W, C), channels on axis 3 (what
+cuDNN takes as an NHWC descriptor); checked in its own shapes, computed on the NCHW transpose.
 """
 
 from __future__ import annotations
@@ -33,16 +34,20 @@ def bn_dtypes(op: str, data: dict, params: dict) -> tuple:
     return dtype, pdtype
 
 
-def bn_shapes(op: str, x_shape: tuple, **params) -> int:
-    """Check x is (N, C, ...) with 2 to 5 axes and every per-channel array is (C,); returns C."""
+def bn_shapes(op: str, x_shape: tuple, layout: str = "NCHW", **params) -> int:
+    """Check x is (N, C, ...) with 2 to 5 axes, or (N, H, W, C) for layout NHWC, and every per-channel array is
+    (C,); returns C."""
     x_shape = tuple(x_shape)
+    axis = 3 if _check.conv_layout(op, layout) == "NHWC" else 1
+    if axis == 3 and len(x_shape) != 4:
+        raise ValueError(f"{op}: layout NHWC needs 4-D x (N, H, W, C), got shape {x_shape}")
     if not 2 <= len(x_shape) <= 5:
         raise ValueError(f"{op}: x must have 2 to 5 axes (N, C, ...) with channels on axis 1, got shape {x_shape}")
-    c = x_shape[1]
+    c = x_shape[axis]
     for name, shape in params.items():
         if shape is not None and tuple(shape) != (c,):
             raise ValueError(f"{op}: {name} has shape {tuple(shape)} but x of shape {x_shape} has {c} channels "
-                             f"(axis 1); expected {name} of shape ({c},)")
+                             f"(axis {axis}); expected {name} of shape ({c},)")
     return c
 
 
@@ -58,9 +63,10 @@ def bn_scalars(op: str, eps, momentum=None) -> tuple:
     return float(eps), momentum
 
 
-def items_per_channel(op: str, x_shape: tuple) -> int:
+def items_per_channel(op: str, x_shape: tuple, layout: str = "NCHW") -> int:
     """m = N * spatial size; batch statistics need m > 1."""
-    m = int(np.prod(x_shape, dtype=np.int64)) // x_shape[1] if x_shape[1] else 0
+    c = x_shape[3 if layout == "NHWC" else 1]
+    m = int(np.prod(x_shape, dtype=np.int64)) // c if c else 0
     if m < 2:
         raise ValueError(f"{op}: batch statistics need more than one value per channel, got x of shape "
                          f"{tuple(x_shape)} ({m} per channel); use a larger batch or inference mode")
@@ -75,9 +81,17 @@ def _bcast(v: np.ndarray, ndim: int) -> np.ndarray:
     return v.reshape((1, -1) + (1,) * (ndim - 2))
 
 
+def _nchw(a: np.ndarray) -> np.ndarray:
+    return a.transpose(0, 3, 1, 2)
+
+
+def _nhwc(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
 def batchnorm_forward_training(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, running_mean: np.ndarray,
-                               running_var: np.ndarray, momentum: float = 0.9,
-                               eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                               running_var: np.ndarray, momentum: float = 0.9, eps: float = 1e-5,
+                               layout: str = "NCHW") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """y = gamma * (x - mean) / sqrt(var + eps) + beta with batch statistics; running_mean/var updated IN PLACE.
 
     Returns (y, save_mean, save_inv_std)."""
@@ -85,14 +99,17 @@ def batchnorm_forward_training(x: np.ndarray, gamma: np.ndarray, beta: np.ndarra
     x, gamma, beta = np.asarray(x), np.asarray(gamma), np.asarray(beta)
     dtype, pdtype = bn_dtypes(op, {"x": x}, {"gamma": gamma, "beta": beta, "running_mean": running_mean,
                                              "running_var": running_var})
-    bn_shapes(op, x.shape, gamma=gamma.shape, beta=beta.shape, running_mean=np.shape(running_mean),
+    bn_shapes(op, x.shape, layout, gamma=gamma.shape, beta=beta.shape, running_mean=np.shape(running_mean),
               running_var=np.shape(running_var))
     eps, momentum = bn_scalars(op, eps, momentum)
     for name, a in (("running_mean", running_mean), ("running_var", running_var)):
         if not isinstance(a, np.ndarray) or not a.flags.writeable:
             raise TypeError(f"{op}: {name} must be a writable array (it is updated in place), got "
                             f"{type(a).__name__}")
-    items_per_channel(op, x.shape)
+    items_per_channel(op, x.shape, layout)
+    if layout == "NHWC":
+        y, mean, inv_std = batchnorm_forward_training(_nchw(x), gamma, beta, running_mean, running_var, momentum, eps)
+        return _nhwc(y), mean, inv_std
     axes = _axes(x)
     x64 = x.astype(np.float64)
     mean = x64.mean(axis=axes)
@@ -105,13 +122,15 @@ def batchnorm_forward_training(x: np.ndarray, gamma: np.ndarray, beta: np.ndarra
 
 
 def batchnorm_forward_inference(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, mean: np.ndarray,
-                                var: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+                                var: np.ndarray, eps: float = 1e-5, layout: str = "NCHW") -> np.ndarray:
     """y = gamma * (x - mean) / sqrt(var + eps) + beta with given (running) statistics."""
     op = "batchnorm_forward_inference"
     x, gamma, beta, mean, var = (np.asarray(a) for a in (x, gamma, beta, mean, var))
     dtype, _ = bn_dtypes(op, {"x": x}, {"gamma": gamma, "beta": beta, "mean": mean, "var": var})
-    bn_shapes(op, x.shape, gamma=gamma.shape, beta=beta.shape, mean=mean.shape, var=var.shape)
+    bn_shapes(op, x.shape, layout, gamma=gamma.shape, beta=beta.shape, mean=mean.shape, var=var.shape)
     eps, _ = bn_scalars(op, eps)
+    if layout == "NHWC":
+        return _nhwc(batchnorm_forward_inference(_nchw(x), gamma, beta, mean, var, eps))
     scale = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
     y = (x.astype(np.float64) - _bcast(mean.astype(np.float64), x.ndim)) * _bcast(scale, x.ndim) \
         + _bcast(beta.astype(np.float64), x.ndim)
@@ -119,7 +138,8 @@ def batchnorm_forward_inference(x: np.ndarray, gamma: np.ndarray, beta: np.ndarr
 
 
 def batchnorm_backward(x: np.ndarray, dy: np.ndarray, gamma: np.ndarray, save_mean: np.ndarray,
-                       save_inv_std: np.ndarray, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                       save_inv_std: np.ndarray, eps: float = 1e-5,
+                       layout: str = "NCHW") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients of the training-mode forward (batch statistics): (dx, dgamma, dbeta).
 
     With xhat = (x - mean) * inv_std: dbeta = sum(dy), dgamma = sum(dy * xhat),
@@ -130,9 +150,12 @@ def batchnorm_backward(x: np.ndarray, dy: np.ndarray, gamma: np.ndarray, save_me
     dtype, pdtype = bn_dtypes(op, {"x": x, "dy": dy}, {"gamma": gamma, "save_mean": save_mean,
                                                        "save_inv_std": save_inv_std})
     _check.check_same_shape(op, x=x, dy=dy)
-    bn_shapes(op, x.shape, gamma=gamma.shape, save_mean=save_mean.shape, save_inv_std=save_inv_std.shape)
+    bn_shapes(op, x.shape, layout, gamma=gamma.shape, save_mean=save_mean.shape, save_inv_std=save_inv_std.shape)
     bn_scalars(op, eps)
-    m = items_per_channel(op, x.shape)
+    m = items_per_channel(op, x.shape, layout)
+    if layout == "NHWC":
+        dx, dgamma, dbeta = batchnorm_backward(_nchw(x), _nchw(dy), gamma, save_mean, save_inv_std, eps)
+        return _nhwc(dx), dgamma, dbeta
     axes, nd = _axes(x), x.ndim
     inv = save_inv_std.astype(np.float64)
     xhat = (x.astype(np.float64) - _bcast(save_mean.astype(np.float64), nd)) * _bcast(inv, nd)

@@ -6,6 +6,9 @@ Convolution is im2col + one matmul per group. The column buffer is laid out (C, 
 group's slice is a single (C/g*R*S, N*P*Q) matrix: one large GEMM instead of N small ones, which is what
 makes CPU training of the MNIST CNN practical. Both im2col and col2im loop over the R*S kernel taps and copy
 or add one strided slice each (np.add.at would be ~100x slower).
+
+``layout="NHWC"`` (channels last: x (N, H, W, C), w (K, R, S, C/groups), y (N, P, Q, K)) is checked in its own
+shapes, then computed on NCHW transposes (w OHWI -> OIHW) and transposed back.
 """
 
 from __future__ import annotations
@@ -52,6 +55,16 @@ def _col2im(cols: np.ndarray, x_shape, stride, padding, dilation) -> np.ndarray:
     return np.ascontiguousarray(xp.transpose(1, 0, 2, 3))
 
 
+def _nchw(a: np.ndarray) -> np.ndarray:
+    """(N, H, W, C) -> (N, C, H, W) view; a weight (K, R, S, C) -> (K, C, R, S)."""
+    return a.transpose(0, 3, 1, 2)
+
+
+def _nhwc(a: np.ndarray) -> np.ndarray:
+    """(N, C, H, W) -> contiguous (N, H, W, C); a weight (K, C, R, S) -> (K, R, S, C)."""
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
 def _dy_matrix(dy: np.ndarray, groups: int) -> np.ndarray:
     """dy (N, K, P, Q) -> (groups, K/groups, N*P*Q), the layout of the forward GEMM's output."""
     n, k, p, q = dy.shape
@@ -60,13 +73,15 @@ def _dy_matrix(dy: np.ndarray, groups: int) -> np.ndarray:
 
 @_check.float16_via_float32
 def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stride=1, padding=0, dilation=1,
-                 groups: int = 1) -> np.ndarray:
+                 groups: int = 1, layout: str = "NCHW") -> np.ndarray:
     """y[n, k] = sum over c in k's group, r, s of x_padded[n, c, p*sh + r*dh, q*sw + s*dw] * w[k, c, r, s] + b[k]."""
     x, w = np.asarray(x), np.asarray(w)
     b = None if b is None else np.asarray(b)
     _check.check_dtype("conv_forward", _check.FLOAT32_64, x=x, w=w, b=b)
     stride, padding, dilation, groups, y_shape = _check.conv_params(
-        "conv_forward", x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
+        "conv_forward", x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups, layout)
+    if layout == "NHWC":
+        return _nhwc(conv_forward(_nchw(x), _nchw(w), b, stride, padding, dilation, groups))
     n, k, p, q = y_shape
     _, cg, r, s = w.shape
     cols = _im2col(x, r, s, stride, padding, dilation, p, q).reshape(groups, cg * r * s, n * p * q)
@@ -79,14 +94,17 @@ def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stri
 
 @_check.float16_via_float32
 def conv_backward_data(w: np.ndarray, dy: np.ndarray, x_shape, stride=1, padding=0, dilation=1,
-                       groups: int = 1) -> np.ndarray:
+                       groups: int = 1, layout: str = "NCHW") -> np.ndarray:
     """dx = the adjoint of conv_forward in x, applied to dy."""
     w, dy = np.asarray(w), np.asarray(dy)
     op = "conv_backward_data"
     _check.check_dtype(op, _check.FLOAT32_64, w=w, dy=dy)
     x_shape = _check.check_shape_arg(op, "x_shape", x_shape)
     stride, padding, dilation, groups, _ = _check.conv_grad_params(
-        op, x_shape, w.shape, dy.shape, stride, padding, dilation, groups)
+        op, x_shape, w.shape, dy.shape, stride, padding, dilation, groups, layout)
+    if layout == "NHWC":
+        return _nhwc(conv_backward_data(_nchw(w), _nchw(dy), _check.to_nchw(x_shape, layout), stride, padding,
+                                        dilation, groups))
     n, k, p, q = dy.shape
     _, cg, r, s = w.shape
     wg = w.reshape(groups, k // groups, cg * r * s)
@@ -96,14 +114,17 @@ def conv_backward_data(w: np.ndarray, dy: np.ndarray, x_shape, stride=1, padding
 
 @_check.float16_via_float32
 def conv_backward_filter(x: np.ndarray, dy: np.ndarray, w_shape, stride=1, padding=0, dilation=1,
-                         groups: int = 1) -> np.ndarray:
+                         groups: int = 1, layout: str = "NCHW") -> np.ndarray:
     """dw[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] * x_padded[n, c, p*sh + r*dh, q*sw + s*dw]."""
     x, dy = np.asarray(x), np.asarray(dy)
     op = "conv_backward_filter"
     _check.check_dtype(op, _check.FLOAT32_64, x=x, dy=dy)
     w_shape = _check.check_shape_arg(op, "w_shape", w_shape)
     stride, padding, dilation, groups, _ = _check.conv_grad_params(
-        op, x.shape, w_shape, dy.shape, stride, padding, dilation, groups)
+        op, x.shape, w_shape, dy.shape, stride, padding, dilation, groups, layout)
+    if layout == "NHWC":
+        return _nhwc(conv_backward_filter(_nchw(x), _nchw(dy), _check.to_nchw(w_shape, layout), stride, padding,
+                                          dilation, groups))
     n, _, p, q = dy.shape
     _, cg, r, s = w_shape
     cols = _im2col(x, r, s, stride, padding, dilation, p, q).reshape(groups, cg * r * s, n * p * q)
@@ -112,12 +133,12 @@ def conv_backward_filter(x: np.ndarray, dy: np.ndarray, w_shape, stride=1, paddi
 
 
 @_check.float16_via_float32
-def conv_backward_bias(dy: np.ndarray) -> np.ndarray:
-    """db[k] = sum of dy[:, k]."""
+def conv_backward_bias(dy: np.ndarray, layout: str = "NCHW") -> np.ndarray:
+    """db[k] = sum of dy[:, k] (of dy[..., k] for NHWC)."""
     dy = np.asarray(dy)
     _check.check_dtype("conv_backward_bias", _check.FLOAT32_64, dy=dy)
-    _check.conv_bias_params("conv_backward_bias", dy.shape)
-    return dy.sum(axis=(0, 2, 3))
+    _check.conv_bias_params("conv_backward_bias", dy.shape, layout)
+    return dy.sum(axis=(0, 2, 3) if layout == "NCHW" else (0, 1, 2))
 
 
 @_check.float16_via_float32

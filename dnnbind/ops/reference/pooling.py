@@ -4,7 +4,8 @@ Layer: dnnbind/ops. Imports numpy and dnnbind.ops._check only.
 
 Both directions loop over the window's kh*kw taps, each touching one strided slice of the padded input
 for every output position at once. Within one tap the output positions read distinct input elements, so
-`+=` on the slice accumulates overlapping windows correctly without np.add.at.
+`+=` on the slice accumulates overlapping windows correctly without np.add.at. ``layout="NHWC"`` (x (N, H, W, C))
+is checked in its own shapes and computed on the NCHW transpose.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _check
+from .conv import _nchw, _nhwc
 
 
 def _taps(window, stride, p: int, q: int):
@@ -57,13 +59,17 @@ def _max(xp: np.ndarray, window, stride, p: int, q: int) -> np.ndarray:
 
 
 @_check.float16_via_float32
-def pooling_forward(x: np.ndarray, mode: str = "max", window=2, stride=None, padding=0) -> np.ndarray:
-    """y (N, C, P, Q) with P = floor((H + 2*pad - window) / stride) + 1, like cuDNN."""
+def pooling_forward(x: np.ndarray, mode: str = "max", window=2, stride=None, padding=0,
+                    layout: str = "NCHW") -> np.ndarray:
+    """y (N, C, P, Q) with P = floor((H + 2*pad - window) / stride) + 1, like cuDNN ((N, P, Q, C) for NHWC)."""
     x = np.asarray(x)
     op = "pooling_forward"
     _check.check_dtype(op, _check.FLOAT32_64, x=x)
     mode = _check.pooling_mode(op, mode)
-    window, stride, padding, (_, _, p, q) = _check.pool_params(op, x.shape, mode, window, stride, padding)
+    window, stride, padding, y_shape = _check.pool_params(op, x.shape, mode, window, stride, padding, layout)
+    if layout == "NHWC":
+        return _nhwc(pooling_forward(_nchw(x), mode, window, stride, padding))
+    p, q = y_shape[2:]
     if mode == "max":
         return _max(_pad(x, padding, -np.inf), window, stride, p, q)
     xp = _pad(x, padding, 0.0)
@@ -75,14 +81,17 @@ def pooling_forward(x: np.ndarray, mode: str = "max", window=2, stride=None, pad
 
 @_check.float16_via_float32
 def pooling_backward(y: np.ndarray, dy: np.ndarray, x: np.ndarray, mode: str = "max", window=2, stride=None,
-                     padding=0) -> np.ndarray:
+                     padding=0, layout: str = "NCHW") -> np.ndarray:
     """dx: max routes each window's dy to the window's first maximal x; avg spreads dy / divisor evenly."""
     y, dy, x = np.asarray(y), np.asarray(dy), np.asarray(x)
     op = "pooling_backward"
     _check.check_dtype(op, _check.FLOAT32_64, y=y, dy=dy, x=x)
     mode = _check.pooling_mode(op, mode)
-    window, stride, padding, (_, _, p, q) = _check.pool_grad_params(
-        op, x.shape, y.shape, dy.shape, mode, window, stride, padding)
+    window, stride, padding, y_shape = _check.pool_grad_params(
+        op, x.shape, y.shape, dy.shape, mode, window, stride, padding, layout)
+    if layout == "NHWC":
+        return _nhwc(pooling_backward(_nchw(y), _nchw(dy), _nchw(x), mode, window, stride, padding))
+    p, q = y_shape[2:]
     if mode == "max":
         xp = _pad(x, padding, -np.inf)
         # NOTE: the maximum is recomputed from x rather than read from y, so a y that was rounded or
