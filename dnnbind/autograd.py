@@ -281,6 +281,7 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
             for inp, ig in zip(node.inputs, in_grads):
                 if ig is not None and inp is not None:
                     _accumulate(grads, inp, ig)
+            in_grads = ig = None  # grads holds them now: nothing here may keep them past their consumer
             if not retain_graph:
                 node.free()
     finally:

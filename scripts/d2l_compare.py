@@ -342,13 +342,19 @@ def test_set(size: int, n: int):
 
 # ---- one epoch and the predictions, per framework -----------------------------------------------------------------
 
-def epoch_mx(net, trainer, x, y, bs, ctx, dtype="float32"):
+def _layout(x: np.ndarray, layout: str) -> np.ndarray:
+    """A one-channel NCHW batch as the model's layout: NHWC is the same bytes, reshaped."""
+    return x.reshape(x.shape[0], x.shape[2], x.shape[3], 1) if layout == "NHWC" else x
+
+
+def epoch_mx(net, trainer, x, y, bs, ctx, dtype="float32", layout="NCHW"):
     """train_ch5's loop; returns (seconds, mean loss, first batch's mean loss)."""
     loss_fn, losses = gluon.loss.SoftmaxCrossEntropyLoss(), []
     mx.nd.waitall()
     t0 = time.perf_counter()
     for i in range(0, len(y), bs):
-        X, Y = nd.array(x[i:i + bs], ctx=ctx, dtype=dtype), nd.array(y[i:i + bs], ctx=ctx, dtype=dtype)
+        X = nd.array(_layout(x[i:i + bs], layout), ctx=ctx, dtype=dtype)
+        Y = nd.array(y[i:i + bs], ctx=ctx, dtype=dtype)
         with autograd.record():
             loss = loss_fn(net(X), Y).sum()
         loss.backward()
@@ -379,8 +385,8 @@ def epoch_torch(tnet, opt, x, y, bs, dev, dtype="float32"):
     return secs, sum(values) / len(y), values[0] / min(bs, len(y))
 
 
-def logits_mx(net, x, ctx, dtype="float32"):  # outside autograd.record(): predict mode, Dropout off, BN on running
-    return net(nd.array(x, ctx=ctx, dtype=dtype)).asnumpy()  # statistics
+def logits_mx(net, x, ctx, dtype="float32", layout="NCHW"):  # outside autograd.record(): predict mode, Dropout
+    return net(nd.array(_layout(x, layout), ctx=ctx, dtype=dtype)).asnumpy()  # off, BN on running statistics
 
 
 def logits_torch(tnet, x, dev, dtype="float32"):
@@ -418,7 +424,7 @@ def compare(name: str, args, ctx, dev) -> dict:
     row = {"model": name, "notebook": spec.notebook, "size": spec.size, "lr": spec.lr, "batch_size": bs,
            "init": "Xavier()", "num_params": int(sum(p.data().size for _, p, _, _ in pairs)), "epochs": []}
     twins = float64_twins(spec, net, tnet, ctx) if args.float64 else None
-    half = float16_twin(spec, net, ctx) if args.float16 else None
+    half = float16_twin(spec, net, ctx, args.nhwc) if args.float16 else None
     for epoch in range(args.epochs):
         perm = rng.permutation(len(labels))[:n_train]  # drawn once, used by both frameworks
         t0 = time.perf_counter()
@@ -444,9 +450,10 @@ def compare(name: str, args, ctx, dev) -> dict:
         if twins:
             row["epochs"][-1].update(train_float64(twins, x, y, bs, tx, ty, ctx, dev))
         if half:
-            s16, loss16, _ = epoch_mx(half["net"], half["trainer"], x, y, bs, ctx, "float16")
-            acc16 = accuracy(lambda b: logits_mx(half["net"], b, ctx, "float16"), tx, ty, bs)
-            print(f"  float16 twin (net.cast, float32 master weights): dnnbind {s16:.2f} s, loss {loss16:.4f}, "
+            s16, loss16, _ = epoch_mx(half["net"], half["trainer"], x, y, bs, ctx, "float16", half["layout"])
+            acc16 = accuracy(lambda b: logits_mx(half["net"], b, ctx, "float16", half["layout"]), tx, ty, bs)
+            print(f"  float16 twin (net.cast, float32 master weights{half['what']}): dnnbind {s16:.2f} s, "
+                  f"loss {loss16:.4f}, "
                   f"test acc {acc16:.4f}", flush=True)
             row["epochs"][-1].update(seconds_dnnbind_f16=s16, train_loss_dnnbind_f16=loss16,
                                      test_acc_dnnbind_f16=acc16)
@@ -482,12 +489,22 @@ def float64_twins(spec, net, tnet, ctx) -> dict:
             "tnet": t64, "opt": _torch().torch.optim.SGD(t64.parameters(), lr=spec.lr)}
 
 
-def float16_twin(spec, net, ctx) -> dict:
+def float16_twin(spec, net, ctx, nhwc: bool = False) -> dict:
     """dnnbind's model in mixed precision from the same initial weights (--float16): net.cast('float16')
-    (BatchNorm stays float32) and SGD with float32 master weights (multi_precision), MXNet's recipe."""
-    net16 = _cast_copy(spec, net, ctx, "float16")
-    return {"net": net16, "trainer": gluon.Trainer(net16.collect_params(), "sgd",
-                                                   {"learning_rate": spec.lr, "multi_precision": True})}
+    (BatchNorm stays float32) and SGD with float32 master weights (multi_precision), MXNet's recipe. With
+    ``nhwc`` (--nhwc): the channels-last twin with BatchNormAddRelu (scripts/bench_nhwc.py), hybridized, the
+    benchmark's fastest ResNet-18 mode."""
+    if nhwc:
+        import bench_nhwc
+        net16 = bench_nhwc.build(spec, net, ctx)
+        net16.cast("float16")
+        net16.hybridize()
+    else:
+        net16 = _cast_copy(spec, net, ctx, "float16")
+    return {"net": net16, "layout": "NHWC" if nhwc else "NCHW",
+            "what": ", NHWC + BatchNormAddRelu, hybridize()" if nhwc else "",
+            "trainer": gluon.Trainer(net16.collect_params(), "sgd", {"learning_rate": spec.lr,
+                                                                    "multi_precision": True})}
 
 
 def train_float64(twins, x, y, bs, tx, ty, ctx, dev) -> dict:
@@ -547,6 +564,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--bn-mode", choices=("persistent", "spatial"), default="persistent",
                    help="dnnbind's training BatchNorm algorithm (dnnbind.set_batchnorm_mode)")
+    p.add_argument("--nhwc", action="store_true",
+                   help="with --float16: the float16 model channels-last with BatchNormAddRelu, hybridized (ResNet)")
     p.add_argument("--float16", action="store_true",
                    help="also train dnnbind's model in mixed precision (net.cast('float16'), float32 master weights)")
     p.add_argument("--float64", action="store_true",

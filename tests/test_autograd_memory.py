@@ -128,3 +128,26 @@ def test_backward_hands_each_node_its_gradient_without_keeping_it():
     y.backward()
     assert alive == [False]
     np.testing.assert_allclose(x.grad.asnumpy(), 3.0 * (h > 0), rtol=0, atol=0)
+
+
+def test_a_gradient_lives_only_until_its_consumer_is_done_with_it():
+    """The gradient one node's backward returns is held by the engine only until the next node takes it: a
+    consumer that drops it early frees it (the engine keeps no loop variable or result tuple pointing at it)."""
+    h = RNG.uniform(0.5, 1.0, (4, 3))
+    x = nd.array(h, ctx="cpu")
+    x.attach_grad()
+    with autograd.record():
+        y = nd.exp(x * 2.0)  # exp's backward returns a fresh array: the gradient flowing into x * 2.0
+    node, alive = y._node.inputs[0], []
+    inner = node.backward
+
+    def backward(dy):
+        ref, kept = weakref.ref(dy), dy.asnumpy()
+        del dy
+        gc.collect()
+        alive.append(ref() is not None)
+        return inner(nd.array(kept, ctx="cpu"))
+    node.backward = backward
+    y.backward()
+    assert alive == [False]
+    np.testing.assert_allclose(x.grad.asnumpy(), 2.0 * np.exp(2.0 * h), rtol=1e-6)
