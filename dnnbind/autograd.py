@@ -237,7 +237,8 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
     uses: dict[int, int] = {}
     prev_direct = getattr(_tls, "direct", None)  # a backward run inside another's (a hybridized Block's)
     prev_writes = getattr(_tls, "writes", True)
-    _tls.writes = wanted_keys is None
+    prev_retain = getattr(_tls, "retain", False)
+    _tls.writes, _tls.retain = wanted_keys is None, bool(retain_graph)
     for v in order:
         if type(v) is Node:
             for inp in v.inputs:
@@ -286,7 +287,7 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
                 node.free()
     finally:
         _tls.recording, _tls.training = prev
-        _tls.direct, _tls.writes = prev_direct, prev_writes
+        _tls.direct, _tls.writes, _tls.retain = prev_direct, prev_writes, prev_retain
     return found
 
 
@@ -294,6 +295,12 @@ def writes_leaf_grads() -> bool:
     """Inside backward: whether this pass writes the leaves' ``.grad`` (backward()) or only returns gradients
     (autograd.grad()); a hybridized Block's replayed backward, which writes them itself, needs to know."""
     return getattr(_tls, "writes", True)
+
+
+def frees_graph() -> bool:
+    """Inside backward: whether this pass frees the graph after each node (no retain_graph), so a node's backward
+    may drop what it saved as soon as it has read it (its memory then goes back before the node's next call)."""
+    return not getattr(_tls, "retain", False)
 
 
 def grad_out(x):

@@ -151,3 +151,46 @@ def test_a_gradient_lives_only_until_its_consumer_is_done_with_it():
     y.backward()
     assert alive == [False]
     np.testing.assert_allclose(x.grad.asnumpy(), 2.0 * np.exp(2.0 * h), rtol=1e-6)
+
+
+def test_a_fused_conv_relu_lets_go_of_its_output_before_the_convolutions_backward(monkeypatch):
+    """Convolution(act_type='relu') saves its output for the ReLU's gradient only: a backward that frees the graph
+    drops it before the convolution's backward allocates (as an unfused ReLU node would); with retain_graph it is
+    kept, and a second backward gives the same gradients."""
+    from dnnbind import ops
+    rng = np.random.default_rng(3)
+    x = nd.array(rng.standard_normal((2, 3, 6, 6)), ctx="cpu")
+    w = nd.array(rng.standard_normal((4, 3, 3, 3)), ctx="cpu")
+    b = nd.array(rng.standard_normal(4), ctx="cpu")
+    for a in (x, w, b):
+        a.attach_grad()
+    seen, inner = [], ops.conv_backward_data
+
+    def watch(*args, **kwargs):
+        gc.collect()
+        seen.append(ref() is not None)
+        return inner(*args, **kwargs)
+    monkeypatch.setattr(ops, "conv_backward_data", watch)
+    grads = []
+    for retain in (True, False):
+        with autograd.record():
+            y = nd.Convolution(x, w, b, kernel=(3, 3), num_filter=4, pad=(1, 1), act_type="relu")
+            loss = (y * y).sum()  # multiply saves y: it lives until that node is done
+        ref = weakref.ref(y)
+        del y
+        loss.backward(retain_graph=retain)
+        if retain:
+            first = [a.grad.asnumpy().copy() for a in (x, w, b)]
+            loss.backward()
+            grads.append(first)
+        grads.append([a.grad.asnumpy().copy() for a in (x, w, b)])
+    # retain_graph: y kept through both of that graph's backwards; then freed before the conv's backward
+    assert seen == [True, False, False], seen
+    for g1, g2 in zip(grads[0], grads[1]):
+        np.testing.assert_array_equal(g1, g2)
+    xs, ws, bs = (a.asnumpy().astype(np.float64) for a in (x, w, b))
+    z = ops.reference.conv_forward(xs, ws, bs, 1, 1)
+    dz = 2 * np.maximum(z, 0) * (z > 0)
+    np.testing.assert_allclose(grads[2][0], ops.reference.conv_backward_data(ws, dz, xs.shape, 1, 1), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(grads[2][2], dz.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-5)
