@@ -107,16 +107,10 @@ def test_grad_of_an_intermediate_variable(device):
     np.testing.assert_allclose(gx.asnumpy(), (np.exp(h * h) + 1) * 2 * h, rtol=1e-5)
 
 
-def test_backward_hands_each_node_its_gradient_without_keeping_it():
-    """A Node's backward gets the only reference to its incoming gradient: one that is done with dy early (a fused
-    conv+bias+ReLU after its ReLU part) frees it at once. The chain's gradient stays right."""
-    h = RNG.uniform(-1.0, 1.0, (4, 3))
-    x = nd.array(h, ctx="cpu")
-    x.attach_grad()
-    with autograd.record():
-        y = nd.relu(x) * 3.0
-    node, alive = y._node, []
-    inner = node.backward
+def _drop_dy_early(node) -> list:
+    """Wrap node's backward so it drops its incoming gradient at once (keeping a host copy) and notes whether the
+    array is still alive afterwards: [True] means someone else (the engine) still held it."""
+    inner, alive = node.backward, []
 
     def backward(dy):
         ref, kept = weakref.ref(dy), dy.asnumpy()
@@ -125,6 +119,18 @@ def test_backward_hands_each_node_its_gradient_without_keeping_it():
         alive.append(ref() is not None)
         return inner(nd.array(kept, ctx="cpu"))
     node.backward = backward
+    return alive
+
+
+def test_backward_hands_each_node_its_gradient_without_keeping_it():
+    """A Node's backward gets the only reference to its incoming gradient: one that is done with dy early (a fused
+    conv+bias+ReLU after its ReLU part) frees it at once. The chain's gradient stays right."""
+    h = RNG.uniform(-1.0, 1.0, (4, 3))
+    x = nd.array(h, ctx="cpu")
+    x.attach_grad()
+    with autograd.record():
+        y = nd.relu(x) * 3.0
+    alive = _drop_dy_early(y._node)
     y.backward()
     assert alive == [False]
     np.testing.assert_allclose(x.grad.asnumpy(), 3.0 * (h > 0), rtol=0, atol=0)
@@ -138,16 +144,7 @@ def test_a_gradient_lives_only_until_its_consumer_is_done_with_it():
     x.attach_grad()
     with autograd.record():
         y = nd.exp(x * 2.0)  # exp's backward returns a fresh array: the gradient flowing into x * 2.0
-    node, alive = y._node.inputs[0], []
-    inner = node.backward
-
-    def backward(dy):
-        ref, kept = weakref.ref(dy), dy.asnumpy()
-        del dy
-        gc.collect()
-        alive.append(ref() is not None)
-        return inner(nd.array(kept, ctx="cpu"))
-    node.backward = backward
+    alive = _drop_dy_early(y._node.inputs[0])
     y.backward()
     assert alive == [False]
     np.testing.assert_allclose(x.grad.asnumpy(), 2.0 * np.exp(2.0 * h), rtol=1e-6)
