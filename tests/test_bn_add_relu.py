@@ -12,7 +12,6 @@ fused path makes (dnnbind.trace) and a hybridized Block against eager.
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 
 import numpy as np
@@ -23,7 +22,7 @@ from dnnbind import autograd, gluon, nd
 from dnnbind.nd import _bn_fused
 from dnnbind.ops import batchnorm_fused as B
 from dnnbind.ops.reference import batchnorm_fused as R
-from tests._helpers import assert_close, numerical_grad
+from tests._helpers import assert_close, c_param_kind, ctypes_arg_kind, cudnn_ops_header, numerical_grad
 
 CPU = mx.cpu()
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
@@ -138,6 +137,13 @@ DECLARED = ["cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
             "cudnnBatchNormalizationForwardTrainingEx", "cudnnBatchNormalizationBackwardEx"]
 
 
+# -- the cuDNN binding, host side (no GPU needed) -------------------------------------------------------------
+
+DECLARED = ["cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
+            "cudnnGetBatchNormalizationBackwardExWorkspaceSize", "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
+            "cudnnBatchNormalizationForwardTrainingEx", "cudnnBatchNormalizationBackwardEx"]
+
+
 def _c_kind(param: str) -> str:
     p = " ".join(param.replace("const", " ").split())
     if "*" in p:
@@ -148,21 +154,9 @@ def _c_kind(param: str) -> str:
     return {"double": "f64", "size_t": "u64", "cudnnBatchNormMode_t": "i32", "cudnnBatchNormOps_t": "i32"}[typ]
 
 
-def _py_kind(t) -> str:
-    if t is ctypes.c_void_p or issubclass(t, ctypes._Pointer):
-        return "ptr"
-    return {ctypes.c_double: "f64", ctypes.c_size_t: "u64", ctypes.c_int: "i32"}[t]
-
-
 @pytest.mark.parametrize("name", DECLARED)
 def test_prototypes_match_cudnn_ops_header(name):
-    nvidia_cudnn = pytest.importorskip("nvidia.cudnn")
-    header = next((os.path.join(p, "include", "cudnn_ops.h") for p in nvidia_cudnn.__path__
-                   if os.path.exists(os.path.join(p, "include", "cudnn_ops.h"))), None)
-    if header is None:
-        pytest.skip("cudnn_ops.h not shipped with this cuDNN")
-    with open(header) as f:
-        text = re.sub(r"/\*.*?\*/|//[^\n]*", " ", f.read(), flags=re.DOTALL)
+    text = cudnn_ops_header()
     found = re.findall(rf"\b{name}\s*\(([^()]*)\)\s*;", text)
     assert len(found) == 1, f"{name}: {len(found)} prototypes in cudnn_ops.h"
     params = [p for p in found[0].split(",") if p.strip()]
@@ -170,7 +164,7 @@ def test_prototypes_match_cudnn_ops_header(name):
     restype, argtypes = cudnn._TABLE[name]
     assert restype.__name__ == "STATUS" and len(argtypes) == len(params), (name, params)
     for i, (p, t) in enumerate(zip(params, argtypes)):
-        assert _py_kind(t) == _c_kind(p), f"{name} parameter {i} {p!r}: argtype {t.__name__}"
+        assert ctypes_arg_kind(t) == c_param_kind(p), f"{name} parameter {i} {p!r}: argtype {t.__name__}"
     assert (cudnn.CUDNN_BATCHNORM_SPATIAL_PERSISTENT, cudnn.CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION) == (2, 2)
     assert re.search(r"CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION\s*=\s*2\b", text)
     assert re.search(r"CUDNN_BATCHNORM_SPATIAL_PERSISTENT\s*=\s*2\b", text)

@@ -10,12 +10,9 @@ The GPU tests are in test_gpu_dropout.py.
 
 from __future__ import annotations
 
-import ctypes
-import importlib
 import itertools
 import math
 import re
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,6 +27,7 @@ from dnnbind.ops import dropout as DO
 from dnnbind.ops.reference import dropout as RD
 from dnnbind.runtime.array import NDArray
 from dnnbind.runtime.device import Device
+from tests._helpers import c_param_kind, ctypes_arg_kind, cudnn_ops_header
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 DECLARED = ["cudnnCreateDropoutDescriptor", "cudnnDestroyDropoutDescriptor", "cudnnDropoutGetStatesSize",
@@ -43,47 +41,15 @@ def _within_binomial(kept: int, n: int, p: float, sigmas: float = 5.0) -> None:
 
 
 # -- prototypes, host-only queries ------------------------------------------------------------------------------
-def _ops_header() -> str:
-    try:
-        mod = importlib.import_module("nvidia.cudnn")
-    except ImportError:
-        pytest.skip("the nvidia-cudnn wheel (and its headers) is not installed")
-    for base in mod.__path__:
-        h = Path(base) / "include" / "cudnn_ops_v9.h"
-        if h.is_file():
-            return re.sub(r"/\*.*?\*/|//[^\n]*", " ", h.read_text(errors="replace"), flags=re.DOTALL)
-    pytest.skip("no cudnn_ops_v9.h in the nvidia-cudnn wheel")
-
-
-def _kind_of_c(param: str) -> str:
-    p = " ".join(param.replace("const", " ").split())
-    if "*" in p:
-        return "ptr"
-    typ = " ".join(p.split()[:-1])
-    if typ.endswith("Descriptor_t") or typ == "cudnnHandle_t":
-        return "ptr"
-    # size_t and unsigned long long are both 64-bit unsigned here (ctypes makes c_size_t and c_ulonglong one type)
-    return {"float": "f32", "size_t": "u64", "unsigned long long": "u64"}[typ]
-
-
-def _kind_of_py(t) -> str:
-    if t is ctypes.c_void_p or issubclass(t, ctypes._Pointer):
-        return "ptr"
-    if t is ctypes.c_float:
-        return "f32"
-    assert not issubclass(t, ctypes.c_float) and t._type_ in "LQ" and ctypes.sizeof(t) == 8, t
-    return "u64"
-
-
 @pytest.mark.parametrize("name", DECLARED)
 def test_prototype_matches_cudnn_ops_header(name):
-    found = re.findall(rf"\b{name}\s*\(([^()]*)\)\s*;", _ops_header())
+    found = re.findall(rf"\b{name}\s*\(([^()]*)\)\s*;", cudnn_ops_header())
     assert len(found) == 1, f"{name}: {len(found)} prototypes in cudnn_ops_v9.h"
     params = [p for p in found[0].split(",") if p.strip()]
     restype, argtypes = cudnn.lib._table[name]
     assert restype.__name__ == "STATUS" and len(argtypes) == len(params), (name, params)
     for i, (p, t) in enumerate(zip(params, argtypes)):
-        assert _kind_of_py(t) == _kind_of_c(p), f"{name} parameter {i} {p!r}: argtype {t.__name__}"
+        assert ctypes_arg_kind(t) == c_param_kind(p), f"{name} parameter {i} {p!r}: argtype {t.__name__}"
 
 
 def test_reserve_size_and_descriptor_are_host_only():
