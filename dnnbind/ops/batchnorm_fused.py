@@ -34,6 +34,7 @@ from .._lib.hooks import TRACING
 from . import descriptors as D
 from ._common import cache_insert, dnn, out_like, scratch, with_context
 from ._dispatch import op
+from .batchnorm import _descs as bn_descs
 from .reference import batchnorm_fused as reference
 from .reference.batchnorm import bn_dtypes, bn_scalars
 from .reference.batchnorm_fused import fused_shapes
@@ -66,15 +67,6 @@ def _fused_only(op_name: str, x_shape: tuple, dtype) -> None:
                          "nd.BatchNorm and nd.BatchNormAddRelu run other channel counts without them")
 
 
-class _BNDesc(D.TensorDesc):
-    """The (1, C, 1, 1) float descriptor cuDNN derives from the NHWC x descriptor for the persistent mode."""
-    __slots__ = ()
-
-    def __init__(self, x_desc):  # an empty descriptor, then derived from x's
-        D._Descriptor.__init__(self)
-        L.cudnnDeriveBNTensorDescriptor(self, x_desc, MODE)
-
-
 class _Plan:
     """Per (x shape, dtype, handle, bnOps): descriptors and cuDNN's workspace and reserve sizes, queried once (the
     queries take the handle; they are host-side and a recording does not replay them). With CUDNN_BATCHNORM_OPS_BN
@@ -83,8 +75,8 @@ class _Plan:
 
     def __init__(self, h: int, x_shape: tuple, dtype, bn_ops: int) -> None:
         self.ops = bn_ops
-        self.xd = xd = D.tensor_nhwc(x_shape, dtype)
-        self.bnd = bnd = _BNDesc(xd)
+        # NOTE: the (1, C, 1, 1) parameter descriptor cuDNN derives is the same for the spatial and persistent modes
+        self.xd, self.bnd = xd, bnd = bn_descs(x_shape, dtype, "NHWC")
         fused = bn_ops == OPS
         self.act = act = D.activation("relu", 0.0) if fused else None
         self.zd = zd = xd if fused else None
