@@ -42,9 +42,10 @@ class CallRecording:
 
     ``out = rec.record(fn)`` runs ``fn`` once for real, noting every cuDNN/cuBLAS call with its arguments, every
     kernel launch with its packed parameters and every device-to-device copy or memset. The memory those calls
-    point at stays allocated while the recording exists (runtime.memory.Hold): everything freed during the run
-    (its temporaries keep distinct addresses), and everything allocated during it (so an activation kept past
-    the run, or a view into one, outlives its arrays). ``calls`` lists the recorded functions in order; a replay
+    point at stays allocated while the recording exists (runtime.memory.Hold): what the run allocates is a piece
+    of the recording's arena (runtime._arena), whose freed pieces only the recording (and a child recording: a
+    hybridized Block's backward) reuses, in the order a replay repeats; anything else its calls use is pinned,
+    and a free of it waits for the recording to close. ``calls`` lists the recorded functions in order; a replay
     inside ``dnnbind.trace()`` goes through the traced library functions, so the trace lists and times them.
     Shared by RecordedStep (a whole training step) and hybridize() (a Block's forward and its backward).
     """
@@ -83,7 +84,7 @@ class CallRecording:
             TRACING.remove(self)
             RECORDING.remove(self)
             undo()
-        pointers = set(hold.allocated)
+        pointers = set()  # what the calls point at (Hold.pin skips the family's own pieces)
         for args in [args for _, args, _ in self._calls] + self._keep:  # call arguments, kernel parameters
             for a in args:
                 v = getattr(a, "value", a)

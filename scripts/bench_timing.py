@@ -66,6 +66,7 @@ def memory_for(framework: str, ctx, torch):
     from cuda.bindings import runtime as rt
 
     from dnnbind._lib import cudart
+    from dnnbind.runtime import memory
     pool = cudart.call("cudaDeviceGetDefaultMemPool", ctx.index)  # dnnbind allocates from it (runtime.memory)
     pool_high = rt.cudaMemPoolAttr.cudaMemPoolAttrUsedMemHigh
     graph_high = rt.cudaGraphMemAttributeType.cudaGraphMemAttrUsedMemHigh
@@ -77,7 +78,10 @@ def memory_for(framework: str, ctx, torch):
     def peak():
         p = int(cudart.call("cudaMemPoolGetAttribute", pool, pool_high)) / 2**20
         g = int(cudart.call("cudaDeviceGetGraphMemAttribute", ctx.index, graph_high)) / 2**20
-        return {"peak_mib": p + g, "pool_mib": p, "graph_mib": g}
+        # hybridize() and recorded steps keep their static memory mapped beside the pool (runtime._vmm); it only
+        # grows while a recording is alive, so what is mapped now is its high watermark
+        r = memory.recordings_reserved() / 2**20
+        return {"peak_mib": p + g + r, "pool_mib": p, "graph_mib": g, "recordings_mib": r}
     return types.SimpleNamespace(reset=reset, peak=peak)
 
 

@@ -9,16 +9,43 @@ import pytest
 from dnnbind.runtime import memory
 
 
+REGIONS = []  # the fake ranges made, in order
+
+
+class _Region:
+    """runtime._vmm.Region faked: ranges 0x10000000 apart, grown in 2 MiB steps."""
+
+    def __init__(self, index):
+        self.base, self.mapped, self.released = 0x10000000 * (len(REGIONS) + 1), 0, False
+        REGIONS.append(self)
+
+    def grow(self, nbytes):
+        size = -(-nbytes // (2 << 20)) * (2 << 20)
+        self.mapped += size
+        return size
+
+    def release(self):
+        self.released = True
+
+
 @pytest.fixture
 def frees(monkeypatch):
+    """The CUDA runtime faked: frees are listed; recordings' ranges are _Region."""
     freed = []
+    REGIONS.clear()
+
+    def call(name, *args):
+        assert name == "cudaStreamIsCapturing", name
+        return 0
     fake_rt = types.SimpleNamespace(cudaFreeAsync=lambda ptr, stream: freed.append(ptr))
-    monkeypatch.setattr(memory, "cudart", types.SimpleNamespace(rt=lambda: fake_rt))
+    monkeypatch.setattr(memory, "cudart", types.SimpleNamespace(rt=lambda: fake_rt, call=call))
+    monkeypatch.setattr(memory, "Region", _Region)
     yield freed
     assert not memory._holds and not memory._pinned, "a test left a Hold active"
+    assert not memory._pieces, "a test left a piece allocated"
 
 
-STREAM = types.SimpleNamespace(handle=7)
+STREAM = types.SimpleNamespace(handle=7, synchronize=lambda: None)
 
 
 def test_free_outside_any_hold_is_immediate(frees):
@@ -72,74 +99,133 @@ def test_a_pointer_two_steps_pin_is_freed_after_both_let_go(frees):
     assert frees == [0x80000]
 
 
-def test_a_recording_reuses_only_what_it_allocated_and_freed_itself(frees):
-    """Temporaries of one recording share memory as an eager run's do (same size, same stream), never memory
-    from before the recording and never after it ends; everything is freed at release."""
-    hold = memory.Hold()
-    other = types.SimpleNamespace(handle=8)
-    with hold:
-        hold.note(0x90000, 256)  # as DeviceBuffer does for what it allocates while a Hold records
-        hold.note(0xA0000, 512)
-        assert hold.reuse(256, STREAM) == 0  # nothing freed yet
-        memory._free(0x90000, STREAM)
-        memory._free(0xB0000, STREAM)  # allocated before the recording: deferred, not handed out
-        assert hold.reuse(512, STREAM) == 0 and hold.reuse(256, other) == 0  # too large, other stream
-        assert hold.reuse(256, STREAM) == 0x90000
-        assert hold.reuse(256, STREAM) == 0  # handed out once
-        memory._free(0xA0000, STREAM)
-    assert hold.reuse(512, STREAM) == 0  # the recording is over
-    hold.pin(hold.allocated)
-    memory._free(0x90000, STREAM)  # the reused block's last array goes: deferred (pinned)
-    assert frees == []
-    hold.release()
-    assert sorted(frees) == [0x90000, 0xA0000, 0xB0000]
+DEVICE = types.SimpleNamespace(index=0)
+MiB = 1 << 20
 
 
-def test_a_child_recording_reuses_what_its_parent_frees_while_it_records(frees):
-    """A hybridized Block's backward recording reuses the activations its forward recording made and the
-    backward releases; the forward's Hold still frees them."""
-    fwd = memory.Hold()
-    with fwd:
-        fwd.note(0xC0000, 1024)
-    fwd.pin(fwd.allocated)
-    bwd = memory.Hold(parent=fwd)
-    with bwd:
-        memory._free(0xC0000, STREAM)  # the activation's last array goes during the backward
-        assert bwd.reuse(1024, STREAM) == 0xC0000 and 0xC0000 not in fwd.deferred
-        memory._free(0xC0000, STREAM)  # the gradient that reused it goes too
-    bwd.pin(bwd.allocated)
-    bwd.release()
-    assert frees == []  # the forward still replays into it
-    fwd.release()
-    assert frees == [0xC0000]
-
-
-def test_reuse_takes_the_smallest_freed_block_that_fits(frees):
+def test_a_recording_reuses_what_it_freed_while_recording_and_nothing_after(frees):
+    """A free during the recording goes back into the family's arena at once (for its later pieces, in the order
+    a replay repeats); after the recording a free of a piece waits for the family to let go."""
     hold = memory.Hold()
     with hold:
-        for ptr, size in ((0xD0000, 4096), (0xE0000, 1024), (0xF0000, 2048)):
-            hold.note(ptr, size)
-            memory._free(ptr, STREAM)
-        assert hold.reuse(1500, STREAM) == 0xF0000  # 2048 fits best
-        assert hold.reuse(1024, STREAM) == 0xE0000
-        assert hold.reuse(5000, STREAM) == 0
-        memory._free(0xF0000, STREAM)  # back under its own size
-        assert hold.reuse(2048, STREAM) == 0xF0000
+        a = hold.allocate(1000, DEVICE, STREAM)
+        b = hold.allocate(512, DEVICE, STREAM)
+        assert len(REGIONS) == 1 and a == REGIONS[0].base and b == a + 1024  # pieces 256-aligned
+        memory._free(a, STREAM)  # a temporary: its piece is free again
+        memory._free(0xB0000, STREAM)  # allocated before the recording (a recorded call may read it): deferred
+        assert hold.allocate(700, DEVICE, STREAM) == a  # reused
+        c = hold.allocate(300, DEVICE, STREAM)  # 1024 - 768 left before b: too small; after b
+        assert c == b + 512 and REGIONS[0].mapped == 2 * MiB
+        memory._free(a, STREAM)
+    assert frees == [] and 0xB0000 in hold.deferred
+    memory._free(b, STREAM)  # an activation kept past the recording: the replays still write it
+    memory._free(c, STREAM)
+    assert b in hold.deferred and not REGIONS[0].released
     hold.release()
-    assert sorted(frees) == [0xD0000]  # the two handed out again are still in use (never freed after)
+    assert frees == [0xB0000] and REGIONS[0].released  # the range goes once all its pieces are back
 
 
-def test_a_child_recording_starts_with_what_its_parent_freed_and_did_not_reuse(frees):
+def test_the_range_grows_at_its_end_and_the_hole_there_grows_with_it(frees):
+    hold = memory.Hold()
+    with hold:
+        a = hold.allocate(MiB, DEVICE, STREAM)
+        b = hold.allocate(3 * MiB, DEVICE, STREAM)  # 1 MiB hole at the end, grown by 2 MiB: b right after a
+        assert b == a + MiB and REGIONS[0].mapped == 4 * MiB
+        memory._free(a, STREAM)
+        memory._free(b, STREAM)
+        c = hold.allocate(4 * MiB, DEVICE, STREAM)  # a and b merged: no growth
+        assert c == a and REGIONS[0].mapped == 4 * MiB
+        memory._free(c, STREAM)
+    hold.release()
+    assert REGIONS[0].released and memory.recordings_reserved() == 0
+
+
+def test_a_child_recording_shares_its_parents_arena_and_reuses_what_goes_while_it_records(frees):
+    """A hybridized Block's backward recording allocates from its forward's arena: an activation the backward
+    releases is reused for the backward's gradients; one released after the recordings waits for the family."""
     fwd = memory.Hold()
     with fwd:
-        fwd.note(0x100000, 512)
-        memory._free(0x100000, STREAM)  # a forward temporary, dead after its last use
-    fwd.pin(fwd.allocated)
+        act1, act2 = fwd.allocate(4 * MiB, DEVICE, STREAM), fwd.allocate(4 * MiB, DEVICE, STREAM)
+    fwd.pin([act1, act2, 0x50000])  # the family's own pieces are not pinned; a parameter is
+    assert act1 not in memory._pinned and 0x50000 in memory._pinned
     bwd = memory.Hold(parent=fwd)
+    assert bwd.arena is fwd.arena
     with bwd:
-        assert bwd.reuse(512, STREAM) == 0x100000  # a backward temporary takes it
-    assert memory.Hold(parent=fwd).reuse(512, STREAM) == 0  # handed to one child only
-    bwd.pin(bwd.allocated)
+        memory._free(act1, STREAM)  # its last read was in this backward
+        g1, g2 = bwd.allocate(MiB, DEVICE, STREAM), bwd.allocate(3 * MiB, DEVICE, STREAM)
+        assert (g1, g2) == (act1, act1 + MiB) and REGIONS[0].mapped == 8 * MiB  # the activation's piece, split
+        memory._free(g1, STREAM)
+        memory._free(g2, STREAM)
+    memory._free(act2, STREAM)  # after both recordings: deferred to the family's latest Hold
+    assert act2 in bwd.deferred
     bwd.release()
+    assert act2 in fwd.deferred and not REGIONS[0].released  # the forward's replays still write it
     fwd.release()
-    assert frees == []  # in use again (the child's array never went): nothing to free
+    assert REGIONS[0].released and frees == []  # 0x50000 was pinned, never freed: nothing to do
+
+
+def test_each_stream_has_its_own_range(frees):
+    hold = memory.Hold()
+    other = types.SimpleNamespace(handle=8, synchronize=lambda: None)
+    with hold:
+        a = hold.allocate(256, DEVICE, STREAM)
+        memory._free(a, STREAM)
+        d = hold.allocate(256, DEVICE, other)  # another stream: never a piece of this stream's range
+        assert len(REGIONS) == 2 and d == REGIONS[1].base
+        memory._free(d, other)
+    hold.release()
+    assert all(r.released for r in REGIONS)
+
+
+def test_another_recordings_pieces_freed_while_one_records_wait(frees):
+    """A piece of family A freed while family B records (B's calls may have read it) waits for B, then for A."""
+    a = memory.Hold()
+    with a:
+        buf = a.allocate(256, DEVICE, STREAM)
+    b = memory.Hold()
+    with b:
+        memory._free(buf, STREAM)
+    assert buf in b.deferred
+    b.release()
+    assert buf in a.deferred and not REGIONS[0].released  # A's replays still use it
+    a.release()
+    assert REGIONS[0].released
+
+
+def test_a_piece_another_family_pins_is_deferred_even_while_its_own_family_records(frees):
+    a, b = memory.Hold(), memory.Hold()
+    with a:
+        buf = a.allocate(256, DEVICE, STREAM)
+    b.pin([buf])  # e.g. B's calls read A's output
+    child = memory.Hold(parent=a)
+    with child:
+        memory._free(buf, STREAM)
+    assert buf in b.deferred
+    b.release()
+    child.release()
+    a.release()
+    assert REGIONS[0].released
+
+
+def test_a_range_outlives_the_family_while_a_piece_of_it_is_in_use(frees):
+    """A recorded step's output handed to the caller keeps its range after the step is closed."""
+    hold = memory.Hold()
+    with hold:
+        out = hold.allocate(256, DEVICE, STREAM)
+    hold.release()
+    assert not REGIONS[0].released and memory.recordings_reserved() == 2 * MiB
+    memory._free(out, STREAM)
+    assert REGIONS[0].released and memory.recordings_reserved() == 0
+
+
+def test_a_range_freed_while_its_stream_is_captured_waits_for_the_next_recording(frees, monkeypatch):
+    hold = memory.Hold()
+    with hold:
+        out = hold.allocate(256, DEVICE, STREAM)
+    hold.release()
+    monkeypatch.setattr(memory.cudart, "call", lambda name, *args: 1)  # cudaStreamCaptureStatusActive
+    memory._free(out, STREAM)
+    assert not REGIONS[0].released and memory._graveyard
+    monkeypatch.setattr(memory.cudart, "call", lambda name, *args: 0)
+    memory.Hold().release()
+    assert REGIONS[0].released and not memory._graveyard

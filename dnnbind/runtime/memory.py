@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import atexit
 import warnings
+import weakref
 
 from .._lib import cudart
-from .._lib.errors import CudaError
+from .._lib.errors import CudaDriverError, CudaError
 from .._lib.hooks import RECORDING
+from ._arena import Arena
+from ._vmm import Region
 from .device import Device
 from .stream import Stream, current_stream
 
@@ -47,18 +50,15 @@ class DeviceBuffer:
         stream = stream or current_stream(device)
         self.nbytes, self.device, self.stream = int(nbytes), device, stream
         self.ptr = 0
-        if self.nbytes and _holds:  # a recording: reuse a block it allocated and freed itself, if one fits
-            self.ptr = _holds[-1].reuse(self.nbytes, stream)
-            if self.ptr:
-                return
+        if self.nbytes and _holds:  # a recording: a piece of its family's arena (see Hold)
+            self.ptr = _holds[-1].allocate(self.nbytes, device, stream)
+            return
         if self.nbytes:
             # NOTE: cuda-python directly, not cudart.call: this runs ~20 times per training step.
             err, ptr = cudart.rt().cudaMallocAsync(self.nbytes, stream.handle)
             if err != 0:  # again through cudart.call: it raises CudaError with CUDA's text (or succeeds)
                 ptr = cudart.call("cudaMallocAsync", self.nbytes, stream.handle)
             self.ptr = int(ptr)
-            if _holds:  # a recording is running: its calls may point into this buffer (see Hold)
-                _holds[-1].note(self.ptr, self.nbytes)
 
     # NOTE: __del__ rather than weakref.finalize: a training step makes ~30 buffers and finalize costs
     # microseconds each. The buffer holds its stream, so the stream outlives every buffer made on it.
@@ -83,11 +83,16 @@ def _free(ptr: int, stream: Stream, raising: bool = True) -> None:
     """cudaFreeAsync, its status checked: CudaError, or where raising is impossible (``__del__``) a warning."""
     if _shutting_down:
         return  # at exit the driver frees everything; CUDA may already be torn down
-    if _holds or _pinned:  # a recorded step may still use this memory: its Hold frees it (see Hold)
-        owners = _pinned.get(ptr)
-        owner = owners[-1] if owners else (_holds[-1] if _holds else None)
+    if _holds or _pieces or _pinned:  # a recorded step may still use this memory: its Hold frees it (see Hold)
+        owner = _owner(ptr)
         if owner is not None:
-            owner.defer(ptr, stream, recording=not owners)
+            owner.defer(ptr, stream)
+            return
+        arena = _pieces.pop(ptr, None)
+        if arena is not None:  # a piece, back into its family's arena; its range too if the family is gone
+            gone = arena.release(ptr)
+            if gone is not None:
+                _release_region(*gone, raising=raising)
             return
     # NOTE: cuda-python directly, not cudart.call: this runs for every buffer freed.
     result = cudart.rt().cudaFreeAsync(ptr, stream.handle)
@@ -98,6 +103,21 @@ def _free(ptr: int, stream: Stream, raising: bool = True) -> None:
         if raising:
             raise exc
         _warn_once(exc)
+
+
+def _owner(ptr: int):
+    """The Hold a free of ``ptr`` must be deferred to, or None to free it now (see Hold)."""
+    owners = _pinned.get(ptr)
+    if owners:  # another family's recorded calls use it
+        return owners[-1]
+    arena = _pieces.get(ptr)
+    if arena is not None and _holds and _holds[-1].arena is arena:
+        return None  # freed while its own family records: back into the arena, for the family's later pieces
+    if _holds:  # the running recording may have read it
+        return _holds[-1]
+    if arena is not None and arena.holds:  # its family's replays use it: not reused after the recording
+        return arena.holds[-1]
+    return None
 
 
 _warned: list = []
@@ -112,59 +132,50 @@ def _warn_once(exc: CudaError) -> None:
 
 
 _shutting_down = False
-_holds: list = []  # Holds now recording: every free meanwhile is deferred to the innermost
-_pinned: dict = {}  # device pointer -> the Holds whose recorded calls use it
+_holds: list = []  # Holds now recording, innermost last
+_pinned: dict = {}  # device pointer -> the Holds whose recorded calls use it (not their own family's pieces)
+_pieces: dict = {}  # pointer of a recording's piece of memory -> its family's Arena, while the piece is allocated
+_arenas = weakref.WeakSet()  # the live families' Arenas (recordings_reserved)
 
 
 class Hold:
     """Keeps the memory a recorded step's calls point at allocated for as long as the step exists.
 
-    A step recorded for host replay (dnnbind.graph.RecordedStep) holds raw device pointers. While it records,
-    every free is deferred to the hold, so no temporary's address is handed out again, and every allocation is
-    noted (``allocated``); afterwards ``pin`` names the pointers its calls use (and the allocations, so a view
-    at an offset into one is covered too), and freeing one of those (a workspace that grew, a parameter buffer
-    that was replaced) is deferred too. ``release()`` frees what was deferred, stream-ordered.
+    A recording (recording.CallRecording) holds raw device pointers. While it records (``with hold:``):
+    - every allocation is a piece of its family's Arena (runtime._arena), and a free of one goes back into the
+      arena at once: the family's later allocations reuse it, in the order a replay repeats (a temporary, or a
+      forward's activation that its backward has read);
+    - every other free (an array from before the recording, which a recorded call may read) is deferred to the
+      hold.
+    After the recording a free of the family's piece is deferred to the family (its replays still use it), and
+    ``pin`` names the other pointers its calls use (parameters, a shared workspace, another recording's buffers):
+    a later free of one of those (a workspace that grew, a parameter buffer that was replaced) is deferred too.
+    ``release()`` frees what was deferred, stream-ordered; the arena's slabs go with the family's last Hold.
+
+    ``parent``: a recording always replayed just before this one (a hybridized Block's forward before its
+    backward); the child allocates from the parent's arena, so it reuses what the parent's activations leave.
     """
 
     def __init__(self, parent: Hold | None = None):
-        self.parent = parent  # a recording replayed right after the parent's: it may reuse what the parent frees
+        if _graveyard:
+            _reap()
+        self.parent = parent
+        if parent is not None and parent.arena is not None:
+            self.arena = parent.arena
+        else:
+            self.arena = Arena()
+            _arenas.add(self.arena)
+        self.arena.holds.append(self)
         self.deferred: dict = {}  # pointer -> the Stream to free it on
-        self.allocated: list = []  # pointers allocated while it was recording (pinned by the recorder)
-        self._sizes: dict = {}  # pointer -> bytes, for what it allocated
-        self._free: dict = {}  # (bytes, stream handle) -> pointers it allocated and freed while recording
-        self.spare: dict = {}  # what was still in _free when its recording ended: its child's to reuse
-        if parent is not None:  # dead after their last use in the parent's calls, which replay first
-            self._free, parent.spare = parent.spare, {}
 
-    def note(self, ptr: int, nbytes: int) -> None:
-        self.allocated.append(ptr)
-        self._sizes[ptr] = nbytes
-
-    def defer(self, ptr: int, stream: Stream, recording: bool = False) -> None:
-        """Keep ``ptr`` allocated until release(). While recording, a block this Hold allocated itself may be
-        handed out again to a later allocation that fits, in the same recording (``reuse``): the calls
-        that used it came before the free in stream order, and a replay repeats that order, so the recording's
-        temporaries share memory as an eager run's do."""
-        self.deferred[ptr] = stream
-        if recording and ptr in self._sizes:
-            self._free.setdefault((self._sizes[ptr], stream.handle), []).append(ptr)
-        elif _holds and _holds[-1].parent is self and ptr in self._sizes:
-            # Freed while the child records (a hybridized Block's activation, released by its backward): the
-            # child may reuse it, as an eager backward reuses activations for gradients. The parent keeps it.
-            _holds[-1]._free.setdefault((self._sizes[ptr], stream.handle), []).append(ptr)
-
-    def reuse(self, nbytes: int, stream: Stream) -> int:
-        """A freed block for ``nbytes``: the smallest that fits (best fit, as the pool itself would), else 0."""
-        ptrs = self._free.get((nbytes, stream.handle))
-        if not ptrs:
-            fits = [k for k, v in self._free.items() if v and k[1] == stream.handle and k[0] > nbytes]
-            if not fits:
-                return 0
-            ptrs = self._free[min(fits)]
-        ptr = ptrs.pop()
-        if self.deferred.pop(ptr, None) is None and self.parent is not None:
-            self.parent.deferred.pop(ptr, None)  # the parent's block, in use again (it still pins it)
+    def allocate(self, nbytes: int, device: Device, stream: Stream) -> int:
+        ptr = self.arena.allocate(nbytes, stream, lambda: Region(device.index))
+        _pieces[ptr] = self.arena
         return ptr
+
+    def defer(self, ptr: int, stream: Stream) -> None:
+        """Keep ``ptr`` allocated until release()."""
+        self.deferred[ptr] = stream
 
     def __enter__(self) -> Hold:
         _holds.append(self)
@@ -172,10 +183,12 @@ class Hold:
 
     def __exit__(self, *exc) -> None:
         _holds.remove(self)
-        self.spare, self._free = self._free, {}  # the recording is over: nothing more is handed out here
 
     def pin(self, pointers) -> None:
+        arena = self.arena
         for p in pointers:
+            if _pieces.get(p) is arena:  # the family's own piece: deferred to the family anyway (see _owner)
+                continue
             owners = _pinned.setdefault(p, [])
             if self not in owners:
                 owners.append(self)
@@ -186,14 +199,59 @@ class Hold:
             if not _pinned[p]:
                 del _pinned[p]
         deferred, self.deferred = self.deferred, {}
+        arena, self.arena = self.arena, None
+        regions = []
+        if arena is not None:
+            arena.holds.remove(self)
+            if not arena.holds:  # the family is gone: its empty ranges now, the others with their last piece
+                regions = arena.close()
         failed = None
         for p, stream in deferred.items():
             try:
                 _free(p, stream)  # passed on to another Hold if one still pins it
-            except CudaError as exc:  # free the rest, then report the first failure
+            except (CudaError, CudaDriverError) as exc:  # free the rest, then report the first failure
+                failed = failed or exc
+        for region, stream in regions:
+            try:
+                _release_region(region, stream)
+            except (CudaError, CudaDriverError) as exc:
                 failed = failed or exc
         if failed is not None:
             raise failed
+
+
+_graveyard: list = []  # (Region, Stream) whose release waits for a stream capture to end
+
+
+def _release_region(region: Region, stream: Stream, raising: bool = True) -> None:
+    """Unmap a family's range once the work queued on its stream (replays) is done. While that stream is being
+    captured into a CUDA graph nothing can wait for it: the range waits for the next recording (``_reap``)."""
+    if _shutting_down:
+        return
+    try:
+        capturing = cudart.call("cudaStreamIsCapturing", stream.handle)
+        if int(capturing):  # cudaStreamCaptureStatusActive (or invalidated): no synchronizing now
+            _graveyard.append((region, stream))
+            return
+        stream.synchronize()
+        region.release()
+    except (CudaError, CudaDriverError) as exc:
+        if raising:
+            raise
+        _warn_once(exc)
+
+
+def _reap() -> None:
+    pending = _graveyard[:]
+    _graveyard.clear()
+    for region, stream in pending:
+        _release_region(region, stream)
+
+
+def recordings_reserved() -> int:
+    """Bytes of device memory the live recordings (hybridized Blocks, recorded steps) keep mapped for their
+    arenas: outside CUDA's default pool, so not in its used bytes."""
+    return sum(a.reserved() for a in list(_arenas))
 
 
 def _at_exit() -> None:
@@ -216,11 +274,14 @@ def memset(ptr: int, value: int, nbytes: int, stream: Stream) -> None:
 
 
 def pool_stats(device: Device) -> dict:
-    """Bytes the default pool holds (reserved) and hands out (used), for show_config and benchmarks."""
+    """Bytes the default pool holds (reserved) and hands out (used), and what the live recordings keep mapped
+    beside it (``recordings``: hybridized Blocks' and recorded steps' static memory), for show_config and
+    benchmarks."""
     rt = cudart.rt()
     pool = cudart.call("cudaDeviceGetDefaultMemPool", device.index)
     out = {}
     for key, attr in (("reserved", "cudaMemPoolAttrReservedMemCurrent"), ("used", "cudaMemPoolAttrUsedMemCurrent")):
         value = cudart.call("cudaMemPoolGetAttribute", pool, getattr(rt.cudaMemPoolAttr, attr))
         out[key] = int(value)
+    out["recordings"] = recordings_reserved()
     return out
