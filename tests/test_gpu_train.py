@@ -227,8 +227,10 @@ def test_traced_training_step_lists_the_library_calls_in_order():
     forward = [("relu" if op in relu_ops else op) for i, op in enumerate(ops)
                if op in ("conv_forward", "pooling_forward", *relu_ops) and (i == 0 or ops[i - 1] != op)]
     assert forward[:6] == ["conv_forward", "relu", "pooling_forward"] * 2, forward  # one entry per op
-    for expected in ("cudnnSoftmaxForward", "cublasSgemm_v2", "cudnnPoolingBackward", "cublasSgemv_v2"):
+    for expected in ("cudnnSoftmaxForward", "cublasSgemm_v2", "cublasSgemv_v2"):
         assert expected in fns, f"{expected} missing from {fns}"
+    # 2x2 max pooling runs ops.pooling's NVRTC kernels (cuDNN for other windows)
+    assert any(f.startswith("dn_maxpool_bwd<") for f in fns) and "pooling_backward" in ops, (fns, ops)
     assert fns[-1] == "sgd_mom_f32", fns  # SGD with momentum: one fused kernel over the flat buffers, last
     assert "cudnnActivationBackward" in fns or "_relu_backward" in ops, (fns, ops)
     assert convs[-1] < len(fns) - 1  # the optimizer update comes last

@@ -3,9 +3,9 @@ forward/backward pairs. Imports ops, autograd, runtime.
 
 Each function runs the functional op (cuDNN/cuBLAS on a GPU, numpy on the cpu) and, inside
 ``autograd.record()``, tapes a closure that calls the op's library backward (cudnnConvolutionBackwardData/
-Filter/Bias, cudnnActivationBackward, cudnnPoolingBackward, cudnnSoftmaxBackward, cublasSgemm_v2): the
-backward sits right beside its forward. The element-wise, reduction and shape ops are table entries
-(_table.py and siblings), not functions here.
+Filter/Bias, cudnnActivationBackward, cudnnPoolingBackward, cudnnSoftmaxBackward, cublasSgemm_v2, or an op's
+NVRTC kernel: ops.bias_relu_backward, 2x2 max pooling): the backward sits right beside its forward. The
+element-wise, reduction and shape ops are table entries (_table.py and siblings), not functions here.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def _pair(v):
 # -- convolution and dense ------------------------------------------------------------------------------------
 
 _FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+RELU_BIAS_KERNEL = True  # False: a fused conv's backward takes cudnnActivationBackward + gemv (tests compare)
 _UNFUSED: set = set()  # float16 or NHWC shapes cuDNN could not fuse (the legacy call refused, no backend plan)
 
 
@@ -53,7 +54,8 @@ def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0),
     ``layout='NHWC'`` (MXNet's): data (N, H, W, C), weight (num_filter, kh, kw, C/num_group), y (N, H', W',
     num_filter), run by cuDNN on channels-last descriptors (no transposes). ``act_type="relu"`` fuses the ReLU:
     one cudnnConvolutionBiasActivationForward (or backend-API plan) on the GPU (float32 or float16, with a bias);
-    its backward is cudnnActivationBackward on the output, then the convolution's backward.
+    its backward is the ReLU's on the output (with the bias gradient in the same kernel pass on the GPU:
+    ops.bias_relu_backward), then the convolution's backward.
     """
     b = None if no_bias else bias
     stride, pad, dilate = _pair(stride), _pair(pad), _pair(dilate)
@@ -82,11 +84,18 @@ def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0),
         saved = [y] if fused else []
 
         def backward(dy):
+            db = None
+            bias_grad = b is not None and needs_grad(b)
             if fused:  # relu'(z) from its output: y > 0 exactly where z > 0
                 out = saved[0]
                 if frees_graph():  # nothing reads y after this: its memory returns before the conv's backward
                     saved.clear()  # allocates (as an unfused ReLU node would free it), e.g. 84.5 MiB of AlexNet's
-                dy = ops.activation_backward(out, dy, out, "relu")
+                if bias_grad and RELU_BIAS_KERNEL and dy._data is None:
+                    # GPU: the ReLU mask and the bias gradient in one pass over y and dy (ops.bias_relu), db
+                    # straight into the Parameter's grad buffer when autograd allows
+                    dy, db = ops.bias_relu_backward(out, dy, layout=layout, out=grad_out(b))
+                else:
+                    dy = ops.activation_backward(out, dy, out, "relu")
                 del out
             dx = ops.conv_backward_data(weight, dy, x_shape, stride, pad, dilate, num_group, layout=layout) \
                 if needs_grad(data) else None
@@ -97,8 +106,7 @@ def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0),
                                                       out=grad_out(weight), layout=layout)
                 else:
                     dw = ops.conv_backward_filter(data, dy, w_shape, stride, pad, dilate, num_group, layout=layout)
-            db = None
-            if b is not None and needs_grad(b):
+            if bias_grad and db is None:
                 db = _conv_bias_grad(dy, b, layout)
             return dx, dw, db
 
@@ -108,6 +116,8 @@ def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0),
 
 def _conv_bias_grad(dy, b, layout="NCHW"):
     # On the GPU two gemv calls (GemmEx for float16) beat cudnnConvolutionBackwardBias (FACTS.md).
+    # NOTE: ops.bias_relu.conv_backward_bias_kernel gives db in one kernel pass too; not yet timed against the
+    # gemvs at ResNet sizes on a GPU, so the gemvs stay here (a fused conv's ReLU path uses the kernel).
     if dy._data is None:  # float16 too: cudnnConvolutionBackwardBias's half kernel is 2.3 ms of a ResNet-18 step
         return conv_backward_bias_gemv(dy, out=grad_out(b), layout=layout)
     return ops.conv_backward_bias(dy, layout=layout)

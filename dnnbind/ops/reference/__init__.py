@@ -18,6 +18,7 @@ from .activation import (
 from .blas import axpy, copy, fill, gemm, linear_backward, linear_forward, scal
 from .conv import (
     add_tensor,
+    bias_relu_backward,
     conv_backward_bias,
     conv_backward_data,
     conv_backward_filter,
@@ -38,6 +39,7 @@ __all__ = [
     "activation_forward",
     "add_tensor",
     "axpy",
+    "bias_relu_backward",
     "conv_backward_bias",
     "conv_backward_data",
     "conv_backward_filter",

@@ -142,6 +142,20 @@ def conv_backward_bias(dy: np.ndarray, layout: str = "NCHW") -> np.ndarray:
 
 
 @_check.float16_via_float32
+def bias_relu_backward(y: np.ndarray, dy: np.ndarray, layout: str = "NCHW") -> tuple[np.ndarray, np.ndarray]:
+    """The backward of y = relu(z + b) (a fused convolution's bias and ReLU) up to z: (dz, db), dz = dy where
+    y > 0 and 0 elsewhere (a NaN y counts as not positive, and a NaN dy where y <= 0 is dropped: dy is routed,
+    not multiplied), db = conv_backward_bias(dz)."""
+    y, dy = np.asarray(y), np.asarray(dy)
+    op = "bias_relu_backward"
+    _check.check_dtype(op, _check.FLOAT32_64, y=y, dy=dy)
+    _check.conv_bias_params(op, dy.shape, layout)
+    _check.check_same_shape(op, y=y, dy=dy)
+    dz = np.where(y > 0, dy, dy.dtype.type(0))
+    return dz, dz.sum(axis=(0, 2, 3) if layout == "NCHW" else (0, 1, 2))
+
+
+@_check.float16_via_float32
 def add_tensor(x: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x + b, b (C,) broadcast over x (N, C, ...) or b the same shape as x. Returns a new array."""
     x, b = np.asarray(x), np.asarray(b)

@@ -95,7 +95,9 @@ def pooling_backward(y: np.ndarray, dy: np.ndarray, x: np.ndarray, mode: str = "
     if mode == "max":
         xp = _pad(x, padding, -np.inf)
         # NOTE: the maximum is recomputed from x rather than read from y, so a y that was rounded or
-        # computed elsewhere cannot silently drop gradient; `taken` keeps ties from counting twice.
+        # computed elsewhere cannot silently drop gradient; `taken` keeps ties from counting twice. A window
+        # holding a NaN has a NaN maximum, which equals no x: it passes no gradient. dy is routed, not multiplied
+        # by the mask, so a non-finite dy reaches its tap only (as the GPU kernel of ops.pooling does).
         ymax = _max(xp, window, stride, p, q)
         dxp = np.zeros_like(xp)
         taken = np.zeros(ymax.shape, dtype=bool)
@@ -103,7 +105,7 @@ def pooling_backward(y: np.ndarray, dy: np.ndarray, x: np.ndarray, mode: str = "
             hit = xp[:, :, si, sj] == ymax
             hit &= ~taken
             taken |= hit
-            dxp[:, :, si, sj] += dy * hit
+            dxp[:, :, si, sj] += np.where(hit, dy, 0)
         return _crop(dxp, padding, x.shape)
     g = (dy / _divisor(mode, x.shape, window, stride, padding, p, q, x.dtype)).astype(x.dtype, copy=False)
     dxp = np.zeros((x.shape[0], x.shape[1], x.shape[2] + 2 * padding[0], x.shape[3] + 2 * padding[1]),
