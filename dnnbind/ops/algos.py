@@ -12,12 +12,13 @@ often exceeds the kernel (FACTS.md), so eager calls pick the algorithm with the 
 host work included. ``optimize_for("graph")`` (used by dnnbind.graph.CapturedStep while it warms up) selects
 the GPU-time objective; the default is ``"eager"``. Each objective has its own cache.
 
-Eager calls also consider the execution plans of cuDNN's backend (graph) API (ops.conv_backend): built once
+Timed calls also consider the execution plans of cuDNN's backend (graph) API (ops.conv_backend): built once
 per shape, a plan runs with one ``cudnnBackendExecute`` whose host cost is 7-15 us where the legacy call pays
-23-45 us (H100, docs/benchmarks.md). They are numbered ``BACKEND + i`` (i: the plan's place in the heuristics'
-list, stable for one GPU and cuDNN version, so the on-disk cache can name it). Captured graphs keep to the
-legacy algorithms, whose capture is proven by the tests; ``set_conv_algo_policy(backend=False)`` (or
-``DNNBIND_CONV_BACKEND=0``) turns the plans off.
+23-45 us (H100, docs/benchmarks.md), and some plans' kernels beat every legacy algorithm's. They are numbered
+``BACKEND + i`` (i: the plan's place in the heuristics' list, stable for one GPU and cuDNN version, so the
+on-disk cache can name it). For the "graph" objective a plan is a candidate only if its call captures into the
+candidate's timing graph. ``set_conv_algo_policy(backend=False)`` (or ``DNNBIND_CONV_BACKEND=0``) turns the plans
+off.
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ def set_conv_algo_policy(mode: str = "time", deterministic: bool = False, backen
 
 
 def use_backend() -> bool:
-    """Whether a conv call now may run a backend-API plan: timed eager calls, with the policy allowing it."""
-    return _policy["backend"] and _policy["mode"] == "time" and objective() == "eager"
+    """Whether a conv call now may run a backend-API plan: timed calls, with the policy allowing it. For the
+    "graph" objective only plans whose calls capture into a CUDA graph qualify (``_time_candidates``)."""
+    return _policy["backend"] and _policy["mode"] == "time"
 
 
 def deterministic() -> bool:
@@ -227,6 +229,8 @@ def _time_candidates(cands, run, device, target: str = "graph") -> tuple[int, in
                 results.append((_wall_time(run, algo, ptr, size, stream), ws_bytes, algo))
                 continue
             best_ms = _graph_time(run, algo, ptr, size, stream, start, end)
+            if best_ms is None and algo >= BACKEND:
+                continue  # a plan that does not capture cannot run inside a captured step
             if best_ms is None:
                 best_ms = float("inf")
                 for _ in range(3):
