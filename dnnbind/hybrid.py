@@ -22,7 +22,9 @@ autograd's recording and training flags):
    lists each library call).
 
 Every buffer the recording used stays allocated while it exists (static_alloc): one set of activations per
-signature, ``MAX_SIGNATURES`` signatures per Block, least recently used dropped first.
+signature, ``MAX_SIGNATURES`` signatures per Block, least recently used dropped first. The forward and backward
+of a signature share one memory arena (runtime._arena), where a gradient reuses a dead activation's memory as it
+would in an eager step, so a signature keeps about an eager step's peak (MXNet's static memory planning).
 
 Falls back to eager, correctly:
 - for a signature whose forward returns something other than one NDArray, takes non-array arguments, runs on
