@@ -206,10 +206,15 @@ def test_gradients_by_central_differences():
 # -- inside replayed training steps ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("replay", [CapturedStep, RecordedStep])
-def test_fused_simplecnn_step_replays_like_eager(replay):
-    """SimpleCNN(fuse_relu=True): both kernels (and their scratch from the pool) inside a CUDA graph / a recording
-    give what the eager steps give."""
+def test_fused_simplecnn_step_replays_like_eager(monkeypatch, replay):
+    """SimpleCNN(fuse_relu=True): the kernels (and their scratch from the pool) inside a CUDA graph / a recording
+    give what the eager steps give: conv1's dw and db by ops.bias_relu_wgrad (its input needs no gradient), conv2's
+    ReLU and bias gradient by ops.bias_relu_backward, the max pools'."""
     from models.simple_cnn import SimpleCNN
+    called = []
+    for name in ("bias_relu_wgrad", "bias_relu_backward"):
+        inner = getattr(mx.ops, name)
+        monkeypatch.setattr(mx.ops, name, lambda *a, _f=inner, _n=name, **k: called.append(_n) or _f(*a, **k))
     dev = mx.gpu(0)
     rng = np.random.default_rng(13)
     batches = [(rng.random((64, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 64).astype(np.int32))
@@ -244,6 +249,8 @@ def test_fused_simplecnn_step_replays_like_eager(replay):
                     y.copy_(yb)
                     losses.append(step().numpy().copy())
             results.append((losses, {k: p.data().numpy() for k, p in net.collect_params().items()}))
+            assert {"bias_relu_wgrad", "bias_relu_backward"} <= set(called), called  # eagerly, or while capturing
+            called.clear()
         for a, b in zip(results[0][0], results[1][0]):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
         for k in results[0][1]:

@@ -1,13 +1,15 @@
 """ops.bias_relu_backward, the channel-sum kernel and the max-pool kernels of ops.pooling on a FAKED device (CPU):
 GPU NDArrays at made-up addresses backed by numpy buffers, and each launch of an ops._nn_kernels kernel run as a
 numpy transcription of its CUDA loops (grid, slices, pack offsets, partial slots, the final sum, the pooling
-window and edge logic). What this checks: the ops' launch arguments and geometry, that every output element is
-written exactly once, and the results against the numpy twin. What it cannot: the CUDA code itself (compiled in
-test_nn_kernels.py, run in test_gpu_nn_kernels.py).
+window and edge logic; and ops._wgrad_kernels' dn_wgrad and its final sum, whose tests are in test_wgrad_small.py).
+What this checks: the ops' launch arguments and geometry, that every output element is written exactly once, and
+the results against the numpy twin. What it cannot: the CUDA code itself (compiled in test_nn_kernels.py and
+test_wgrad_small.py, run in test_gpu_nn_kernels.py and test_wgrad_small_gpu.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import re
 
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 
 import dnnbind
 from dnnbind.ops import _nn_kernels as K
+from dnnbind.ops import _wgrad_kernels as KW
 from dnnbind.ops import bias_relu as BR
 from dnnbind.ops import conv as CV
 from dnnbind.ops import pooling as PO
@@ -41,6 +44,7 @@ class FakeDevice:
         for mod in (BR, PO):
             monkeypatch.setattr(mod, "current_stream", lambda device: None)
         monkeypatch.setattr(K, "kernel", lambda name: _Launcher(self, name))
+        monkeypatch.setattr(KW, "kernel", lambda name: _Launcher(self, name))  # ops.bias_relu_wgrad's kernels
 
     def empty(self, shape, dtype, device=None, offset=0):
         dtype, size = np.dtype(dtype), int(np.prod(shape))
@@ -74,7 +78,8 @@ class _Launcher:
         dtype = _CTYPES[params[0]]
         ptrs = [a for a in args if isinstance(a, NDArray)]
         assert all(a.dtype in (dtype, F32) for a in ptrs), (self.name, [a.dtype for a in ptrs])
-        assert all(type(a) is int for a in args if not isinstance(a, NDArray) and a is not None), args
+        assert all(type(a) is int or isinstance(a, ctypes.Structure) for a in args
+                   if not isinstance(a, NDArray) and a is not None), args
         getattr(self, kind)(grid, block, params, *args)
 
     def buf(self, a):
@@ -136,6 +141,47 @@ class _Launcher:
         assert grid[0] * block[0] >= 32 * c_ and part.size == c_ * s_total
         sums = self.buf(part).reshape(c_, s_total).sum(axis=1, dtype=np.float32)
         self.store(db, np.arange(c_), sums.astype(db.dtype))
+
+    def dn_wgrad(self, grid, block, params, x, y, dy, part, dw, db, g):
+        """Block (bx, s): channels (bx * TX + tx) * KB + j, the slice's positions; x gathered through the Geometry
+        tables and dn_div's multiply (the kernel's own index math), sums in float32 (in numpy's order)."""
+        taps, kb, nhwc = int(params[1]), int(params[2]), params[3] == "true"
+        tx_n = block[0] if nhwc else 1
+        assert block[0] * block[1] == K.BLOCK and (nhwc or block == (K.BLOCK, 1))
+        assert (part is None) == (grid[1] == 1) and grid[0] * tx_n * kb >= g.K > (grid[0] - 1) * tx_n * kb
+        xs, ys, dys = (self.buf(a).astype(np.float32) for a in (x, y, dy))
+        for s in range(grid[1]):
+            m = np.arange(s * g.CHUNK, min((s + 1) * g.CHUNK, g.ROWS), dtype=np.uint64)
+            n = (((m * np.uint64(g.MUL_PQ)) >> np.uint64(32)) + m) >> np.uint64(g.SHR_PQ)
+            pq = m - n * np.uint64(g.PQ)
+            p = (((pq * np.uint64(g.MUL_Q)) >> np.uint64(32)) + pq) >> np.uint64(g.SHR_Q)
+            n, pq, p, q, m = (a.astype(np.int64) for a in (n, pq, p, pq - p * np.uint64(g.Q), m))
+            ih, iw = p * g.SH - g.PH, q * g.SW - g.PW
+            base = n * g.CHW + (ih * g.W + iw) * g.XS
+            xv = np.zeros((taps, m.size), np.float32)
+            for t in range(taps):
+                inside = (ih + g.dr[t] >= 0) & (ih + g.dr[t] < g.H) & (iw + g.dc[t] >= 0) & (iw + g.dc[t] < g.W)
+                xv[t, inside] = xs[(base + g.off[t])[inside]]
+            for bx in range(grid[0]):
+                for c in range(tx_n):
+                    for j in range(kb):
+                        k = (bx * tx_n + c) * kb + j
+                        if k >= g.K:
+                            continue
+                        o = m * g.K + k if nhwc else (n * g.K + k) * g.PQ + pq
+                        dz = np.where(ys[o] > 0, dys[o], np.float32(0))
+                        sums = np.append((xv * dz).sum(axis=1, dtype=np.float32), dz.sum(dtype=np.float32))
+                        if grid[1] == 1:
+                            self.store(dw, np.arange(k * taps, (k + 1) * taps), sums[:taps].astype(dw.dtype))
+                            self.store(db, [k], sums[taps:].astype(db.dtype))
+                        else:
+                            self.store(part, (k * (taps + 1) + np.arange(taps + 1)) * grid[1] + s, sums)
+
+    def dn_wgrad_final(self, grid, block, params, part, dw, db, k_, taps, s_total):
+        assert grid[0] * block[0] >= 32 * k_ * (taps + 1) and part.size == k_ * (taps + 1) * s_total
+        sums = self.buf(part).reshape(k_, taps + 1, s_total).sum(axis=2, dtype=np.float32)
+        self.store(dw, np.arange(k_ * taps), sums[:, :taps].ravel().astype(dw.dtype))
+        self.store(db, np.arange(k_), sums[:, taps].astype(db.dtype))
 
     def _windows(self, grid, params, total, c_, h, w, p_, q_, kh_, kw_):
         """Per output o: (base, sh, sw, p, q, kh, kw), as dn_window computes them."""

@@ -18,6 +18,7 @@ from ..autograd import frees_graph, grad_out, is_recording, is_training, needs_g
 from ..ops import dropout as _dropout
 from ..ops.reference.dropout import dropout_p
 from ..ops.blas import gemm_into, ones_vector, sum_rows_into
+from ..ops.bias_relu import wgrad_fits
 from ..ops.conv import conv_backward_bias_gemv
 from ..ops._common import blas
 from ..runtime.array import empty
@@ -34,6 +35,7 @@ def _pair(v):
 
 _FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 RELU_BIAS_KERNEL = True  # False: a fused conv's backward takes cudnnActivationBackward + gemv (tests compare)
+SMALL_WGRAD_KERNEL = True  # False: a first layer's dw, db take bias_relu_backward + cuDNN as well (tests compare)
 _UNFUSED: set = set()  # float16 or NHWC shapes cuDNN could not fuse (the legacy call refused, no backend plan)
 
 
@@ -55,7 +57,8 @@ def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0),
     num_filter), run by cuDNN on channels-last descriptors (no transposes). ``act_type="relu"`` fuses the ReLU:
     one cudnnConvolutionBiasActivationForward (or backend-API plan) on the GPU (float32 or float16, with a bias);
     its backward is the ReLU's on the output (with the bias gradient in the same kernel pass on the GPU:
-    ops.bias_relu_backward), then the convolution's backward.
+    ops.bias_relu_backward), then the convolution's backward; where the data needs no gradient and the filter has at
+    most 32 taps (a first layer), dw and db come from one kernel on the GPU instead (ops.bias_relu_wgrad).
     """
     b = None if no_bias else bias
     stride, pad, dilate = _pair(stride), _pair(pad), _pair(dilate)
@@ -90,6 +93,12 @@ def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0),
                 out = saved[0]
                 if frees_graph():  # nothing reads y after this: its memory returns before the conv's backward
                     saved.clear()  # allocates (as an unfused ReLU node would free it), e.g. 84.5 MiB of AlexNet's
+                if (SMALL_WGRAD_KERNEL and bias_grad and dy._data is None and needs_grad(weight)
+                        and not needs_grad(data) and num_group == 1 and wgrad_fits(data, out, w_shape, layout)):
+                    # GPU, a first layer (no dx) with few filter taps: dw and db in one kernel pass over x, y and
+                    # dy (ops.bias_relu_wgrad), where cuDNN's backward-filter is slow at 1-3 input channels
+                    return (None, *ops.bias_relu_wgrad(data, out, dy, w_shape, stride, pad, dilate, layout,
+                                                       grad_out(weight), grad_out(b)))
                 if bias_grad and RELU_BIAS_KERNEL and dy._data is None:
                     # GPU: the ReLU mask and the bias gradient in one pass over y and dy (ops.bias_relu), db
                     # straight into the Parameter's grad buffer when autograd allows

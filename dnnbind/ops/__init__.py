@@ -10,7 +10,7 @@ from .batchnorm import set_batchnorm_mode
 from .batchnorm_fused import (batchnorm_add_relu_backward, batchnorm_add_relu_forward_training,
                               batchnorm_nhwc_backward, batchnorm_nhwc_forward_training)
 from .arith import adam_update, sgd_update
-from .bias_relu import bias_relu_backward
+from .bias_relu import bias_relu_backward, bias_relu_wgrad
 from .blas import axpy, copy, fill, gemm, linear_backward, linear_forward, scal
 from .conv import (conv_backward_bias, conv_backward_data, conv_backward_filter, conv_bias_relu_forward,
                    conv_forward)
@@ -22,7 +22,8 @@ from .pooling import pooling_backward, pooling_forward
 
 __all__ = ["reference", "set_conv_algo_policy", "set_batchnorm_mode", "batchnorm_add_relu_backward",
            "batchnorm_add_relu_forward_training", "batchnorm_nhwc_backward", "batchnorm_nhwc_forward_training",
-           "adam_update", "sgd_update", "axpy", "bias_relu_backward", "copy", "fill", "gemm", "linear_backward",
+           "adam_update", "sgd_update", "axpy", "bias_relu_backward", "bias_relu_wgrad",
+           "copy", "fill", "gemm", "linear_backward",
            "linear_forward", "scal", "conv_backward_bias", "conv_backward_data", "conv_backward_filter",
            "conv_forward", "conv_bias_relu_forward", "deconv_backward_data",
            "deconv_backward_filter", "deconv_forward", "dropout_backward", "dropout_forward", "nll_loss",

@@ -354,11 +354,11 @@ def pack_width(dtype, extent: int, ptrs) -> int:
     return 1
 
 
-def _slices(units: int, columns: int, per_block: int) -> tuple[int, int]:
+def _slices(units: int, columns: int, per_block: int, least: int = MIN_PACKS) -> tuple[int, int]:
     """(chunk, S): each of ``columns`` block columns splits its ``units`` (packs or rows) into S slices of
-    ``chunk``, S as large as TARGET_BLOCKS wants while a slice still gives every thread MIN_PACKS loads."""
+    ``chunk``, S as large as TARGET_BLOCKS wants while a slice still gives every thread ``least`` units."""
     want = max(1, TARGET_BLOCKS // columns)
-    most = max(1, units // (per_block * MIN_PACKS))
+    most = max(1, units // (per_block * least))
     s = max(1, min(want, most, MAX_SPLITS, 65535))
     chunk = -(-units // s)
     return chunk, -(-units // chunk)  # no empty slice

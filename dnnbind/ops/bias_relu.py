@@ -10,20 +10,27 @@ added in a fixed order by a second small kernel (ops._nn_kernels explains the gr
 ``conv_backward_bias_kernel(dy)`` is the same kernel with the mask off: conv_backward_bias's result.
 NOTE: nd.Convolution's unfused bias gradient keeps conv_backward_bias_gemv: both read dy once, and nobody has yet
 timed the kernel against cuBLAS's gemv at ResNet sizes (256x64x48x48) on a GPU.
+
+``bias_relu_wgrad(x, y, dy, w_shape)`` -> (dw, db): for a filter of at most 32 taps C*R*S (a first layer), the
+weight and bias gradients in one kernel pass over x, y and dy (ops._wgrad_kernels), dz kept in registers. On
+SimpleCNN's conv1 it replaces bias_relu_backward and cuDNN's backward-filter (~24 us there: its algorithms are
+built for many input channels). float32 and float16; groups 1; no dx (for a network's input, which needs none).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.array import empty
+from ..runtime.array import NDArray, empty
 from ..runtime.stream import current_stream
 from . import _check, reference
 from . import _nn_kernels as K
+from . import _wgrad_kernels as KW
 from ._common import float_dtype, out_like
 from ._dispatch import op
-from .conv import _target, conv_backward_bias_gemv
+from .conv import _exact, _target, conv_backward_bias_gemv
 from .pointwise import activation_backward
+from .reference.conv import bias_relu_wgrad_params
 
 OP = "bias_relu_backward"
 
@@ -80,3 +87,74 @@ def conv_backward_bias_kernel(dy, out=None, layout="NCHW"):
     db = _target(out, (k,), dy._dtype, dy._device, "conv_backward_bias")
     _channel_sums(None, dy, None, db, layout)
     return db
+
+
+# -- dw and db of a fused conv + bias + ReLU with a small filter ------------------------------------------------
+
+OPW = "bias_relu_wgrad"
+_wgrad_plans: dict = {}  # exact-int arguments -> checked plan (as ops.conv caches its _Plan); at most PLAN_LIMIT
+PLAN_LIMIT = 256
+
+
+def wgrad_fits(x, y, w_shape, layout: str = "NCHW") -> bool:
+    """Whether bias_relu_wgrad takes a convolution's (already valid) arrays: float32/float16, at most KW.MAX_TAPS
+    filter taps C*R*S, fewer than 2**31 elements in x and y (the kernels index with 32-bit integers)."""
+    _, c, r, s = _check.to_nchw(w_shape, layout)
+    return x._dtype in K.DTYPES and c * r * s <= KW.MAX_TAPS and x.size < K.INT_LIMIT and y.size < K.INT_LIMIT
+
+
+def _wgrad_plan(x_shape, w_shape, y_shape, dy_shape, stride, padding, dilation, layout):
+    """(w_shape, taps, launch geometry, final grid), the arguments checked once per exact-int argument set."""
+    raw = None
+    if _exact(stride) and _exact(padding) and _exact(dilation) and type(w_shape) is tuple and \
+            all(type(d) is int for d in w_shape) and type(layout) is str:
+        raw = (x_shape, w_shape, y_shape, dy_shape, stride, padding, dilation, layout)
+        plan = _wgrad_plans.get(raw)
+        if plan is not None:
+            return plan
+    stride, padding, dilation, w_shape, taps = bias_relu_wgrad_params(
+        OPW, x_shape, w_shape, y_shape, dy_shape, stride, padding, dilation, layout)
+    for name, shape in (("x", x_shape), ("y", y_shape)):
+        if np.prod(shape, dtype=np.int64) >= K.INT_LIMIT:
+            raise ValueError(f"{OPW}: {name} {shape} has 2**31 elements or more; the kernel indexes with 32-bit "
+                             "integers (use conv_backward_filter and conv_backward_bias)")
+    geom, grid, block, s = KW.launch_plan(_check.to_nchw(x_shape, layout), _check.to_nchw(w_shape, layout),
+                                          _check.to_nchw(y_shape, layout), stride, padding, dilation, layout)
+    plan = (w_shape, taps, geom, grid, block, s, KW.final_grid(w_shape[0], taps))
+    if raw is not None:
+        if len(_wgrad_plans) >= PLAN_LIMIT:
+            _wgrad_plans.pop(next(iter(_wgrad_plans)))  # the oldest: a cap, not an LRU (ops._common.cache_insert)
+        _wgrad_plans[raw] = plan
+    return plan
+
+
+def _check_out(out, name: str, shape, dtype, device) -> None:
+    if out is None:
+        return
+    if not isinstance(out, NDArray):
+        raise TypeError(f"{OPW}: {name} must be a dnnbind NDArray (written in place), got {type(out).__name__}")
+    if out._shape != tuple(shape) or out._dtype != dtype or out._device is not device:
+        raise ValueError(f"{OPW}: {name} has shape {out._shape}, {out._dtype} on {out._device}; expected "
+                         f"{tuple(shape)}, {dtype} on {device}")
+
+
+@op(reference.bias_relu_wgrad, "x", "y", "dy")
+def bias_relu_wgrad(x, y, dy, w_shape, stride=1, padding=0, dilation=1, layout="NCHW", out_dw=None, out_db=None):
+    """(dw, db) of y = relu(conv(x, w) + b), groups 1, at most 32 filter taps: one kernel pass over x, y and dy
+    (plus a small fixed-order sum of the per-block slots), into ``out_dw``/``out_db`` if given (GPU only)."""
+    dtype = float_dtype(OPW, K.DTYPES, x=x, y=y, dy=dy)
+    w_shape, taps, geom, grid, block, s, final_grid = _wgrad_plan(x._shape, w_shape, y._shape, dy._shape, stride,
+                                                                  padding, dilation, layout)
+    k = w_shape[0]
+    _check_out(out_dw, "out_dw", w_shape, dtype, x._device)
+    _check_out(out_db, "out_db", (k,), dtype, x._device)
+    dw = out_like(w_shape, dtype, x._device) if out_dw is None else out_dw
+    db = out_like((k,), dtype, x._device) if out_db is None else out_db
+    stream = current_stream(x._device)
+    # One slice per block column: the blocks write dw and db themselves. Else per-(channel, tap, slice) slots from
+    # the pool for this call (a recording holds them; the final kernel is queued before their stream-ordered free).
+    part = empty((k * (taps + 1) * s,), np.float32, x._device) if s > 1 else None
+    KW.kernel(KW.wgrad_name(dtype, taps, layout)).launch(grid, block, (x, y, dy, part, dw, db, geom), stream=stream)
+    if part is not None:
+        KW.kernel(KW.final_name(dtype)).launch(final_grid, K.BLOCK, (part, dw, db, k, taps, s), stream=stream)
+    return dw, db

@@ -19,6 +19,7 @@ from .blas import axpy, copy, fill, gemm, linear_backward, linear_forward, scal
 from .conv import (
     add_tensor,
     bias_relu_backward,
+    bias_relu_wgrad,
     conv_backward_bias,
     conv_backward_data,
     conv_backward_filter,
@@ -40,6 +41,7 @@ __all__ = [
     "add_tensor",
     "axpy",
     "bias_relu_backward",
+    "bias_relu_wgrad",
     "conv_backward_bias",
     "conv_backward_data",
     "conv_backward_filter",

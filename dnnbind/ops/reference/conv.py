@@ -155,6 +155,58 @@ def bias_relu_backward(y: np.ndarray, dy: np.ndarray, layout: str = "NCHW") -> t
     return dz, dz.sum(axis=(0, 2, 3) if layout == "NCHW" else (0, 1, 2))
 
 
+WGRAD_MAX_TAPS = 32  # bias_relu_wgrad: at most this many filter taps C*R*S (the GPU kernel keeps one sum per tap)
+
+
+def bias_relu_wgrad_params(op: str, x_shape, w_shape, y_shape, dy_shape, stride=1, padding=0, dilation=1,
+                           layout="NCHW"):
+    """Validate bias_relu_wgrad (shared by the GPU op and this twin); returns (stride, padding, dilation,
+    w_shape, taps). x, w as conv_forward's (groups == 1 only); y and dy the convolution's output shape."""
+    w_shape = _check.check_shape_arg(op, "w_shape", w_shape)
+    layout = _check.conv_layout(op, layout)
+    nhwc = layout == "NHWC"
+    x_shape = _check.check_ndim(op, "x", x_shape, (4,), "4-D (N, H, W, C) (layout NHWC)" if nhwc else
+                                "4-D (N, C, H, W)")
+    w_shape = _check.check_ndim(op, "w_shape", w_shape, (4,), "4-D (K, R, S, C) (layout NHWC)" if nhwc else
+                                "4-D (K, C, R, S)")
+    k, cw, r, s = _check.to_nchw(w_shape, layout)
+    c = _check.to_nchw(x_shape, layout)[1]
+    if cw != c:  # the one place a grouped convolution's weight would pass the other checks
+        raise ValueError(f"{op}: x has {c} channels but w_shape {w_shape} has {cw}; only ungrouped convolutions "
+                         f"(groups=1) are supported: x {x_shape}, w_shape {w_shape} (layout {layout})")
+    stride, padding, dilation, _, want = _check.conv_params(op, x_shape, w_shape, None, stride, padding, dilation,
+                                                            1, layout)
+    axes = "(N, P, Q, K) (layout NHWC)" if nhwc else "(N, K, P, Q)"
+    y_shape = _check.check_ndim(op, "y", y_shape, (4,), f"4-D {axes}")
+    dy_shape = _check.check_ndim(op, "dy", dy_shape, (4,), f"4-D {axes}")
+    _check.check_same_shape(op, y=y_shape, dy=dy_shape)
+    if y_shape != want:
+        raise ValueError(f"{op}: y has shape {y_shape} but the convolution gives {want}: x {x_shape}, w_shape "
+                         f"{w_shape}, y {y_shape} (stride {stride}, padding {padding}, dilation {dilation}, "
+                         f"layout {layout})")
+    taps = c * r * s
+    if taps > WGRAD_MAX_TAPS:
+        raise ValueError(f"{op}: w_shape {w_shape} has C*R*S = {c}*{r}*{s} = {taps} taps; at most "
+                         f"{WGRAD_MAX_TAPS} (use conv_backward_filter and conv_backward_bias)")
+    return stride, padding, dilation, w_shape, taps
+
+
+@_check.float16_via_float32
+def bias_relu_wgrad(x: np.ndarray, y: np.ndarray, dy: np.ndarray, w_shape, stride=1, padding=0, dilation=1,
+                    layout: str = "NCHW") -> tuple[np.ndarray, np.ndarray]:
+    """The weight and bias gradients of y = relu(conv(x, w) + b) (groups 1): dz = dy where y > 0 else 0 (the
+    rules of bias_relu_backward), dw = conv_backward_filter(x, dz), db = the per-channel sum of dz. At most
+    WGRAD_MAX_TAPS filter taps, as the GPU op (the same checks, so a call fails alike on both backends)."""
+    x, y, dy = np.asarray(x), np.asarray(y), np.asarray(dy)
+    op = "bias_relu_wgrad"
+    _check.check_dtype(op, _check.FLOAT32_64, x=x, y=y, dy=dy)
+    stride, padding, dilation, w_shape, _ = bias_relu_wgrad_params(op, x.shape, w_shape, y.shape, dy.shape, stride,
+                                                                   padding, dilation, layout)
+    dz = np.where(y > 0, dy, dy.dtype.type(0))
+    dw = conv_backward_filter(x, dz, w_shape, stride, padding, dilation, 1, layout)
+    return dw, dz.sum(axis=(0, 2, 3) if layout == "NCHW" else (0, 1, 2))
+
+
 @_check.float16_via_float32
 def add_tensor(x: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x + b, b (C,) broadcast over x (N, C, ...) or b the same shape as x. Returns a new array."""
