@@ -158,6 +158,24 @@ def _compare_conv_paths(monkeypatch, xs, k, layout, dtype):
     np.testing.assert_array_equal(new[0], old[0])  # dz is exact: the conv's backward data sees the same input
 
 
+@pytest.mark.parametrize("dtype", [F32, F16, F64])
+@pytest.mark.parametrize("n, k, units", [(64, 3136, 128), (64, 128, 10), (1, 7, 1), (300, 5, 33)], ids=str)
+def test_linear_forward_writes_the_bias_rows_then_adds_the_product(n, k, units, dtype):
+    """ops.linear_forward: the bias_rows kernel fills y with b's rows, the gemm adds x w^T (beta = 1)."""
+    rng = np.random.default_rng(31)
+    x, w = rng.standard_normal((n, k)).astype(dtype), (rng.standard_normal((units, k)) / 8).astype(dtype)
+    b = (rng.standard_normal(units) * 3).astype(dtype)
+    ref = x.astype(F64) @ w.astype(F64).T + b.astype(F64)
+    got = mx.ops.linear_forward(g(x), g(w), g(b)).numpy()
+    assert got.dtype == dtype
+    tol = {F16: 1e-2, F32: 1e-5, F64: 1e-12}[dtype]
+    if mx.math_mode() == "tf32" and dtype == F32:
+        tol = 2e-3
+    assert_close(got, ref, tol, tol * max(1.0, np.abs(ref).max()), name="y")
+    assert_close(mx.ops.linear_forward(g(x), g(w)).numpy(), ref - b.astype(F64), tol,
+                 tol * max(1.0, np.abs(ref).max()), name="y without bias")
+
+
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_nd_pooling_backward_equals_cudnn(monkeypatch, layout):
     x = rnd(nhwc_shape((64, 32, 28, 28), layout), 10)  # continuous values: no ties, where cuDNN's rule is unknown
