@@ -109,6 +109,7 @@ def dnnbind_step(mode, d2l, spec, ctx, data, args):
     if mode.layout == "NHWC":
         import bench_nhwc
         net, xs = bench_nhwc.build(spec, net, ctx), [bench_nhwc.to_nhwc(x) for x in xs]
+        gc.collect()  # the NCHW model it was built from (85 MiB of parameters and gradients) sits in a cycle
     cast = (lambda x: x) if not half else (lambda x: x.astype("float16"))
     if half:  # MXNet's mixed precision: the network in float16, float32 master weights in the Trainer
         net.cast("float16")
