@@ -4,11 +4,13 @@ the model's individual ops and an 8192^3 sgemm. Prints a table and writes JSON.
 
     python scripts/bench.py                 # strict FP32
     python scripts/bench.py --tf32 --json runs/bench_tf32.json
+    python scripts/bench.py --amp           # mixed precision: dnnbind float16 (MXNet's), PyTorch AMP bf16
     python scripts/bench.py --model resnet18   # d2l's ResNet-18 / AlexNet training step: scripts/bench_models.py
     python scripts/bench.py --model resnet18 --gpus 2   # scaling from 1 to 2 GPUs: scripts/bench_scaling.py
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -46,50 +48,66 @@ def make_net(dev, seed):
     return net
 
 
-def accuracy_dnnbind(net, tx, ty, dev):
+def accuracy_dnnbind(net, tx, ty, dev, dtype=np.float32):
     with autograd.predict_mode():
-        pred = np.concatenate([net(mx.array(tx[i:i + 1000], device=dev)).numpy().argmax(1)
+        pred = np.concatenate([net(mx.array(tx[i:i + 1000].astype(dtype), device=dev)).numpy().argmax(1)
                                for i in range(0, len(ty), 1000)])
     return float((pred == ty).mean())
 
 
-def bench_dnnbind(xs, ys, tx, ty, dev, seed, replay):
+def bench_dnnbind(xs, ys, tx, ty, dev, seed, replay, amp=False):
     """replay: None (eager, autograd every step), "hybridize" (the same loop after ``net.hybridize()``: the net's
     forward and backward replay their recorded calls), "graph" (the step captured as one CUDA graph) or "host"
-    (the step's library calls recorded once and re-issued from the host, no CUDA graph)."""
+    (the step's library calls recorded once and re-issued from the host, no CUDA graph).
+    amp: MXNet's mixed precision, ``net.cast('float16')`` with float32 master weights in the Trainer; each batch
+    is cast to float16 inside the timed loop, as PyTorch's autocast casts its float32 input."""
     net = make_net(dev, seed)
+    dtype = np.float16 if amp else np.float32
+    cast = (lambda x: x.astype("float16")) if amp else (lambda x: x)
+    if amp:
+        net.cast("float16")
     if replay == "hybridize":
         net.hybridize()
         replay = None
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR, "momentum": MOMENTUM})
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR, "momentum": MOMENTUM,
+                                                          "multi_precision": amp})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     stream = mx.current_stream(dev)
     t0 = time.perf_counter()
     if replay is not None:
-        step = training_step(net, loss_fn, trainer, (BATCH, 1, 28, 28), replay=replay, device=dev)
+        step = training_step(net, loss_fn, trainer, (BATCH, 1, 28, 28), replay=replay, device=dev, data_dtype=dtype)
         setup = time.perf_counter() - t0
         stream.synchronize()
         t0 = time.perf_counter()
         for i in range(STEPS):  # each batch: two D2D copies into the recorded input buffers, one replay
-            loss = step(xs[i * BATCH:(i + 1) * BATCH], ys[i * BATCH:(i + 1) * BATCH])
+            loss = step(cast(xs[i * BATCH:(i + 1) * BATCH]), ys[i * BATCH:(i + 1) * BATCH])
     else:
         setup = 0.0
         for i in range(STEPS):
             with autograd.record():
-                loss = loss_fn(net(xs[i * BATCH:(i + 1) * BATCH]), ys[i * BATCH:(i + 1) * BATCH])
+                loss = loss_fn(net(cast(xs[i * BATCH:(i + 1) * BATCH])), ys[i * BATCH:(i + 1) * BATCH])
             loss.backward()
             trainer.step(BATCH)
     stream.synchronize()
     epoch = time.perf_counter() - t0
     return {"epoch_s": epoch, "setup_s": setup, "final_loss": float(loss.mean().item()),
-            "accuracy": accuracy_dnnbind(net, tx, ty, dev)}
+            "accuracy": accuracy_dnnbind(net, tx, ty, dev, dtype)}
 
 
-def bench_torch(torch, xs, ys, tx, ty, dev, seed, graph):
+def bench_torch(torch, xs, ys, tx, ty, dev, seed, graph, amp=False):
+    """amp: torch.autocast with bfloat16 (PyTorch's mixed precision; no loss scaler needed)."""
     tnet = to_torch(make_net(dev, seed))
     opt = torch.optim.SGD(tnet.parameters(), lr=LR, momentum=MOMENTUM)
     X, Y = torch.from_dlpack(xs), torch.from_dlpack(ys).long()  # the same buffers, zero copy
-    lossf = torch.nn.functional.cross_entropy
+    autocast = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)) if amp
+                else contextlib.nullcontext)
+
+    def lossf(logits, labels):
+        return torch.nn.functional.cross_entropy(logits.float(), labels)
+
+    def forward(x):
+        with autocast():
+            return tnet(x)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     setup = 0.0
@@ -101,13 +119,13 @@ def bench_torch(torch, xs, ys, tx, ty, dev, seed, graph):
             state = {k: v.clone() for k, v in tnet.state_dict().items()}
             for _ in range(3):
                 opt.zero_grad(set_to_none=True)
-                lossf(tnet(sx), sy).backward()
+                lossf(forward(sx), sy).backward()
                 opt.step()
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)
         with torch.cuda.graph(g):
-            static_loss = lossf(tnet(sx), sy)
+            static_loss = lossf(forward(sx), sy)
             static_loss.backward()
             opt.step()
         torch.cuda.synchronize()
@@ -128,13 +146,13 @@ def bench_torch(torch, xs, ys, tx, ty, dev, seed, graph):
     else:
         for i in range(STEPS):
             opt.zero_grad(set_to_none=True)
-            loss = lossf(tnet(X[i * BATCH:(i + 1) * BATCH]), Y[i * BATCH:(i + 1) * BATCH])
+            loss = lossf(forward(X[i * BATCH:(i + 1) * BATCH]), Y[i * BATCH:(i + 1) * BATCH])
             loss.backward()
             opt.step()
     torch.cuda.synchronize()
     epoch = time.perf_counter() - t0
     with torch.no_grad():
-        pred = torch.cat([tnet(torch.from_numpy(tx[i:i + 1000]).cuda()).argmax(1).cpu()
+        pred = torch.cat([forward(torch.from_numpy(tx[i:i + 1000]).cuda()).argmax(1).cpu()
                           for i in range(0, len(ty), 1000)]).numpy()
     return {"epoch_s": epoch, "setup_s": setup, "final_loss": float(loss.item()), "accuracy": float((pred == ty).mean())}
 
@@ -227,6 +245,9 @@ def main(argv=None):
     p.add_argument("--model", choices=MODELS, default="simplecnn",
                    help="resnet18, alexnet: scripts/bench_models.py (see --model resnet18 --help)")
     p.add_argument("--tf32", action="store_true")
+    p.add_argument("--amp", action="store_true",
+                   help="mixed precision (TF32 for the rest): dnnbind float16 with float32 master weights, PyTorch "
+                        "autocast bf16")
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--seeds", type=int, default=3,
                    help="accuracy is compared as the mean over this many seeds (initial weights and data order)")
@@ -236,8 +257,11 @@ def main(argv=None):
     if mx.num_gpus() == 0:
         raise SystemExit(f"bench.py needs a GPU: {mx.runtime.gpu_status()[1]}")
     dev = mx.gpu(0)
+    args.tf32 = args.tf32 or args.amp
     mode = "tf32" if args.tf32 else "fp32"
     mx.set_math_mode(mode)
+    if args.amp:
+        mode = "amp (dnnbind float16, PyTorch bf16; TF32 elsewhere)"
     try:
         import torch
         torch.backends.cudnn.allow_tf32 = args.tf32
@@ -249,13 +273,13 @@ def main(argv=None):
     xs, ys, tx, ty = load_data(dev, args.seed)
 
     def runs_for(xs, ys, seed):
-        runs = [("dnnbind eager", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, None)),
-                ("dnnbind hybridized", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, "hybridize")),
-                ("dnnbind recorded step", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, "host")),
-                ("dnnbind captured step", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, "graph"))]
+        runs = [("dnnbind eager", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, None, args.amp)),
+                ("dnnbind hybridized", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, "hybridize", args.amp)),
+                ("dnnbind recorded step", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, "host", args.amp)),
+                ("dnnbind captured step", lambda: bench_dnnbind(xs, ys, tx, ty, dev, seed, "graph", args.amp))]
         if torch is not None:
-            runs += [("PyTorch eager", lambda: bench_torch(torch, xs, ys, tx, ty, dev, seed, False)),
-                     ("PyTorch CUDA graph", lambda: bench_torch(torch, xs, ys, tx, ty, dev, seed, True))]
+            runs += [("PyTorch eager", lambda: bench_torch(torch, xs, ys, tx, ty, dev, seed, False, args.amp)),
+                     ("PyTorch CUDA graph", lambda: bench_torch(torch, xs, ys, tx, ty, dev, seed, True, args.amp))]
         return runs
 
     results = {}

@@ -23,18 +23,24 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--tf32", action="store_true")
+    p.add_argument("--fp16", action="store_true", help="MXNet's mixed precision: net.cast('float16'), float32 master "
+                   "weights in the Trainer (TF32 for what stays float32)")
     args = p.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
-    mx.set_math_mode("tf32" if args.tf32 else "fp32")
+    mx.set_math_mode("tf32" if args.tf32 or args.fp16 else "fp32")
     dev = mx.gpu(0)
     net = SimpleCNN(fuse_relu=True)
     net.initialize(mx.init.TorchDefault(), ctx=dev)
     net(mx.zeros((2, 1, 28, 28), device=dev))
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
+    if args.fp16:
+        net.cast("float16")
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9,
+                                                          "multi_precision": args.fp16})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.default_rng(0)
-    x = mx.array(rng.random((64, 1, 28, 28), dtype=np.float32), device=dev)
+    x = mx.array(rng.random((64, 1, 28, 28), dtype=np.float32).astype(np.float16 if args.fp16 else np.float32),
+                 device=dev)
     y = mx.array(rng.integers(0, 10, 64).astype(np.int32), device=dev)
 
     def step():
