@@ -150,7 +150,7 @@ class Hold:
     After the recording a free of the family's piece is deferred to the family (its replays still use it), and
     ``pin`` names the other pointers its calls use (parameters, a shared workspace, another recording's buffers):
     a later free of one of those (a workspace that grew, a parameter buffer that was replaced) is deferred too.
-    ``release()`` frees what was deferred, stream-ordered; the arena's slabs go with the family's last Hold.
+    ``release()`` frees what was deferred, stream-ordered; the arena's ranges go with the family's last Hold.
 
     ``parent``: a recording always replayed just before this one (a hybridized Block's forward before its
     backward); the child allocates from the parent's arena, so it reuses what the parent's activations leave.
