@@ -314,6 +314,7 @@ def test_conv_ops_through_backend_plans_match_reference(case, monkeypatch):
         return cands[0][:2]
 
     monkeypatch.setitem(algos._policy, "backend", True)  # also under DNNBIND_CONV_BACKEND=0
+    monkeypatch.setattr(conv_mod, "SMALL_FILTER_KERNEL", False)  # the fused plans, not dn_small_fwd, for few taps
     monkeypatch.setattr(algos, "_time_candidates", first_backend)
     monkeypatch.setattr(algo_cache, "lookup", lambda *a: None)
     monkeypatch.setattr(algo_cache, "store", lambda *a: None)

@@ -218,7 +218,8 @@ def test_kernel_names():
     assert KW.wgrad_name(F32, 27, "NHWC") == "dn_wgrad<float, 27, 1, true>"
     assert KW.wgrad_name(F32, 32, "NCHW") == "dn_wgrad<float, 32, 1, false>"
     assert KW.final_name(F16) == "dn_wgrad_final<dn_half>"
-    assert len(set(KW.ALL_NAMES)) == 2 * 32 * 2 + 2
+    assert KW.fwd_name(F16, 9) == "dn_small_fwd<dn_half, 9>" and KW.fwd_grid(50176, 32) == (196, 4)
+    assert len(set(KW.ALL_NAMES)) == 2 * 32 * 2 + 2 + 2 * 32
 
 
 def test_every_instance_compiles_for_sm_90_without_spills():

@@ -113,12 +113,12 @@ WATCHED = ("bias_relu_wgrad", "bias_relu_backward", "conv_backward_data", "conv_
 
 def _conv_grads(monkeypatch, x, w, b, dy, kwargs, dtype, data_grad=False):
     """y and the gradients of nd.Convolution(act_type='relu'), and the ops its backward called, in order."""
-    calls = []
     xs, ws, bs = (nd.array(a, ctx=mx.gpu(0), dtype=dtype) for a in (x, w, b))
     for a in (ws, bs) + ((xs,) if data_grad else ()):
         a.attach_grad()
     with autograd.record():
         y = nd.Convolution(xs, ws, bs, act_type="relu", **kwargs)
+    calls = []
     with monkeypatch.context() as m:
         for name in WATCHED:
             m.setattr(mx.ops, name, _Counted(name, getattr(mx.ops, name), calls))
@@ -173,3 +173,45 @@ def test_data_that_needs_a_gradient_keeps_the_library_path(monkeypatch):
     assert_close(dw, R.conv_backward_filter(x, dz, w.shape, padding=1), 1e-4, 1e-4, name="dw")
     assert_close(db, dz.sum(axis=(0, 2, 3)), 1e-4, 1e-4, name="db")
     assert_close(dx, R.conv_backward_data(w, dz, x.shape, padding=1), 1e-4, 1e-4, name="dx")
+
+
+# -- the forward: dn_small_fwd through ops.conv_bias_relu_forward -----------------------------------------------
+
+FWD_CASES = [  # x shape, w shape, stride, padding, dilation
+    ((64, 1, 28, 28), (32, 1, 3, 3), 1, 1, 1),  # SimpleCNN's conv1
+    ((8, 3, 32, 32), (16, 3, 3, 3), 1, 1, 1),   # an RGB first layer, 27 taps
+    ((8, 3, 32, 32), (16, 3, 3, 3), 2, 0, 1),   # stride 2, no padding
+    ((2, 1, 13, 11), (5, 1, 5, 5), 1, 2, 1),    # 5x5, odd sizes
+    ((3, 2, 12, 12), (4, 2, 3, 3), 1, 2, 2),    # dilation 2
+    ((1, 1, 1, 1), (1, 1, 1, 1), 1, 0, 1),      # size 1
+]
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("case", FWD_CASES, ids=str)
+def test_small_filter_forward_matches_float64_and_cudnn(monkeypatch, case, dtype):
+    """conv_bias_relu_forward by dn_small_fwd against the float64 reference and against cuDNN's path; a NaN in x
+    reaches y (cuDNN's ReLU propagates NaN); bitwise the same twice."""
+    from dnnbind.ops import conv as conv_mod
+    xs, ws, stride, padding, dilation = case
+    rng = np.random.default_rng(17)
+    x, w = rng.standard_normal(xs).astype(dtype), (rng.standard_normal(ws) / 3).astype(dtype)
+    b = (rng.standard_normal(ws[0]) * 0.3).astype(dtype)
+    ref = np.maximum(R.conv_forward(x.astype(F64), w.astype(F64), b.astype(F64), stride, padding, dilation), 0)
+    tol = 2e-3 if dtype == F16 else 1e-5
+    with mx.trace() as t:
+        y1 = mx.ops.conv_bias_relu_forward(g(x), g(w), g(b), stride, padding, dilation).numpy()
+    calls = [r.function for r in t.records if r.op == "conv_bias_relu_forward"]
+    assert any(f.startswith("dn_small_fwd") for f in calls), calls
+    y2 = mx.ops.conv_bias_relu_forward(g(x), g(w), g(b), stride, padding, dilation).numpy()
+    assert y1.tobytes() == y2.tobytes()
+    assert_close(y1, ref, tol, tol * max(1.0, np.abs(ref).max()), name="y")
+    monkeypatch.setattr(conv_mod, "SMALL_FILTER_KERNEL", False)
+    y0 = mx.ops.conv_bias_relu_forward(g(x), g(w), g(b), stride, padding, dilation).numpy()
+    ctol = 1e-2 if dtype == F16 else 2e-3  # cuDNN may run TF32 (math mode) where the kernel sums in float32
+    assert_close(y1, y0.astype(F64), ctol, ctol * max(1.0, np.abs(ref).max()), name="y vs cuDNN")
+    monkeypatch.setattr(conv_mod, "SMALL_FILTER_KERNEL", True)
+    xn = x.copy()
+    xn.reshape(-1)[0] = np.nan
+    yn = mx.ops.conv_bias_relu_forward(g(xn), g(w), g(b), stride, padding, dilation).numpy()
+    assert np.isnan(yn).any() and not np.isnan(y1).any()

@@ -1,5 +1,6 @@
-"""Layer 2 (ops): the CUDA source of the small-filter weight-gradient kernel of a fused conv + bias + ReLU
-(ops.bias_relu.bias_relu_wgrad) and its launch geometry (pure Python).
+"""Layer 2 (ops): the CUDA source of the small-filter kernels of a fused conv + bias + ReLU, the weight gradient
+(ops.bias_relu.bias_relu_wgrad) and the forward (ops.conv.conv_bias_relu_forward, dn_small_fwd), and their launch
+geometry (pure Python).
 
 For a filter of at most 32 taps T = C*R*S (a network's first layer: 1x3x3, 3x3x3, 1x5x5), dw and db in one pass
 over x, y and dy: each thread walks its output positions, forms dz = y > 0 ? dy : 0 in registers (dz is never
@@ -25,7 +26,8 @@ from ._nn_kernels import _CTYPE, _PREAMBLE, BLOCK, DTYPES, INT_LIMIT, TARGET_BLO
 from .reference.conv import WGRAD_MAX_TAPS as MAX_TAPS
 
 __all__ = ["BLOCK", "DTYPES", "INT_LIMIT", "MAX_TAPS", "TARGET_BLOCKS", "Geometry", "channels_per_thread", "final_grid",
-           "final_name", "geometry", "kernel", "launch_plan", "magic", "taps_table", "wgrad_name"]
+           "final_name", "fwd_grid", "fwd_name", "geometry", "kernel", "launch_plan", "magic", "taps_table",
+           "wgrad_name"]
 
 MIN_POSITIONS = 4  # output positions per thread at least (the butterflies after the loop cost about 2 positions)
 MAX_SUMS = 64  # NCHW: channels per thread KB = min(4, MAX_SUMS // (T + 1)), KB * (T + 1) sums in registers
@@ -125,6 +127,48 @@ __global__ void __launch_bounds__(DN_B) dn_wgrad(const T* __restrict__ x, const 
     }
 }
 
+/* The forward of the same small-filter conv + bias + ReLU (NCHW, groups 1). Block (bx, by): 256 output positions
+   m = (n, p, q) and the FWD_KC channels from by * FWD_KC, whose weights and biases it first copies to shared memory
+   (every thread reads all of them). Each thread holds its position's TAPS input values in registers and writes
+   y = relu(b[k] + sum_t w[k, t] x_t) for its channels (w's tap order). cuDNN's kernels for one input channel take
+   9 us on SimpleCNN's conv1, whose 6.4 MB of y this writes once. A NaN propagates, as cuDNN's ReLU with
+   CUDNN_PROPAGATE_NAN does. */
+#define DN_FWD_KC 8
+template <typename T, int TAPS>
+__global__ void __launch_bounds__(DN_B) dn_small_fwd(const T* __restrict__ x, const T* __restrict__ w,
+                                                     const T* __restrict__ b, T* __restrict__ y,
+                                                     const dn_wgrad_geom g) {
+    __shared__ float sw[DN_FWD_KC * (TAPS + 1)];
+    const unsigned int K = g.K, PQ = g.PQ, Q = g.Q, k0 = blockIdx.y * DN_FWD_KC;
+    const unsigned int kn = min((unsigned int)DN_FWD_KC, K - k0);
+    for (unsigned int i = threadIdx.x; i < kn * TAPS; i += DN_B) sw[i] = dn_ld(w[k0 * TAPS + i]);
+    if (threadIdx.x < kn) sw[DN_FWD_KC * TAPS + threadIdx.x] = dn_ld(b[k0 + threadIdx.x]);
+    __syncthreads();
+    const unsigned int m = blockIdx.x * (unsigned int)DN_B + threadIdx.x;
+    if (m >= (unsigned int)g.ROWS) return;
+    const unsigned int n = dn_div(m, g.MUL_PQ, g.SHR_PQ), pq = m - n * PQ;
+    const unsigned int p = dn_div(pq, g.MUL_Q, g.SHR_Q), q = pq - p * Q;
+    const int ih = (int)(p * (unsigned int)g.SH) - g.PH, iw = (int)(q * (unsigned int)g.SW) - g.PW;
+    const int base = (int)n * g.CHW + (ih * g.W + iw) * g.XS;  // may point before x: never read there
+    float v[TAPS];
+#pragma unroll
+    for (int t = 0; t < TAPS; ++t) {
+        const bool in = (unsigned int)(ih + g.dr[t]) < (unsigned int)g.H &&
+                        (unsigned int)(iw + g.dc[t]) < (unsigned int)g.W;
+        v[t] = in ? dn_ld(__ldg(x + (base + g.off[t]))) : 0.f;  // padding reads as 0
+    }
+    T* out = y + ((size_t)n * K + k0) * PQ + pq;
+#pragma unroll
+    for (int j = 0; j < DN_FWD_KC; ++j) {
+        if ((unsigned int)j < kn) {
+            float acc = sw[DN_FWD_KC * TAPS + j];
+#pragma unroll
+            for (int t = 0; t < TAPS; ++t) acc = fmaf(sw[j * TAPS + t], v[t], acc);
+            out[(size_t)j * PQ] = dn_st<T>((acc > 0.f || acc != acc) ? acc : 0.f);
+        }
+    }
+}
+
 /* Output j = k * (taps + 1) + t (t == taps: the bias) = the sum of its S slots of part in a fixed order: one
    warp per output, lane l adds slots l, l + 32, ..., then a butterfly. */
 template <typename T>
@@ -170,8 +214,20 @@ def final_name(dtype) -> str:
     return f"dn_wgrad_final<{_CTYPE[np.dtype(dtype)]}>"
 
 
+def fwd_name(dtype, taps: int) -> str:
+    return f"dn_small_fwd<{_CTYPE[np.dtype(dtype)]}, {taps}>"
+
+
+FWD_KC = 8  # dn_small_fwd: channels per block (DN_FWD_KC)
+
+
+def fwd_grid(rows: int, k: int) -> tuple[int, int]:
+    """Blocks of dn_small_fwd: 256 output positions by FWD_KC channels each."""
+    return -(-rows // BLOCK), -(-k // FWD_KC)
+
+
 ALL_NAMES = tuple(wgrad_name(dt, t, lay) for dt in DTYPES for t in range(1, MAX_TAPS + 1) for lay in _LAYOUTS) + \
-    tuple(final_name(dt) for dt in DTYPES)
+    tuple(final_name(dt) for dt in DTYPES) + tuple(fwd_name(dt, t) for dt in DTYPES for t in range(1, MAX_TAPS + 1))
 
 _modules: dict = {}
 

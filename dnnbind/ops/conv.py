@@ -22,7 +22,9 @@ from .._lib.errors import CudnnError
 from .._lib.hooks import TRACING
 from ..runtime import config
 from ..runtime.array import NDArray, empty
+from ..runtime.stream import current_stream
 from . import _check, algos, conv_backend, reference
+from . import _wgrad_kernels as KW
 from . import descriptors as D
 from ._common import blas, cache_insert, dnn, float_dtype, out_like, scratch, with_context
 from ._dispatch import op
@@ -159,6 +161,19 @@ def _reference_conv_bias_relu(x, w, b=None, stride=1, padding=0, dilation=1, gro
     return reference.activation_forward(y, "relu")
 
 
+SMALL_FILTER_KERNEL = True  # False: conv_bias_relu_forward always goes to cuDNN (tests compare the two)
+
+
+def _small_filter(plan, x, y) -> bool:
+    """A first layer's few taps (C*R*S <= 32), NCHW, groups 1, float32/float16, 32-bit indexable: the NVRTC kernel
+    dn_small_fwd (ops._wgrad_kernels) writes y once, where cuDNN's one-input-channel kernels run at a fraction of
+    the bandwidth."""
+    x_shape, w_shape, _, _, _, groups, dtype = plan.params[:7]
+    _, c, r, s = w_shape
+    return (SMALL_FILTER_KERNEL and plan.params[8] == "NCHW" and groups == 1 and c * r * s <= KW.MAX_TAPS
+            and dtype in KW.DTYPES and x.size < KW.INT_LIMIT and y.size < KW.INT_LIMIT)
+
+
 @op(_reference_conv_bias_relu, "x", "w", "b")
 def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
     """y = relu(conv(x, w) + b) in one call: ``cudnnConvolutionBiasActivationForward``, or (eager calls, when
@@ -174,6 +189,13 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
                   b_shape=b._shape, layout=layout)
     y_shape, cdesc, key, xd, wd, yd, bd = plan.y_shape, plan.cdesc, plan.key, plan.xd, plan.wd, plan.yd, plan.bd
     y = out_like(y_shape, dtype, x._device)
+    if _small_filter(plan, x, y):
+        _, _, stride, padding, dilation = plan.params[:5]
+        geom = KW.launch_plan(x._shape, w._shape, y_shape, stride, padding, dilation, "NCHW")[0]
+        _, c, r, s = w._shape
+        KW.kernel(KW.fwd_name(dtype, c * r * s)).launch(KW.fwd_grid(geom.ROWS, geom.K), KW.BLOCK, (x, w, b, y, geom),
+                                                        stream=current_stream(x._device))
+        return y
     h = dnn(x)
     act = D.activation("relu", 0.0)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
