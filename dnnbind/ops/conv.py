@@ -1,4 +1,5 @@
-"""Layer 2 (ops): convolution through cuDNN (forward, backward data/filter/bias, fused bias+ReLU).
+"""Layer 2 (ops): convolution through cuDNN (forward, backward data/filter/bias, fused bias+ReLU); a first layer's
+fused bias+ReLU forward (at most 32 filter taps) by an NVRTC kernel instead (ops._wgrad_kernels, dn_small_fwd).
 
 Imports _lib, runtime and ops. Cross-correlation (what every framework calls convolution). The output
 shape is validated by ops._check (same rule as cudnnGetConvolution2dForwardOutputDim; a CPU test holds the
