@@ -144,16 +144,6 @@ DECLARED = ["cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
             "cudnnBatchNormalizationForwardTrainingEx", "cudnnBatchNormalizationBackwardEx"]
 
 
-def _c_kind(param: str) -> str:
-    p = " ".join(param.replace("const", " ").split())
-    if "*" in p:
-        return "ptr"
-    typ = " ".join(p.split()[:-1])
-    if typ.endswith("Descriptor_t") or typ == "cudnnHandle_t":
-        return "ptr"
-    return {"double": "f64", "size_t": "u64", "cudnnBatchNormMode_t": "i32", "cudnnBatchNormOps_t": "i32"}[typ]
-
-
 @pytest.mark.parametrize("name", DECLARED)
 def test_prototypes_match_cudnn_ops_header(name):
     text = cudnn_ops_header()
