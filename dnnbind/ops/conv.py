@@ -38,7 +38,7 @@ BACKEND = algos.BACKEND
 class _Plan:
     """What a conv call needs besides pointers, built once per argument set: checked shapes, descriptors and
     the algorithm-cache key. The hot path is one dict lookup on the raw arguments."""
-    __slots__ = ("bd", "cdesc", "key", "params", "wd", "xd", "y_shape", "yd")
+    __slots__ = ("bd", "cdesc", "key", "params", "small", "wd", "xd", "y_shape", "yd")
 
     def backend_plans(self, direction: str, handle) -> list:
         """This shape's backend-API execution plans (ops.conv_backend), built on first use; [] if none.
@@ -122,6 +122,7 @@ def _new_plan(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype
     else:
         plan.xd, plan.wd, plan.yd = D.tensor(x_shape, dtype), D.filt(w_shape, dtype), D.tensor(y_shape, dtype)
         plan.bd = D.tensor((1, y_shape[1], 1, 1), dtype)
+    plan.small = _small_filter(plan) if opname == "conv_bias_relu_forward" else None
     return plan
 
 
@@ -165,14 +166,18 @@ def _reference_conv_bias_relu(x, w, b=None, stride=1, padding=0, dilation=1, gro
 SMALL_FILTER_KERNEL = True  # False: conv_bias_relu_forward always goes to cuDNN (tests compare the two)
 
 
-def _small_filter(plan, x, y) -> bool:
-    """A first layer's few taps (C*R*S <= 32), NCHW, groups 1, float32/float16, 32-bit indexable: the NVRTC kernel
-    dn_small_fwd (ops._wgrad_kernels) writes y once, where cuDNN's one-input-channel kernels run at a fraction of
-    the bandwidth."""
-    x_shape, w_shape, _, _, _, groups, dtype = plan.params[:7]
+def _small_filter(plan) -> tuple | None:
+    """(kernel name, grid, geometry) of dn_small_fwd (ops._wgrad_kernels) for a first layer's few taps (C*R*S <= 32),
+    NCHW, groups 1, float32/float16, 32-bit indexable, else None: the kernel writes y once, where cuDNN's
+    one-input-channel kernels run at a fraction of the bandwidth. Worked out once per plan (_new_plan)."""
+    x_shape, w_shape, stride, padding, dilation, groups, dtype = plan.params[:7]
     _, c, r, s = w_shape
-    return (SMALL_FILTER_KERNEL and plan.params[8] == "NCHW" and groups == 1 and c * r * s <= KW.MAX_TAPS
-            and dtype in KW.DTYPES and x.size < KW.INT_LIMIT and y.size < KW.INT_LIMIT)
+    sizes = (np.prod(x_shape, dtype=np.int64), np.prod(plan.y_shape, dtype=np.int64))
+    if not (plan.params[8] == "NCHW" and groups == 1 and c * r * s <= KW.MAX_TAPS and dtype in KW.DTYPES
+            and max(sizes) < KW.INT_LIMIT):
+        return None
+    geom = KW.launch_plan(x_shape, w_shape, plan.y_shape, stride, padding, dilation, "NCHW")[0]
+    return KW.fwd_name(dtype, c * r * s), KW.fwd_grid(geom.ROWS, geom.K), geom
 
 
 @op(_reference_conv_bias_relu, "x", "w", "b")
@@ -190,12 +195,9 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
                   b_shape=b._shape, layout=layout)
     y_shape, cdesc, key, xd, wd, yd, bd = plan.y_shape, plan.cdesc, plan.key, plan.xd, plan.wd, plan.yd, plan.bd
     y = out_like(y_shape, dtype, x._device)
-    if _small_filter(plan, x, y):
-        _, _, stride, padding, dilation = plan.params[:5]
-        geom = KW.launch_plan(x._shape, w._shape, y_shape, stride, padding, dilation, "NCHW")[0]
-        _, c, r, s = w._shape
-        KW.kernel(KW.fwd_name(dtype, c * r * s)).launch(KW.fwd_grid(geom.ROWS, geom.K), KW.BLOCK, (x, w, b, y, geom),
-                                                        stream=current_stream(x._device))
+    if plan.small is not None and SMALL_FILTER_KERNEL:
+        name, grid, geom = plan.small
+        KW.kernel(name).launch(grid, KW.BLOCK, (x, w, b, y, geom), stream=current_stream(x._device))
         return y
     h = dnn(x)
     act = D.activation("relu", 0.0)

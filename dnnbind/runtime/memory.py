@@ -159,7 +159,6 @@ class Hold:
     def __init__(self, parent: Hold | None = None):
         if _graveyard:
             _reap()
-        self.parent = parent
         if parent is not None and parent.arena is not None:
             self.arena = parent.arena
         else:
