@@ -7,7 +7,7 @@ __version__ = "0.1.0"
 
 from ._lib.errors import (CublasError, CudaError, CudnnBadParam, CudnnError, CudnnExecutionFailed,  # noqa: F401
                           CudnnInternalError, CudnnNotInitialized, CudnnNotSupported, DnnbindError,
-                          LibraryNotFoundError, NcclError, NvrtcError)
+                          DnnbindTypeError, DnnbindValueError, LibraryNotFoundError, UnknownArgumentError, NcclError, NvrtcError)
 from .runtime import (Device, Event, NDArray, Stream, array, cpu, current_stream, default_device,  # noqa: F401
                       empty, from_dlpack, full, gpu, math_mode, math_scope, num_gpus, ones, set_math_mode,
                       show_time, synchronize, zeros)
@@ -18,7 +18,8 @@ from .config_report import show_config  # noqa: F401
 context = Device  # MXNet spelling: mx.context.Context-like
 
 __all__ = ["CublasError", "CudaError", "CudnnBadParam", "CudnnError", "CudnnExecutionFailed",
-           "CudnnInternalError", "CudnnNotInitialized", "CudnnNotSupported", "DnnbindError",
+           "CudnnInternalError", "CudnnNotInitialized", "CudnnNotSupported", "DnnbindError", "DnnbindTypeError",
+           "DnnbindValueError", "UnknownArgumentError",
            "LibraryNotFoundError", "NcclError", "NvrtcError", "Device", "Event", "NDArray", "Stream", "array", "cpu",
            "current_stream", "default_device", "empty", "from_dlpack", "full", "gpu", "math_mode", "math_scope",
            "num_gpus", "ones", "set_math_mode", "show_time", "synchronize", "zeros", "show_config", "trace",

@@ -23,6 +23,8 @@ naming this recipe. Through the ``mxnet`` alias this module is ``mxnet.contrib.a
 
 from __future__ import annotations
 
+from ._lib.errors import DnnbindValueError
+
 import contextlib
 import logging
 
@@ -38,7 +40,7 @@ class LossScaler:
     def __init__(self, init_scale: float = 2.0 ** 16, scale_factor: float = 2.0, scale_window: int = 2000,
                  max_scale: float = 2.0 ** 24):
         if not init_scale > 0 or not scale_factor > 1 or int(scale_window) < 1:
-            raise ValueError(f"LossScaler: need init_scale > 0, scale_factor > 1 and scale_window >= 1, got "
+            raise DnnbindValueError(f"LossScaler: need init_scale > 0, scale_factor > 1 and scale_window >= 1, got "
                              f"{init_scale}, {scale_factor}, {scale_window}")
         self.loss_scale, self.scale_factor = float(init_scale), float(scale_factor)
         self.scale_window = int(scale_window)

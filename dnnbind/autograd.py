@@ -15,6 +15,8 @@ activations are freed during the backward, not after it.
 
 from __future__ import annotations
 
+from ._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import threading
 import weakref
 
@@ -138,7 +140,7 @@ def record_op(name: str, output: NDArray, inputs: tuple, backward) -> NDArray:
 
 def attach_grad(x: NDArray, grad_req: str = "write") -> None:
     if grad_req not in ("write", "add", "null"):
-        raise ValueError(f"attach_grad: grad_req must be 'write', 'add' or 'null', got {grad_req!r}")
+        raise DnnbindValueError(f"attach_grad: grad_req must be 'write', 'add' or 'null', got {grad_req!r}")
     x._grad_req = grad_req
     x._grad = None if grad_req == "null" else zeros(x.shape, x.dtype, x.device)
     x._node = None
@@ -151,7 +153,7 @@ def mark_variables(variables, gradients, grad_reqs="write") -> None:
     reqs = [grad_reqs] * len(variables) if isinstance(grad_reqs, str) else list(grad_reqs)
     for var, grad, req in zip(variables, gradients, reqs):
         if grad is not None and grad.shape != var.shape:
-            raise ValueError(f"mark_variables: gradient shape {grad.shape} != variable shape {var.shape}")
+            raise DnnbindValueError(f"mark_variables: gradient shape {grad.shape} != variable shape {var.shape}")
         var._grad_req, var._grad, var._node = req, (grad if req != "null" else None), None
 
 
@@ -187,9 +189,9 @@ def grad(heads, variables, head_grads=None, retain_graph=None, create_graph: boo
     variables = [variables] if single else list(variables)
     for i, v in enumerate(variables):
         if not isinstance(v, NDArray):
-            raise TypeError(f"grad: variables[{i}] must be an NDArray, got {type(v).__name__}")
+            raise DnnbindTypeError(f"grad: variables[{i}] must be an NDArray, got {type(v).__name__}")
         if v._node is None and v._grad_req == "null":
-            raise ValueError(f"grad: variables[{i}] (shape {v.shape}) is not part of the recorded graph; call "
+            raise DnnbindValueError(f"grad: variables[{i}] (shape {v.shape}) is not part of the recorded graph; call "
                              "attach_grad() on it before autograd.record()")
     if retain_graph is None:
         retain_graph = create_graph

@@ -28,6 +28,8 @@ snapshotted before warm-up and restored after capture.
 
 from __future__ import annotations
 
+from ._lib.errors import DnnbindValueError
+
 import gc
 
 import numpy as np
@@ -195,7 +197,7 @@ class TrainingStep:
     def __init__(self, net, loss_fn, trainer, data_shape, label_shape=None, label_dtype=np.int32,
                  replay: str = "graph", device=None, warmup: int = 2, data_dtype=np.float32):
         if replay not in REPLAYS:
-            raise ValueError(f"training_step: replay must be one of {sorted(REPLAYS)}, got {replay!r}")
+            raise DnnbindValueError(f"training_step: replay must be one of {sorted(REPLAYS)}, got {replay!r}")
         device = as_device(device if device is not None else _first_param_device(net))
         batch = int(data_shape[0])
         self.data = empty(tuple(data_shape), data_dtype, device)  # float16 for a network cast to float16

@@ -16,6 +16,8 @@ into the array once: initialization runs once per parameter, never on a training
 
 from __future__ import annotations
 
+from ._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import json
 import logging
 import math
@@ -148,7 +150,7 @@ def _fill(arr, host: np.ndarray) -> None:
 def _fans(shape) -> tuple[float, float]:
     """MXNet's fans: (fan_in, fan_out) = (shape[1], shape[0]) times the receptive field size."""
     if len(shape) < 2:
-        raise ValueError(f"cannot compute fan_in/fan_out of a {len(shape)}-D weight of shape {tuple(shape)}")
+        raise DnnbindValueError(f"cannot compute fan_in/fan_out of a {len(shape)}-D weight of shape {tuple(shape)}")
     receptive = float(np.prod(shape[2:])) if len(shape) > 2 else 1.0
     return shape[1] * receptive, shape[0] * receptive
 
@@ -212,9 +214,9 @@ class Xavier(Initializer):
     def __init__(self, rnd_type: str = "uniform", factor_type: str = "avg", magnitude: float = 3):
         super().__init__(rnd_type=rnd_type, factor_type=factor_type, magnitude=magnitude)
         if rnd_type not in ("uniform", "gaussian"):
-            raise ValueError(f"Xavier: rnd_type must be 'uniform' or 'gaussian', got {rnd_type!r}")
+            raise DnnbindValueError(f"Xavier: rnd_type must be 'uniform' or 'gaussian', got {rnd_type!r}")
         if factor_type not in ("avg", "in", "out"):
-            raise ValueError(f"Xavier: factor_type must be 'avg', 'in' or 'out', got {factor_type!r}")
+            raise DnnbindValueError(f"Xavier: factor_type must be 'avg', 'in' or 'out', got {factor_type!r}")
         self.rnd_type, self.factor_type, self.magnitude = rnd_type, factor_type, float(magnitude)
 
     def _init_weight(self, desc, arr):
@@ -253,7 +255,7 @@ class TorchDefault(Initializer):
     def _init_bias(self, desc, arr):
         fan_in = desc.attrs.get("fan_in")
         if not fan_in:
-            raise ValueError(f"TorchDefault: cannot initialize `{desc}` without the layer's fan_in "
+            raise DnnbindValueError(f"TorchDefault: cannot initialize `{desc}` without the layer's fan_in "
                              "(a Parameter created outside Dense/Conv2D needs attrs={'fan_in': n})")
         bound = 1.0 / math.sqrt(fan_in)
         _fill(arr, np.random.uniform(-bound, bound, arr.shape))
@@ -271,12 +273,12 @@ class Orthogonal(Initializer):
     def __init__(self, scale: float = 1.414, rand_type: str = "uniform"):
         super().__init__(scale=scale, rand_type=rand_type)
         if rand_type not in ("uniform", "normal"):
-            raise ValueError(f"Orthogonal: rand_type must be 'uniform' or 'normal', got {rand_type!r}")
+            raise DnnbindValueError(f"Orthogonal: rand_type must be 'uniform' or 'normal', got {rand_type!r}")
         self.scale, self.rand_type = scale, rand_type
 
     def _init_weight(self, desc, arr):
         if len(arr.shape) < 2:
-            raise ValueError(f"Orthogonal: `{desc}` has shape {tuple(arr.shape)}; it needs at least 2 dimensions")
+            raise DnnbindValueError(f"Orthogonal: `{desc}` has shape {tuple(arr.shape)}; it needs at least 2 dimensions")
         nout, nin = arr.shape[0], int(np.prod(arr.shape[1:]))
         if self.rand_type == "uniform":
             a = np.random.uniform(-1.0, 1.0, (nout, nin))
@@ -292,7 +294,7 @@ class Bilinear(Initializer):
 
     def _init_weight(self, desc, arr):
         if len(arr.shape) != 4:
-            raise ValueError(f"Bilinear: `{desc}` has shape {tuple(arr.shape)}; it needs 4 dimensions")
+            raise DnnbindValueError(f"Bilinear: `{desc}` has shape {tuple(arr.shape)}; it needs 4 dimensions")
         h, w = arr.shape[2], arr.shape[3]
         f = math.ceil(w / 2.0)
         c = (2 * f - 1 - f % 2) / (2.0 * f)
@@ -309,7 +311,7 @@ class Mixed(Initializer):
 
     def __init__(self, patterns: list, initializers: list):
         if len(patterns) != len(initializers):
-            raise ValueError(f"Mixed: {len(patterns)} patterns but {len(initializers)} initializers")
+            raise DnnbindValueError(f"Mixed: {len(patterns)} patterns but {len(initializers)} initializers")
         super().__init__()
         self.map = [(re.compile(p), create(i)) for p, i in zip(patterns, initializers)]
 
@@ -318,7 +320,7 @@ class Mixed(Initializer):
             if prog.match(str(desc)):
                 init(desc, arr)
                 return
-        raise ValueError(f"Mixed: Parameter name {str(desc)!r} did not match any pattern; add a '.*' pattern at "
+        raise DnnbindValueError(f"Mixed: Parameter name {str(desc)!r} did not match any pattern; add a '.*' pattern at "
                          "the end with a default initializer")
 
     _init_weight = __call__
@@ -340,11 +342,11 @@ def create(init) -> Initializer | None:
     if isinstance(init, str):
         cls = _REGISTRY.get(init.lower())
         if cls is None:
-            raise ValueError(f"unknown initializer {init!r}; known: {', '.join(sorted(_REGISTRY))}")
+            raise DnnbindValueError(f"unknown initializer {init!r}; known: {', '.join(sorted(_REGISTRY))}")
         return cls()
     if callable(init):  # a plain function f(desc, arr), as MXNet accepts
         return _FunctionInit(init)
-    raise TypeError(f"initializer must be an Initializer, a name or None, got {type(init).__name__}")
+    raise DnnbindTypeError(f"initializer must be an Initializer, a name or None, got {type(init).__name__}")
 
 
 class _FunctionInit(Initializer):

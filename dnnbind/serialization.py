@@ -37,6 +37,8 @@ Choices where MXNet 1.x is silent or broken:
 
 from __future__ import annotations
 
+from ._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import io
 import math
 import os
@@ -225,7 +227,7 @@ def load(fname) -> list | dict:
 def load_bytes(buf, source: str = "<bytes>") -> list | dict:
     """``load`` from bytes in memory (MXNet's ``nd.load_frombuffer``); ``source`` names it in errors."""
     if not isinstance(buf, (bytes, bytearray, memoryview)):
-        raise TypeError(f"load_bytes: buf must be bytes, bytearray or memoryview, got {type(buf).__name__}")
+        raise DnnbindTypeError(f"load_bytes: buf must be bytes, bytearray or memoryview, got {type(buf).__name__}")
     data = bytes(buf)
     return _wrap(*_read_file(_Reader(io.BytesIO(data), len(data), source)))
 
@@ -243,11 +245,11 @@ def _host(value, key) -> tuple[np.ndarray, int, int]:
     elif isinstance(value, np.ndarray):
         host, dev_type, dev_id = value, 1, 0
     else:
-        raise TypeError(f"save: {key} is a {type(value).__name__}; save takes NDArrays (or numpy arrays), "
+        raise DnnbindTypeError(f"save: {key} is a {type(value).__name__}; save takes NDArrays (or numpy arrays), "
                         "as a list or a dict str -> array")
     flag = _DTYPE_TO_FLAG.get(host.dtype.newbyteorder("="))
     if flag is None:
-        raise TypeError(f"save: {key} has dtype {host.dtype}, which MXNet 1.x cannot load; supported: "
+        raise DnnbindTypeError(f"save: {key} has dtype {host.dtype}, which MXNet 1.x cannot load; supported: "
                         + ", ".join(d.name for d in _DTYPE_TO_FLAG))
     host = np.asarray(host, dtype=host.dtype.newbyteorder("<"), order="C")  # (ascontiguousarray makes 0-d 1-d)
     return host, dev_type, dev_id
@@ -259,11 +261,11 @@ def _normalize(data) -> tuple[list, list]:
     if isinstance(data, dict):
         bad = [k for k in data if not isinstance(k, str)]
         if bad:
-            raise TypeError(f"save: dict keys must be str, got {bad[0]!r} ({type(bad[0]).__name__})")
+            raise DnnbindTypeError(f"save: dict keys must be str, got {bad[0]!r} ({type(bad[0]).__name__})")
         return list(data.values()), list(data.keys())
     if isinstance(data, (list, tuple)):
         return list(data), []
-    raise ValueError(f"save: data must be an NDArray, a list of NDArrays or a dict str -> NDArray, got "
+    raise DnnbindValueError(f"save: data must be an NDArray, a list of NDArrays or a dict str -> NDArray, got "
                      f"{type(data).__name__}")
 
 

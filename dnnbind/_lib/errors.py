@@ -111,3 +111,38 @@ class NcclError(_StatusError):
     ncclGetLastError's (nccl.py builds it)."""
 
     library = "NCCL"
+
+
+# -- argument errors ----------------------------------------------------------------------------------------------
+# MXNet raises MXNetError for a bad argument; Python code expects ValueError/TypeError. These are both: a user's
+# ``except mx.base.MXNetError`` (MXNetError is DnnbindError) and ``except ValueError`` each catch them.
+
+
+class DnnbindValueError(DnnbindError, ValueError):
+    """A bad argument value (shape, range, option): MXNet's MXNetError, Python's ValueError."""
+
+
+class DnnbindTypeError(DnnbindError, TypeError):
+    """A bad argument type, a missing required argument or an unknown keyword: MXNetError and TypeError."""
+
+
+class UnknownArgumentError(DnnbindTypeError):
+    """An argument name the op does not declare; the message is MXNet's ``Cannot find argument 'x', Possible
+    Arguments: ...`` (dmlc-core's parameter parser), so a misspelled keyword never runs with a default."""
+
+    def __init__(self, op: str, name: str, possible=()):
+        self.op, self.name, self.possible = op, name, tuple(possible)
+        listing = "".join(f"\n{p}" for p in self.possible)
+        super().__init__(f"Cannot find argument '{name}', Possible Arguments:\n----------------{listing}\n"
+                         f", in operator {op}")
+
+    def __reduce__(self):
+        return (type(self), (self.op, self.name, self.possible))
+
+
+def reject_unknown(op: str, given, allowed) -> None:
+    """Raise MXNet's "Cannot find argument" for the first name of ``given`` not in ``allowed`` (both iterables of
+    names). The cheap common case, nothing unknown, is one set difference."""
+    unknown = [k for k in given if k not in allowed]
+    if unknown:
+        raise UnknownArgumentError(op, unknown[0], sorted(allowed))

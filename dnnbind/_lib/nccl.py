@@ -11,6 +11,8 @@ and so do the argument checks that fail before NCCL touches CUDA (ncclCommGetAsy
 
 from __future__ import annotations
 
+from .errors import DnnbindTypeError, DnnbindValueError
+
 import ctypes
 
 import numpy as np
@@ -171,7 +173,7 @@ def nccl_dtype(dtype) -> int:
     try:
         return DTYPES[name]
     except KeyError:
-        raise TypeError(f"NCCL has no data type for dtype {name}; supported: {', '.join(DTYPES)}") from None
+        raise DnnbindTypeError(f"NCCL has no data type for dtype {name}; supported: {', '.join(DTYPES)}") from None
 
 
 def nccl_op(op: str, dtype=None) -> int:
@@ -181,4 +183,4 @@ def nccl_op(op: str, dtype=None) -> int:
         return REDUCE_OPS[key]
     except (KeyError, TypeError):
         on = f" (dtype {_dtype_name(dtype)})" if dtype is not None else ""
-        raise ValueError(f"NCCL has no reduction op {op!r}{on}; supported: {', '.join(REDUCE_OPS)}") from None
+        raise DnnbindValueError(f"NCCL has no reduction op {op!r}{on}; supported: {', '.join(REDUCE_OPS)}") from None

@@ -10,6 +10,8 @@ MASTER_ADDR, MASTER_PORT. With none of them set, init() makes a single-process w
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import os
 
 from ._rendezvous import RendezvousError, barrier, exchange
@@ -28,7 +30,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+        raise DnnbindValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
 def init(timeout: float = 300.0, barrier_on_init: bool = True) -> None:
@@ -44,7 +46,7 @@ def init(timeout: float = 300.0, barrier_on_init: bool = True) -> None:
     addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
     port = _env_int("MASTER_PORT", 29500)
     if ws < 1 or not 0 <= r < ws:
-        raise ValueError(f"RANK={r} must be in [0, WORLD_SIZE={ws}); start workers with python -m dnnbind.launch")
+        raise DnnbindValueError(f"RANK={r} must be in [0, WORLD_SIZE={ws}); start workers with python -m dnnbind.launch")
     state = {"rank": r, "world_size": ws, "local_rank": lr, "addr": addr, "port": port, "timeout": timeout}
     if ws > 1 and barrier_on_init:
         barrier(r, ws, addr, port, timeout)

@@ -17,6 +17,8 @@ starts the next exchange on the same port can never reach the listener of the pr
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import socket
 import struct
 import time
@@ -46,10 +48,10 @@ def exchange(blob_from_rank0: bytes | None, rank: int, world_size: int, addr: st
     `timeout` seconds have passed. Raises TimeoutError naming the missing ranks and the address.
     """
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        raise DnnbindValueError(f"rank must be in [0, {world_size}), got {rank}")
     if rank == 0:
         if blob_from_rank0 is None:
-            raise ValueError("rank 0 must pass the blob to broadcast")
+            raise DnnbindValueError("rank 0 must pass the blob to broadcast")
         blob = bytes(blob_from_rank0)
         if world_size > 1:
             _serve(blob, world_size, addr, port, time.monotonic() + timeout, timeout)

@@ -18,6 +18,8 @@ argument and the shapes. NCCL's own failures raise NcclError with ncclGetErrorSt
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import contextlib
 import ctypes
 
@@ -58,11 +60,11 @@ class Communicator:
         """``ncclCommInitRank``: every rank of the clique calls this with the same 128-byte ``uid``."""
         nccl = _nccl()
         if not isinstance(uid, (bytes, bytearray)) or len(uid) != nccl.NCCL_UNIQUE_ID_BYTES:
-            raise ValueError(f"Communicator.from_unique_id: uid must be {nccl.NCCL_UNIQUE_ID_BYTES} bytes "
+            raise DnnbindValueError(f"Communicator.from_unique_id: uid must be {nccl.NCCL_UNIQUE_ID_BYTES} bytes "
                              f"(dnnbind.distributed.nccl_unique_id()), got {type(uid).__name__} of "
                              f"{len(uid) if hasattr(uid, '__len__') else '?'}")
         if not 0 <= int(rank) < int(size):
-            raise ValueError(f"Communicator.from_unique_id: rank {rank} must be in [0, size={size})")
+            raise DnnbindValueError(f"Communicator.from_unique_id: rank {rank} must be in [0, size={size})")
         device = _gpu("Communicator.from_unique_id", device)
         device.activate()
         comm = ctypes.c_void_p()
@@ -76,7 +78,7 @@ class Communicator:
         devices[i]."""
         devices = [_gpu("Communicator.for_devices", d) for d in devices]
         if not devices or len({d.index for d in devices}) != len(devices):
-            raise ValueError(f"Communicator.for_devices: needs distinct GPUs, got {devices}")
+            raise DnnbindValueError(f"Communicator.for_devices: needs distinct GPUs, got {devices}")
         nccl = _nccl()
         comms = (ctypes.c_void_p * len(devices))()
         devlist = (ctypes.c_int * len(devices))(*[d.index for d in devices])
@@ -98,7 +100,7 @@ class Communicator:
         nccl = _nccl()
         dtype = self._check("broadcast", x)
         if not 0 <= int(root) < self.size:
-            raise ValueError(f"broadcast: root {root} must be in [0, size={self.size})")
+            raise DnnbindValueError(f"broadcast: root {root} must be in [0, size={self.size})")
         out = self._out("broadcast", out, x.shape, x)
         nccl.lib.ncclBroadcast(x._ptr, out._ptr, x.size, dtype, int(root), self.handle, self._stream())
         return out
@@ -117,7 +119,7 @@ class Communicator:
         nccl = _nccl()
         dtype = self._check("reduce_scatter", x)
         if x.ndim == 0 or x.shape[0] % self.size:
-            raise ValueError(f"reduce_scatter: x's first axis must divide by size={self.size}, got shape {x.shape}")
+            raise DnnbindValueError(f"reduce_scatter: x's first axis must divide by size={self.size}, got shape {x.shape}")
         out = self._out("reduce_scatter", out, (x.shape[0] // self.size,) + tuple(x.shape[1:]), x)
         nccl.lib.ncclReduceScatter(x._ptr, out._ptr, out.size, dtype, nccl.nccl_op(op, x.dtype), self.handle,
                                    self._stream())
@@ -159,9 +161,9 @@ class Communicator:
     def _check(self, what: str, x) -> int:
         self._live(what)
         if not isinstance(x, NDArray):
-            raise TypeError(f"{what}: x must be a dnnbind NDArray, got {type(x).__name__}")
+            raise DnnbindTypeError(f"{what}: x must be a dnnbind NDArray, got {type(x).__name__}")
         if x.device is not self.device:
-            raise ValueError(f"{what}: x (shape {x.shape}) is on {x.device!r}, this communicator's rank is on "
+            raise DnnbindValueError(f"{what}: x (shape {x.shape}) is on {x.device!r}, this communicator's rank is on "
                              f"{self.device!r}")
         return _nccl().nccl_dtype(x.dtype)
 
@@ -169,9 +171,9 @@ class Communicator:
         if out is None:
             return empty(shape, x.dtype, self.device)
         if not isinstance(out, NDArray):
-            raise TypeError(f"{what}: out must be a dnnbind NDArray, got {type(out).__name__}")
+            raise DnnbindTypeError(f"{what}: out must be a dnnbind NDArray, got {type(out).__name__}")
         if out.shape != tuple(shape) or out.dtype != x.dtype or out.device is not self.device:
-            raise ValueError(f"{what}: out has shape {out.shape}, {out.dtype} on {out.device!r}; expected "
+            raise DnnbindValueError(f"{what}: out has shape {out.shape}, {out.dtype} on {out.device!r}; expected "
                              f"{tuple(shape)}, {x.dtype} on {self.device!r}")
         return out
 
@@ -179,5 +181,5 @@ class Communicator:
 def _gpu(what: str, device):
     d = as_device(device)
     if d.kind != "gpu":
-        raise ValueError(f"{what}: NCCL communicates between GPUs, got {d!r}")
+        raise DnnbindValueError(f"{what}: NCCL communicates between GPUs, got {d!r}")
     return d

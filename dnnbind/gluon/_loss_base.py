@@ -5,6 +5,8 @@ Layer: gluon; imports nd, runtime, gluon.block. See loss.py for the semantics (M
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import numbers
 
 import numpy as np
@@ -31,7 +33,7 @@ def _reshape_like(label, pred: NDArray, op: str, what: str = "label", like: str 
     """The label viewed in pred's shape and dtype (MXNet's ``_reshape_like``)."""
     label = _as_nd(label, pred, what, pred.dtype)
     if label.size != pred.size:
-        raise ValueError(f"{op}: {what} shape {label.shape} does not match {like} shape {pred.shape}")
+        raise DnnbindValueError(f"{op}: {what} shape {label.shape} does not match {like} shape {pred.shape}")
     return label if label.shape == pred.shape else label.reshape(pred.shape)
 
 
@@ -40,11 +42,11 @@ def _as_labels(label, n: int, device) -> NDArray:
     if not isinstance(label, NDArray):
         host = np.asarray(label)
         if host.size != n:
-            raise ValueError(f"loss: expected {n} class labels (shape ({n},) or ({n}, 1)), got shape {host.shape}")
+            raise DnnbindValueError(f"loss: expected {n} class labels (shape ({n},) or ({n}, 1)), got shape {host.shape}")
         return array(host.reshape(n).astype(np.int32, copy=False), device=device)
     if label.shape != (n,):
         if label.size != n:
-            raise ValueError(f"loss: expected {n} class labels (shape ({n},) or ({n}, 1)), got shape {label.shape}")
+            raise DnnbindValueError(f"loss: expected {n} class labels (shape ({n},) or ({n}, 1)), got shape {label.shape}")
         label = label.reshape((n,))
     if label.device is not device:
         label = label.as_in_context(device)
@@ -60,9 +62,9 @@ class Loss(Block):
 
     def __init__(self, weight=None, batch_axis: int = 0, prefix=None, params=None):
         if weight is not None and not isinstance(weight, numbers.Number):
-            raise TypeError(f"{type(self).__name__}: weight must be a number, got {type(weight).__name__}")
+            raise DnnbindTypeError(f"{type(self).__name__}: weight must be a number, got {type(weight).__name__}")
         if not isinstance(batch_axis, numbers.Integral):
-            raise TypeError(f"{type(self).__name__}: batch_axis must be an int, got {batch_axis!r}")
+            raise DnnbindTypeError(f"{type(self).__name__}: batch_axis must be an int, got {batch_axis!r}")
         super().__init__(prefix=prefix, params=params)
         self._weight, self._batch_axis = weight, int(batch_axis)
 
@@ -79,7 +81,7 @@ class Loss(Block):
         """Mean (or sum) over every axis but the batch axis: shape (N,)."""
         axis = self._batch_axis + loss.ndim if self._batch_axis < 0 else self._batch_axis
         if not 0 <= axis < loss.ndim:
-            raise ValueError(f"{type(self).__name__}: batch_axis {self._batch_axis} is out of range for a loss of "
+            raise DnnbindValueError(f"{type(self).__name__}: batch_axis {self._batch_axis} is out of range for a loss of "
                              f"shape {loss.shape}")
         if loss.size == loss.shape[axis]:  # nothing to reduce: a view, no kernel
             return loss.reshape((loss.shape[axis],))

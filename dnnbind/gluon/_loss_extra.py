@@ -10,6 +10,8 @@ on the arrays' device; CTC runs its forward recursion as one small group of ops 
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import math
 
 import numpy as np
@@ -23,7 +25,7 @@ __all__ = ["CTCLoss", "CosineEmbeddingLoss", "PoissonNLLLoss", "TripletLoss"]
 
 def _check_pred(op: str, pred, what: str = "pred") -> None:
     if not isinstance(pred, NDArray):
-        raise TypeError(f"{op}: {what} must be an NDArray, got {type(pred).__name__}")
+        raise DnnbindTypeError(f"{op}: {what} must be an NDArray, got {type(pred).__name__}")
 
 
 class TripletLoss(Loss):
@@ -84,7 +86,7 @@ class CosineEmbeddingLoss(Loss):
         norms = nd.norm(input1, axis=-1) * nd.norm(input2, axis=-1)
         cos = (nd.sum(input1 * input2, axis=-1) / nd.maximum(norms, 1e-12)).reshape((-1, 1))
         if label.shape[0] != cos.shape[0]:
-            raise ValueError(f"CosineEmbeddingLoss: {label.shape[0]} labels for {cos.shape[0]} vector pairs "
+            raise DnnbindValueError(f"CosineEmbeddingLoss: {label.shape[0]} labels for {cos.shape[0]} vector pairs "
                              f"(inputs of shape {input2.shape}; the cosine is taken along the last axis)")
         loss = (1.0 - cos) * (label == 1) + nd.relu((label == -1) * (cos - self._margin))
         return self._weighting(loss, sample_weight)
@@ -96,10 +98,10 @@ _NEG = -1e30  # log(0) stand-in: finite, so max-shifted sums and their gradients
 def _host_ints(v, what: str, n: int) -> np.ndarray:
     a = v.numpy() if isinstance(v, NDArray) else np.asarray(v)
     if a.size != n:
-        raise ValueError(f"CTCLoss: {what} must have one entry per sample ({n}), got shape {a.shape}")
+        raise DnnbindValueError(f"CTCLoss: {what} must have one entry per sample ({n}), got shape {a.shape}")
     a = a.reshape(n)
     if a.dtype.kind == "f" and not np.array_equal(a, np.round(a)):
-        raise ValueError(f"CTCLoss: {what} must hold whole numbers, got {a}")
+        raise DnnbindValueError(f"CTCLoss: {what} must hold whole numbers, got {a}")
     return a.astype(np.int64)
 
 
@@ -125,9 +127,9 @@ class CTCLoss(Loss):
 
     def __init__(self, layout: str = "NTC", label_layout: str = "NT", weight=None, prefix=None, params=None):
         if layout not in ("NTC", "TNC"):
-            raise ValueError(f"CTCLoss: layout must be 'NTC' or 'TNC', got {layout!r}")
+            raise DnnbindValueError(f"CTCLoss: layout must be 'NTC' or 'TNC', got {layout!r}")
         if label_layout not in ("NT", "TN"):
-            raise ValueError(f"CTCLoss: label_layout must be 'NT' or 'TN', got {label_layout!r}")
+            raise DnnbindValueError(f"CTCLoss: label_layout must be 'NT' or 'TN', got {label_layout!r}")
         super().__init__(weight, label_layout.find("N"), prefix=prefix, params=params)
         self._layout, self._label_layout = layout, label_layout
 
@@ -135,15 +137,15 @@ class CTCLoss(Loss):
         """Host-side tables from the labels: extended label (blanks between), skip mask, lengths."""
         lab = label.numpy() if isinstance(label, NDArray) else np.asarray(label)
         if lab.ndim != 2:
-            raise ValueError(f"CTCLoss: label must be 2-D ({self._label_layout}), got shape {lab.shape}")
+            raise DnnbindValueError(f"CTCLoss: label must be 2-D ({self._label_layout}), got shape {lab.shape}")
         if self._label_layout == "TN":
             lab = lab.T
         if lab.shape[0] != n:
-            raise ValueError(f"CTCLoss: label shape {lab.shape} ({self._label_layout}) has {lab.shape[0]} samples "
+            raise DnnbindValueError(f"CTCLoss: label shape {lab.shape} ({self._label_layout}) has {lab.shape[0]} samples "
                              f"but pred has {n}")
         lmax = lab.shape[1]
         if lmax > t:
-            raise ValueError(f"CTCLoss: labels of length {lmax} cannot fit in {t} time steps of pred")
+            raise DnnbindValueError(f"CTCLoss: labels of length {lmax} cannot fit in {t} time steps of pred")
         lab = lab.astype(np.int64)
         if label_lengths is None:
             pad = lab == -1
@@ -152,12 +154,12 @@ class CTCLoss(Loss):
             lens = _host_ints(label_lengths, "label_lengths", n)
         steps = np.full(n, t) if pred_lengths is None else _host_ints(pred_lengths, "pred_lengths", n)
         if lens.min(initial=0) < 0 or lens.max(initial=0) > lmax:
-            raise ValueError(f"CTCLoss: label_lengths must be in 0..{lmax}, got {lens}")
+            raise DnnbindValueError(f"CTCLoss: label_lengths must be in 0..{lmax}, got {lens}")
         if steps.min() < 1 or steps.max() > t:
-            raise ValueError(f"CTCLoss: pred_lengths must be in 1..{t}, got {steps}")
+            raise DnnbindValueError(f"CTCLoss: pred_lengths must be in 1..{t}, got {steps}")
         valid = np.arange(lmax)[None, :] < lens[:, None]
         if ((lab < 0) | (lab > c - 2))[valid].any():
-            raise ValueError(f"CTCLoss: label ids must be in 0..{c - 2} (class {c - 1} is the blank), got "
+            raise DnnbindValueError(f"CTCLoss: label ids must be in 0..{c - 2} (class {c - 1} is the blank), got "
                              f"{np.unique(lab[valid]).tolist()}")
         blank = c - 1
         ext = np.full((n, 2 * lmax + 1), blank, np.int64)
@@ -171,12 +173,12 @@ class CTCLoss(Loss):
     def forward(self, pred: NDArray, label, pred_lengths=None, label_lengths=None, sample_weight=None) -> NDArray:
         _check_pred("CTCLoss", pred)
         if pred.ndim != 3:
-            raise ValueError(f"CTCLoss: pred must be 3-D ({self._layout}), got shape {pred.shape}")
+            raise DnnbindValueError(f"CTCLoss: pred must be 3-D ({self._layout}), got shape {pred.shape}")
         if self._layout == "TNC":
             pred = nd.swapaxes(pred, 0, 1)
         n, t, c = pred.shape
         if c < 2:
-            raise ValueError(f"CTCLoss: pred needs at least 2 classes (labels and the blank), got shape {pred.shape}")
+            raise DnnbindValueError(f"CTCLoss: pred needs at least 2 classes (labels and the blank), got shape {pred.shape}")
         ext, skip, lens, steps, possible = self._plan(label, n, t, c, pred_lengths, label_lengths)
         s = ext.shape[1]
 

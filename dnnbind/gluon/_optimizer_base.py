@@ -6,6 +6,8 @@ optimizer.py and _adaptive.py both import it and neither imports the other.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 from .. import nd
 from ..runtime.array import NDArray, zeros
 
@@ -27,9 +29,9 @@ class Optimizer:
                  clip_gradient: float | None = None, lr_scheduler=None, multi_precision: bool = False,
                  begin_num_update: int = 0, param_dict=None, param_idx2name=None, sym=None, **kwargs):
         if kwargs:
-            raise TypeError(f"{type(self).__name__}: unknown arguments {sorted(kwargs)}")
+            raise DnnbindTypeError(f"{type(self).__name__}: unknown arguments {sorted(kwargs)}")
         if clip_gradient is not None and not clip_gradient >= 0:
-            raise ValueError(f"{type(self).__name__}: clip_gradient must be >= 0 or None, got {clip_gradient}")
+            raise DnnbindValueError(f"{type(self).__name__}: clip_gradient must be >= 0 or None, got {clip_gradient}")
         # MXNet: no lr and no scheduler -> 0.01; an explicit lr overrides the scheduler's base_lr.
         if learning_rate is None and lr_scheduler is None:
             learning_rate = 0.01
@@ -126,11 +128,11 @@ def create(name, **kwargs) -> Optimizer:
     """An Optimizer from an instance or a registered name ('sgd', 'adam', 'nag', ...) and its arguments."""
     if isinstance(name, Optimizer):
         if kwargs:
-            raise ValueError("optimizer_params must be empty when an Optimizer instance is given")
+            raise DnnbindValueError("optimizer_params must be empty when an Optimizer instance is given")
         return name
     cls = _REGISTRY.get(str(name).lower())
     if cls is None:
-        raise ValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+        raise DnnbindValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(_REGISTRY))}")
     return cls(**kwargs)
 
 

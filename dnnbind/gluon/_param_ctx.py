@@ -11,6 +11,8 @@ context never reads it, so single-device models pay nothing.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import threading
 
 import numpy as np
@@ -53,12 +55,12 @@ def ctx_list(ctx, what: str) -> list:
     if not isinstance(ctx, (list, tuple)):
         return [as_device(ctx)]
     if not ctx:
-        raise ValueError(f"{what}: ctx is an empty list; give a device or a list of devices")
+        raise DnnbindValueError(f"{what}: ctx is an empty list; give a device or a list of devices")
     devices = [as_device(c) for c in ctx]
     seen: set = set()
     for c, d in zip(ctx, devices):
         if d in seen:
-            raise ValueError(f"{what}: ctx={list(ctx)!r} names {d!r} twice (as {c!r}); give each device once. "
+            raise DnnbindValueError(f"{what}: ctx={list(ctx)!r} names {d!r} twice (as {c!r}); give each device once. "
                              "dnnbind has one host device: cpu(i) is cpu(0) for every i")
         seen.add(d)
     return devices

@@ -8,6 +8,8 @@ offsets: one all-reduce per buffer sums the gradients of all Parameters, and one
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import numpy as np
 
 from .. import autograd, ops
@@ -66,10 +68,10 @@ def _contexts(trainer, trainable: list) -> list:
     for i in trainable[1:]:
         mine = params[i].list_ctx()
         if mine != first:
-            raise ValueError(f"Trainer: all Parameters must live on the same contexts, but `{names[i]}` is on "
+            raise DnnbindValueError(f"Trainer: all Parameters must live on the same contexts, but `{names[i]}` is on "
                              f"{mine!r} and `{names[trainable[0]]}` on {first!r}")
     if len(first) > 1 and len({d.kind for d in first}) > 1:
-        raise ValueError(f"Trainer: the Parameters live on {first!r}, a mix of cpu and gpu contexts; their "
+        raise DnnbindValueError(f"Trainer: the Parameters live on {first!r}, a mix of cpu and gpu contexts; their "
                          "gradients can be summed on GPUs (NCCL) or on the host, not across both. Use only GPUs or "
                          "only the cpu.")
     return first
@@ -80,7 +82,7 @@ def _dtype(trainer, trainable: list) -> np.dtype:
     if _HALF in dtypes and dtypes <= {_HALF, np.dtype(np.float32)}:
         return np.dtype(np.float32)  # mixed precision: float32 master weights (trainer.py's docstring)
     if len(dtypes) > 1:
-        raise ValueError(f"Trainer: all trainable Parameters must share one dtype (or be float16 and float32), "
+        raise DnnbindValueError(f"Trainer: all trainable Parameters must share one dtype (or be float16 and float32), "
                          f"found {sorted(map(str, dtypes))}")
     return next(iter(dtypes))
 

@@ -18,6 +18,8 @@ on GPUs both use NCCL, which gives every device the same sum.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import numpy as np
 
 __all__ = ["check_kvstore", "world_communicator", "world_size"]
@@ -40,10 +42,10 @@ def check_kvstore(kvstore) -> str | None:
                                f"'dist_device_sync') or a KVStore with a .type string; got "
                                f"{type(kvstore).__name__}")
     if kind.startswith("dist") and "async" in kind:
-        raise ValueError(f"Trainer: kvstore={kind!r}: asynchronous updates are not supported; use 'dist_sync' "
+        raise DnnbindValueError(f"Trainer: kvstore={kind!r}: asynchronous updates are not supported; use 'dist_sync' "
                          "(every step sums the gradients of all processes)")
     if kind not in LOCAL_KINDS:
-        raise ValueError(f"Trainer: kvstore={kind!r} is not supported; use one of {', '.join(LOCAL_KINDS)} or None")
+        raise DnnbindValueError(f"Trainer: kvstore={kind!r} is not supported; use one of {', '.join(LOCAL_KINDS)} or None")
     return kind
 
 
@@ -62,7 +64,7 @@ def world_communicator(device):
     """This process's NCCL communicator of the launched world, on ``device`` (tests replace this function)."""
     d = _distributed()
     if device.kind != "gpu":
-        raise ValueError(f"Trainer: this process is rank {d.rank()} of {d.world_size()} (dnnbind.distributed.init()) "
+        raise DnnbindValueError(f"Trainer: this process is rank {d.rank()} of {d.world_size()} (dnnbind.distributed.init()) "
                          f"but its Parameters are on {device!r}: gradients are summed across processes with NCCL, "
                          "which needs one GPU per process. Initialize the model on "
                          "gpu(dnnbind.distributed.local_rank()), or run one process (WORLD_SIZE=1).")

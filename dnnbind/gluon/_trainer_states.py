@@ -7,6 +7,8 @@ file holds the first context's and loading writes it into every context.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import json
 
 import numpy as np
@@ -20,7 +22,7 @@ __all__ = ["load_states", "save_states"]
 def save_states(trainer, fname) -> None:
     o = trainer._optimizer
     if any(s is not None for s in trainer._custom_states.values()):
-        raise ValueError(f"save_states({fname!r}): the state of the custom optimizer {type(o).__name__} "
+        raise DnnbindValueError(f"save_states({fname!r}): the state of the custom optimizer {type(o).__name__} "
                          "cannot be saved (only built-in optimizers' flat state is)")
     meta = {"optimizer": type(o).__name__, "n_states": len(trainer._states), "num_update": o.num_update,
             "lr": o.lr, "names": trainer._names, "counts": trainer._counts.tolist()}
@@ -38,7 +40,7 @@ def load_states(trainer, fname) -> None:
         meta = json.loads(str(f["__meta__"]))
         arrays = {k: f[k] for k in f.files if k != "__meta__"}
     if meta["optimizer"] != type(o).__name__ or meta["n_states"] != len(trainer._states):
-        raise ValueError(f"load_states({fname!r}): the file holds {meta['optimizer']} state "
+        raise DnnbindValueError(f"load_states({fname!r}): the file holds {meta['optimizer']} state "
                          f"({meta['n_states']} buffers), this Trainer uses {type(o).__name__} "
                          f"({len(trainer._states)})")
     problems = []
@@ -51,7 +53,7 @@ def load_states(trainer, fname) -> None:
             elif arrays[key].size != n:
                 problems.append(f"{key}: expected {n} values, the file has {arrays[key].size}")
     if problems:
-        raise ValueError(f"load_states({fname!r}): " + "; ".join(problems))
+        raise DnnbindValueError(f"load_states({fname!r}): " + "; ".join(problems))
     for i in trainer._trainable():
         a, n = trainer._offsets[i], trainer._params[i]._data.size
         for b in trainer._bufs:

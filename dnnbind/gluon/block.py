@@ -15,6 +15,8 @@ backward) is recorded once per input signature as the library calls it makes and
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError
+
 import os
 import re
 import threading
@@ -141,7 +143,7 @@ class Block:
             old = self.__dict__.get(name)
             if isinstance(old, (Block, Parameter)) and isinstance(value, (Block, Parameter)) \
                     and not isinstance(value, type(old)) and not isinstance(old, type(value)):
-                raise TypeError(f"Changing attribute type for `{name}` from {type(old).__name__} to "
+                raise DnnbindTypeError(f"Changing attribute type for `{name}` from {type(old).__name__} to "
                                 f"{type(value).__name__} is not allowed")
             self._children.pop(name, None)
             self._reg_params.pop(name, None)

@@ -15,6 +15,8 @@ CTCLoss in _loss_extra.py (MXNet's own output shapes there: PoissonNLLLoss (1,),
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 from .. import nd
 from ..runtime.array import NDArray
 from ._loss_base import Loss, _as_labels, _as_nd, _reshape_like
@@ -98,9 +100,9 @@ class SoftmaxCrossEntropyLoss(Loss):
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
         name = type(self).__name__
         if not isinstance(pred, NDArray):
-            raise TypeError(f"{name}: pred must be an NDArray, got {type(pred).__name__}")
+            raise DnnbindTypeError(f"{name}: pred must be an NDArray, got {type(pred).__name__}")
         if not -pred.ndim <= self._axis < pred.ndim:
-            raise ValueError(f"{name}: axis {self._axis} is out of range for pred of shape {pred.shape}")
+            raise DnnbindValueError(f"{name}: axis {self._axis} is out of range for pred of shape {pred.shape}")
         axis = self._axis % pred.ndim
         if self._sparse_label and pred.ndim == 2 and axis == 1 and self._batch_axis in (0, -2):
             labels = _as_labels(label, pred.shape[0], pred.device)
@@ -151,7 +153,7 @@ class HuberLoss(Loss):
     def __init__(self, rho: float = 1, weight=None, batch_axis: int = 0, prefix=None, params=None):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
         if rho <= 0:
-            raise ValueError(f"HuberLoss: rho must be positive, got {rho}")
+            raise DnnbindValueError(f"HuberLoss: rho must be positive, got {rho}")
         self._rho = float(rho)
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
@@ -186,7 +188,7 @@ class LogisticLoss(Loss):
 
     def __init__(self, weight=None, batch_axis: int = 0, label_format: str = "signed", prefix=None, params=None):
         if label_format not in ("signed", "binary"):
-            raise ValueError(f"LogisticLoss: label_format must be 'signed' or 'binary', got {label_format!r}")
+            raise DnnbindValueError(f"LogisticLoss: label_format must be 'signed' or 'binary', got {label_format!r}")
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
         self._label_format = label_format
 

@@ -11,6 +11,8 @@ optimizer's ``learning_rate``. Every scheduler can warm up for ``warmup_steps`` 
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import logging
 import math
 
@@ -25,14 +27,14 @@ class LRScheduler:
     def __init__(self, base_lr: float = 0.01, warmup_steps: int = 0, warmup_begin_lr: float = 0,
                  warmup_mode: str = "linear"):
         if not isinstance(warmup_steps, int):
-            raise TypeError(f"{type(self).__name__}: warmup_steps must be an int, got {warmup_steps!r}")
+            raise DnnbindTypeError(f"{type(self).__name__}: warmup_steps must be an int, got {warmup_steps!r}")
         if warmup_steps < 0:
-            raise ValueError(f"{type(self).__name__}: warmup_steps must be >= 0, got {warmup_steps}")
+            raise DnnbindValueError(f"{type(self).__name__}: warmup_steps must be >= 0, got {warmup_steps}")
         if warmup_begin_lr > base_lr:
-            raise ValueError(f"{type(self).__name__}: base_lr ({base_lr}) must be >= warmup_begin_lr "
+            raise DnnbindValueError(f"{type(self).__name__}: base_lr ({base_lr}) must be >= warmup_begin_lr "
                              f"({warmup_begin_lr})")
         if warmup_mode not in ("linear", "constant"):
-            raise ValueError(f"{type(self).__name__}: warmup_mode must be 'linear' or 'constant', got {warmup_mode!r}")
+            raise DnnbindValueError(f"{type(self).__name__}: warmup_mode must be 'linear' or 'constant', got {warmup_mode!r}")
         self.base_lr = base_lr
         self.warmup_steps = warmup_steps
         self.warmup_final_lr = base_lr
@@ -41,7 +43,7 @@ class LRScheduler:
 
     def get_warmup_lr(self, num_update: int) -> float:
         if num_update >= self.warmup_steps:
-            raise ValueError(f"get_warmup_lr: num_update {num_update} is past the {self.warmup_steps} warm-up steps")
+            raise DnnbindValueError(f"get_warmup_lr: num_update {num_update} is past the {self.warmup_steps} warm-up steps")
         if self.warmup_mode == "constant":
             return self.warmup_begin_lr
         return self.warmup_begin_lr + (self.warmup_final_lr - self.warmup_begin_lr) * num_update / self.warmup_steps
@@ -61,9 +63,9 @@ class FactorScheduler(LRScheduler):
                  warmup_steps: int = 0, warmup_begin_lr: float = 0, warmup_mode: str = "linear"):
         super().__init__(base_lr, warmup_steps, warmup_begin_lr, warmup_mode)
         if step < 1:
-            raise ValueError(f"FactorScheduler: step must be >= 1, got {step}")
+            raise DnnbindValueError(f"FactorScheduler: step must be >= 1, got {step}")
         if factor > 1.0:
-            raise ValueError(f"FactorScheduler: factor must be <= 1 so the lr decreases, got {factor}")
+            raise DnnbindValueError(f"FactorScheduler: factor must be <= 1 so the lr decreases, got {factor}")
         self.step = step
         self.factor = factor
         self.stop_factor_lr = stop_factor_lr
@@ -92,14 +94,14 @@ class MultiFactorScheduler(LRScheduler):
                  warmup_begin_lr: float = 0, warmup_mode: str = "linear"):
         super().__init__(base_lr, warmup_steps, warmup_begin_lr, warmup_mode)
         if not isinstance(step, list) or not step:
-            raise ValueError(f"MultiFactorScheduler: step must be a non-empty list of ints, got {step!r}")
+            raise DnnbindValueError(f"MultiFactorScheduler: step must be a non-empty list of ints, got {step!r}")
         for i, s in enumerate(step):
             if i and s <= step[i - 1]:
-                raise ValueError(f"MultiFactorScheduler: step must be increasing, got {step}")
+                raise DnnbindValueError(f"MultiFactorScheduler: step must be increasing, got {step}")
             if s < 1:
-                raise ValueError(f"MultiFactorScheduler: every step must be >= 1, got {step}")
+                raise DnnbindValueError(f"MultiFactorScheduler: every step must be >= 1, got {step}")
         if factor > 1.0:
-            raise ValueError(f"MultiFactorScheduler: factor must be <= 1 so the lr decreases, got {factor}")
+            raise DnnbindValueError(f"MultiFactorScheduler: factor must be <= 1 so the lr decreases, got {factor}")
         self.step = step
         self.cur_step_ind = 0
         self.factor = factor
@@ -163,6 +165,6 @@ class CosineScheduler(LRScheduler):
 
 def _check_max_update(name: str, max_update) -> None:
     if not isinstance(max_update, int):
-        raise TypeError(f"{name}: max_update must be an int, got {max_update!r}")
+        raise DnnbindTypeError(f"{name}: max_update must be an int, got {max_update!r}")
     if max_update < 1:
-        raise ValueError(f"{name}: max_update must be >= 1, got {max_update}")
+        raise DnnbindValueError(f"{name}: max_update must be >= 1, got {max_update}")

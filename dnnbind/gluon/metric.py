@@ -13,6 +13,8 @@ each update, ``'micro'`` pools the counts of all updates.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import numpy as np
 
 __all__ = [
@@ -48,7 +50,7 @@ def _host(x) -> np.ndarray:
 def _pairs(metric: str, labels, preds) -> list:
     """MXNet's check_label_shapes(wrap=True): equal lengths, then single arrays wrapped into lists."""
     if len(labels) != len(preds):
-        raise ValueError(f"{metric}.update: shape of labels {len(labels)} does not match shape of predictions "
+        raise DnnbindValueError(f"{metric}.update: shape of labels {len(labels)} does not match shape of predictions "
                          f"{len(preds)}")
     labels = list(labels) if isinstance(labels, (list, tuple)) else [labels]
     preds = list(preds) if isinstance(preds, (list, tuple)) else [preds]
@@ -110,7 +112,7 @@ class Accuracy(EvalMetric):
                 pred = pred.argmax(axis=self.axis)
             pred, label = pred.astype(np.int32).ravel(), label.astype(np.int32).ravel()
             if pred.shape != label.shape:
-                raise ValueError(f"Accuracy.update: {label.size} labels but {pred.size} predictions")
+                raise DnnbindValueError(f"Accuracy.update: {label.size} labels but {pred.size} predictions")
             self.sum_metric += float((pred == label).sum())
             self.num_inst += label.size
 
@@ -120,7 +122,7 @@ class TopKAccuracy(EvalMetric):
 
     def __init__(self, top_k: int = 1, name: str = "top_k_accuracy", **kwargs):
         if top_k < 1:
-            raise ValueError(f"TopKAccuracy: top_k must be >= 1, got {top_k}")
+            raise DnnbindValueError(f"TopKAccuracy: top_k must be >= 1, got {top_k}")
         self.top_k = top_k
         super().__init__(f"{name}_{top_k}", **kwargs)
 
@@ -128,7 +130,7 @@ class TopKAccuracy(EvalMetric):
         for label, pred in _pairs("TopKAccuracy", labels, preds):
             label = label.astype(np.int32).ravel()
             if pred.ndim > 2:
-                raise ValueError(f"TopKAccuracy.update: predictions must be 1-D or 2-D, got shape {pred.shape}")
+                raise DnnbindValueError(f"TopKAccuracy.update: predictions must be 1-D or 2-D, got shape {pred.shape}")
             if pred.ndim == 1:
                 # Predicted class ids. (MXNet compares argpartition indices here, which only means something
                 # for this reading.)
@@ -196,7 +198,7 @@ class CrossEntropy(EvalMetric):
         for label, pred in _pairs("CrossEntropy", labels, preds):
             label = label.ravel()
             if label.shape[0] != pred.shape[0]:
-                raise ValueError(f"CrossEntropy.update: {label.shape[0]} labels for predictions of shape {pred.shape}")
+                raise DnnbindValueError(f"CrossEntropy.update: {label.shape[0]} labels for predictions of shape {pred.shape}")
             prob = pred[np.arange(label.shape[0]), label.astype(np.int64)].astype(np.float64)
             self.sum_metric += float((-np.log(prob + self.eps)).sum())
             self.num_inst += label.shape[0]
@@ -207,7 +209,7 @@ class F1(EvalMetric):
 
     def __init__(self, name: str = "f1", average: str = "macro", **kwargs):
         if average not in ("macro", "micro"):
-            raise ValueError(f"F1: average must be 'macro' or 'micro', got {average!r}")
+            raise DnnbindValueError(f"F1: average must be 'macro' or 'micro', got {average!r}")
         self.average = average
         super().__init__(name, **kwargs)
 
@@ -219,7 +221,7 @@ class F1(EvalMetric):
         for label, pred in _pairs("F1", labels, preds):
             label = label.astype(np.int32).ravel()
             if len(np.unique(label)) > 2:
-                raise ValueError("F1 currently only supports binary classification (labels 0 and 1)")
+                raise DnnbindValueError("F1 currently only supports binary classification (labels 0 and 1)")
             p, t = pred.argmax(axis=1) == 1, label == 1
             self._tp += int((p & t).sum())
             self._fp += int((p & ~t).sum())
@@ -320,5 +322,5 @@ def create(metric, *args, **kwargs) -> EvalMetric:
         return metric(*args, **kwargs)
     cls = _REGISTRY.get(str(metric).lower())
     if cls is None:
-        raise ValueError(f"unknown metric {metric!r}; known: {', '.join(sorted(_REGISTRY))}")
+        raise DnnbindValueError(f"unknown metric {metric!r}; known: {', '.join(sorted(_REGISTRY))}")
     return cls(*args, **kwargs)

@@ -5,6 +5,8 @@ dnnbind.serialization and runtime. Used by Block.load_parameters and ParameterDi
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import os
 
 import numpy as np
@@ -23,7 +25,7 @@ def _read_param_file(filename) -> dict:
     if isinstance(loaded, list):
         if not loaded:
             return {}
-        raise ValueError(f"{path}: holds a list of {len(loaded)} arrays without names; a parameter file is a dict "
+        raise DnnbindValueError(f"{path}: holds a list of {len(loaded)} arrays without names; a parameter file is a dict "
                          "(nd.save(fname, {name: array}) or save_parameters)")
     return {(k[4:] if k.startswith(("arg:", "aux:")) else k): (None if v is None else v.data_numpy)
             for k, v in loaded.items()}
@@ -51,7 +53,7 @@ def _load_into(params: dict, loaded: dict, what: str, ctx, allow_missing: bool, 
             problems.append(f"dtype mismatch for {key}: the model has {p.dtype.name}, the file {arr.dtype.name} "
                             "(cast_dtype=True converts)")
     if problems:
-        raise ValueError(f"{what}:\n  " + "\n  ".join(problems))
+        raise DnnbindValueError(f"{what}:\n  " + "\n  ".join(problems))
     for key, p in params.items():
         if key in loaded:
             arr = loaded[key]

@@ -15,6 +15,8 @@ dnnbind's older npz files (told apart by their zip header) still load.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import warnings
 
 import numpy as np
@@ -61,9 +63,9 @@ class Parameter:
                  lr_mult: float = 1.0, wd_mult: float = 1.0, init=None, allow_deferred_init: bool = False,
                  differentiable: bool = True, stype: str = "default", grad_stype: str = "default"):
         if stype != "default" or grad_stype != "default":
-            raise ValueError(f"Parameter `{name}`: only dense storage ('default') is supported")
+            raise DnnbindValueError(f"Parameter `{name}`: only dense storage ('default') is supported")
         if grad_req not in _REQS:
-            raise ValueError(f"Parameter `{name}`: grad_req must be one of {_REQS}, got {grad_req!r}")
+            raise DnnbindValueError(f"Parameter `{name}`: grad_req must be one of {_REQS}, got {grad_req!r}")
         self.name = name
         self._shape = _norm_shape(shape)
         self.dtype = np.dtype(dtype)
@@ -103,7 +105,7 @@ class Parameter:
         new = _norm_shape(new)
         old = self._shape
         if old is not None and (len(old) != len(new) or any(o and o != n for o, n in zip(old, new))):
-            raise ValueError(f"Parameter `{self.display_name}`: cannot change shape from {old} to {new}; only "
+            raise DnnbindValueError(f"Parameter `{self.display_name}`: cannot change shape from {old} to {new}; only "
                              "unknown (0) dimensions can be filled in")
         self._shape = new
 
@@ -134,7 +136,7 @@ class Parameter:
         if not self._shape_known() or waits_for_weight:
             if self.allow_deferred_init or waits_for_weight:
                 return
-            raise ValueError(f"Cannot initialize Parameter `{self.display_name}`: its shape {self._shape} has "
+            raise DnnbindValueError(f"Cannot initialize Parameter `{self.display_name}`: its shape {self._shape} has "
                              "unknown (0) dimensions and allow_deferred_init is False. Give the full shape.")
         self._finish_deferred_init()
 
@@ -280,7 +282,7 @@ class Parameter:
     @grad_req.setter
     def grad_req(self, req: str) -> None:
         if req not in _REQS:
-            raise ValueError(f"Parameter `{self.display_name}`: grad_req must be one of {_REQS}, got {req!r}")
+            raise DnnbindValueError(f"Parameter `{self.display_name}`: grad_req must be one of {_REQS}, got {req!r}")
         if not self.differentiable:
             req = "null"
         if req == self._grad_req:
@@ -299,7 +301,7 @@ class Parameter:
             self.shape = shape
             self._finish_deferred_init()
         if shape != self._data.shape:
-            raise ValueError(f"Parameter `{self.display_name}`.set_data: shape {shape} does not match "
+            raise DnnbindValueError(f"Parameter `{self.display_name}`.set_data: shape {shape} does not match "
                              f"{self._data.shape}")
         for copy, _ in self._copies():
             copy.copy_(data)

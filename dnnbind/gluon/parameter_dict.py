@@ -5,6 +5,8 @@ gluon.parameter (through the module, so that either may be imported first). Spli
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import os
 import re
 from collections import OrderedDict
@@ -58,7 +60,7 @@ class ParameterDict:
     def update(self, other) -> None:
         for k, v in (other.items() if hasattr(other, "items") else other):
             if k in self._params and self._params[k] is not v:
-                raise ValueError(f"ParameterDict.update: two different Parameters named `{k}`")
+                raise DnnbindValueError(f"ParameterDict.update: two different Parameters named `{k}`")
             self._params[k] = v
 
     def get(self, name: str, **kwargs) -> _parameter.Parameter:
@@ -126,7 +128,7 @@ class ParameterDict:
         arrays = {}
         for p in self._params.values():
             if not p.name.startswith(strip_prefix):
-                raise ValueError(f"ParameterDict.save: strip_prefix {strip_prefix!r} is not a prefix of Parameter "
+                raise DnnbindValueError(f"ParameterDict.save: strip_prefix {strip_prefix!r} is not a prefix of Parameter "
                                  f"`{p.name}` (a shared Parameter, or a child made outside name_scope())")
             arrays[p.name[len(strip_prefix):]] = p._host_copy()
         serialization.save(filename, arrays)
@@ -140,7 +142,7 @@ class ParameterDict:
         targets = {p.name: p for p in self._params.values()}
         bad = [name for name in targets if not name.startswith(restore_prefix)]
         if bad:
-            raise ValueError(f"ParameterDict.load: restore_prefix {restore_prefix!r} is not a prefix of "
+            raise DnnbindValueError(f"ParameterDict.load: restore_prefix {restore_prefix!r} is not a prefix of "
                              f"Parameter `{bad[0]}`")
         loaded = {restore_prefix + k: v for k, v in _read_param_file(filename).items()}
         _load_into(targets, loaded, f"ParameterDict.load({os.fspath(filename)!r})", ctx, allow_missing,

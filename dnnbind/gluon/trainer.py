@@ -34,6 +34,8 @@ master copy is the optimizer's: ``set_data`` on a float16 Parameter after the Tr
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import numpy as np
 
 from .. import autograd
@@ -66,12 +68,12 @@ class Trainer:
         elif isinstance(params, (list, tuple)):
             items = [(p.display_name if isinstance(p, Parameter) else str(p), p) for p in params]
         else:
-            raise TypeError(f"Trainer: first argument must be a ParameterDict, dict or list of Parameters, got "
+            raise DnnbindTypeError(f"Trainer: first argument must be a ParameterDict, dict or list of Parameters, got "
                             f"{type(params).__name__}")
         self._names, self._params, seen = [], [], set()
         for name, p in items:
             if not isinstance(p, Parameter):
-                raise TypeError(f"Trainer: `{name}` is a {type(p).__name__}, not a Parameter")
+                raise DnnbindTypeError(f"Trainer: `{name}` is a {type(p).__name__}, not a Parameter")
             if id(p) not in seen:  # a shared Parameter is updated once
                 seen.add(id(p))
                 self._names.append(name)
@@ -275,7 +277,7 @@ class Trainer:
         if self._kvstore not in _reduce.WORLD_KINDS or _reduce.world_size() == 1:
             return None
         if len(self._bufs) > 1:
-            raise ValueError(f"Trainer: under dnnbind.distributed (world of {_reduce.world_size()}) each process "
+            raise DnnbindValueError(f"Trainer: under dnnbind.distributed (world of {_reduce.world_size()}) each process "
                              f"trains on one GPU, but the Parameters live on {[b.device for b in self._bufs]}; "
                              "initialize them on gpu(dnnbind.distributed.local_rank()) only")
         device = self._bufs[0].device
@@ -286,7 +288,7 @@ class Trainer:
                     comm.broadcast(flat, root=0, out=flat)
             self._world_comm = comm
         elif getattr(self._world_comm, "device", device) is not device:
-            raise ValueError(f"Trainer: the Parameters moved to {device!r}, but this process's NCCL communicator "
+            raise DnnbindValueError(f"Trainer: the Parameters moved to {device!r}, but this process's NCCL communicator "
                              f"is on {self._world_comm.device!r}; keep them on gpu(local_rank)")
         return self._world_comm
 

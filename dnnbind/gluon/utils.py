@@ -6,6 +6,8 @@ complete new one, never a torn write (an interrupted job must be able to resume 
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import hashlib
 import os
 import shutil
@@ -46,12 +48,12 @@ def split_data(data, num_slice: int, batch_axis: int = 0, even_split: bool = Tru
     Uneven splits (``even_split=False``) give the first ``size % num_slice`` slices one extra sample, as MXNet.
     """
     if not 0 <= batch_axis < len(data.shape):
-        raise ValueError(f"split_data: batch_axis {batch_axis} is out of range for data of shape {data.shape}")
+        raise DnnbindValueError(f"split_data: batch_axis {batch_axis} is out of range for data of shape {data.shape}")
     size = data.shape[batch_axis]
     if num_slice < 1 or (not even_split and size < num_slice):
-        raise ValueError(f"split_data: cannot split {size} samples along axis {batch_axis} into {num_slice} slices")
+        raise DnnbindValueError(f"split_data: cannot split {size} samples along axis {batch_axis} into {num_slice} slices")
     if even_split and size % num_slice:
-        raise ValueError(f"split_data: data with shape {data.shape} cannot be evenly split into {num_slice} slices "
+        raise DnnbindValueError(f"split_data: data with shape {data.shape} cannot be evenly split into {num_slice} slices "
                          f"along axis {batch_axis}. Use a batch size that's a multiple of {num_slice} or set "
                          "even_split=False to allow uneven partitioning of data.")
     each, extras = divmod(size, num_slice)
@@ -68,7 +70,7 @@ def split_and_load(data, ctx_list, batch_axis: int = 0, even_split: bool = True)
     if not isinstance(ctx_list, (list, tuple)):
         ctx_list = [ctx_list]
     if not ctx_list:
-        raise ValueError("split_and_load: ctx_list is empty; give at least one context")
+        raise DnnbindValueError("split_and_load: ctx_list is empty; give at least one context")
     if not isinstance(data, NDArray):
         data = array(data, device=ctx_list[0])
     if len(ctx_list) == 1:
@@ -85,7 +87,7 @@ def clip_global_norm(arrays: list, max_norm: float, check_isfinite: bool = True)
     """
     from .. import nd
     if not arrays:
-        raise ValueError("clip_global_norm: arrays must be a non-empty list of NDArrays")
+        raise DnnbindValueError("clip_global_norm: arrays must be a non-empty list of NDArrays")
     ctx = arrays[0].context
     squares = [nd.sum(nd.square(a)).reshape((1,)).as_in_context(ctx) for a in arrays]
     total = nd.sqrt(nd.add_n(*squares) if len(squares) > 1 else squares[0])
@@ -120,12 +122,12 @@ def download(url: str, path=None, overwrite: bool = False, sha1_hash: str | None
     (these machines have none) it raises OSError naming the URL and where to place the file by hand.
     """
     if retries < 0:
-        raise ValueError(f"download: retries must be >= 0, got {retries}")
+        raise DnnbindValueError(f"download: retries must be >= 0, got {retries}")
     fname = url.split("/")[-1] if path is None else os.path.expanduser(os.fspath(path))
     if path is not None and (os.path.isdir(fname) or fname.endswith(os.sep)):  # a folder, existing or not
         fname = os.path.join(fname, url.split("/")[-1])
     if not fname or fname.endswith(os.sep):
-        raise ValueError(f"download: cannot name a file after {url!r}; pass path=")
+        raise DnnbindValueError(f"download: cannot name a file after {url!r}; pass path=")
     if not overwrite and os.path.exists(fname) and (not sha1_hash or check_sha1(fname, sha1_hash)):
         return fname
     os.makedirs(os.path.dirname(os.path.abspath(fname)), exist_ok=True)

@@ -8,6 +8,8 @@ dnnbind.runtime (launch.py finds dnnbind's current device and stream lazily).
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import ctypes
 import functools
 import math
@@ -86,19 +88,19 @@ def coalesce(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[tu
 
 def _check_rank(what: str, shape: tuple) -> None:
     if len(shape) > MAX_DIMS:
-        raise ValueError(f"{what}: {len(shape)} dimensions remain after coalescing {shape}; the generated kernels"
+        raise DnnbindValueError(f"{what}: {len(shape)} dimensions remain after coalescing {shape}; the generated kernels"
                          f" support at most MAX_DIMS = {MAX_DIMS}")
 
 
 def _axis(what: str, axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
-        raise ValueError(f"{what}: axis {axis} is out of range for {ndim} dimensions")
+        raise DnnbindValueError(f"{what}: axis {axis} is out of range for {ndim} dimensions")
     return axis % ndim
 
 
 def _check_strides(what: str, name: str, ref: Ref, ndim: int) -> None:
     if len(ref.strides) != ndim:
-        raise ValueError(f"{what}: {name} has {len(ref.strides)} strides {ref.strides} for {ndim} dimensions")
+        raise DnnbindValueError(f"{what}: {name} has {len(ref.strides)} strides {ref.strides} for {ndim} dimensions")
 
 
 # --- scalars -------------------------------------------------------------------------------------------
@@ -123,7 +125,7 @@ def _scalar_sig(what: str, scalars: Sequence[tuple[str, Any]]) -> tuple[tuple[tu
     if entry is None:
         for name, t in names_types:
             if t not in _SCALAR_TYPES:
-                raise TypeError(f"{what}: scalar {name!r} is a {t.__name__}; pass a Python or numpy number")
+                raise DnnbindTypeError(f"{what}: scalar {name!r} is a {t.__name__}; pass a Python or numpy number")
         # struct.pack("q") takes Python bools and numpy ints, but not numpy bools
         entry = _SIGS[names_types] = (tuple((name, *_SCALAR_TYPES[t]) for name, t in names_types),
                                       any(t is np.bool_ for _, t in names_types))

@@ -13,6 +13,8 @@ instructions that cuda_fp16.h itself uses (NVRTC ships no cuda_fp16.h, and none 
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import re
 from typing import Any
 
@@ -37,7 +39,7 @@ def c_types(dtype: Any, what: str = "kernel") -> tuple[str, str]:
     """(storage type, value type) of a numpy dtype; TypeError naming the dtype when unsupported."""
     t = _TYPES.get(np.dtype(dtype))
     if t is None:
-        raise TypeError(f"{what}: dtype {np.dtype(dtype)} is not supported by the generated kernels"
+        raise DnnbindTypeError(f"{what}: dtype {np.dtype(dtype)} is not supported by the generated kernels"
                         f" (supported: {', '.join(sorted(str(d) for d in _TYPES))})")
     return t
 
@@ -85,14 +87,14 @@ def _indent(lines: str, prefix: str) -> str:
 
 def _check_name(name: str) -> None:
     if not re.fullmatch(r"[A-Za-z_]\w*", name):
-        raise ValueError(f"kernel name must be a C identifier, got {name!r}")
+        raise DnnbindValueError(f"kernel name must be a C identifier, got {name!r}")
 
 
 def _scalar_fields(sig: tuple, taken: str | tuple) -> list[tuple[str, str, str]]:
     """The struct fields of the scalars, after checking their names (``taken``: the expression's other names)."""
     for name, _, _ in sig:
         if not re.fullmatch(r"[A-Za-z_]\w*", name) or name in taken or name.startswith("dn_"):
-            raise ValueError(f"scalar name {name!r} is not a C identifier or is taken (the expression already"
+            raise DnnbindValueError(f"scalar name {name!r} is not a C identifier or is taken (the expression already"
                              f" uses {', '.join(taken)}; dn_* is reserved)")
     return [("double" if code == "d" else "long long", f"s_{name}", code) for name, _, code in sig]
 
@@ -147,7 +149,7 @@ def map_source(name: str, expr: str, out_dtype: np.dtype, in_dtypes: tuple, ndim
     vec elements): each thread moves vec elements per operand with one wide load/store."""
     _check_name(name)
     if len(in_dtypes) > len(INPUT_NAMES):
-        raise ValueError(f"strided_map: at most {len(INPUT_NAMES)} inputs, got {len(in_dtypes)}")
+        raise DnnbindValueError(f"strided_map: at most {len(INPUT_NAMES)} inputs, got {len(in_dtypes)}")
     ins = INPUT_NAMES[:len(in_dtypes)]
     out_dtype = np.dtype(out_dtype)
     out_st = c_types(out_dtype, "strided_map out")[0]
@@ -165,7 +167,7 @@ def map_source(name: str, expr: str, out_dtype: np.dtype, in_dtypes: tuple, ndim
     kernel = _elementwise_kernel(name, ndim, 1 + len(ins), body)
     if vec > 1:
         if ndim:
-            raise ValueError("strided_map: only the contiguous kernel (ndim 0) is vectorized")
+            raise DnnbindValueError("strided_map: only the contiguous kernel (ndim 0) is vectorized")
         wide = [f"const dn_vec<{s}, {vec}> dn_v{n} = ((const dn_vec<{s}, {vec}>*)p.{n})[dn_j];\n"
                 for n, (s, _) in zip(ins, types)]
         vbody = ("".join(wide) + f"dn_vec<{out_st}, {vec}> dn_vo;\n"
@@ -210,7 +212,7 @@ def take_source(kind: str, mode: str, dtypes: tuple, ndim: int):
         elif dtypes[1] == np.int64:  # two's complement: adding the bits as unsigned gives the same result
             body += f"atomicAdd((unsigned long long*){target}, (unsigned long long){value});\n"
         else:
-            raise TypeError(f"scatter_add: out dtype {dtypes[1]} has no atomicAdd here; use float32, float64,"
+            raise DnnbindTypeError(f"scatter_add: out dtype {dtypes[1]} has no atomicAdd here; use float32, float64,"
                             " int32 or int64")
     return PREAMBLE + struct_src + _elementwise_kernel(f"dn_{kind}", ndim, 3, body), f"dn_{kind}", fmt
 

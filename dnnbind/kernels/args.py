@@ -7,6 +7,8 @@ declared parameter sizes where the driver reports them.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError
+
 import ctypes
 import struct
 from collections.abc import Callable, Iterable
@@ -46,7 +48,7 @@ def _half(a: np.float16) -> ctypes.c_uint16:
 
 
 def _host_array(a: np.ndarray) -> Any:
-    raise TypeError("a numpy array lives in host memory; copy it to the GPU first"
+    raise DnnbindTypeError("a numpy array lives in host memory; copy it to the GPU first"
                     " (dnnbind.array(x, device='gpu'))")
 
 
@@ -87,7 +89,7 @@ def _converter(a: Any) -> Callable[[Any], Any]:
     elif issubclass(t, np.generic):
         ctype = _CTYPE_BY_KIND_SIZE.get((a.dtype.kind, a.dtype.itemsize))
         if ctype is None:
-            raise TypeError(f"numpy {a.dtype} scalars cannot be passed to a kernel")
+            raise DnnbindTypeError(f"numpy {a.dtype} scalars cannot be passed to a kernel")
         conv = ctype
     elif issubclass(t, np.ndarray):
         conv = _host_array
@@ -105,7 +107,7 @@ def _converter(a: Any) -> Callable[[Any], Any]:
     elif t.__name__ in ("CUdeviceptr", "CUstream", "cudaStream_t"):
         conv = _handle
     else:
-        raise TypeError(f"cannot pass {t.__module__}.{t.__name__} to a kernel; use an array with .ptr or"
+        raise DnnbindTypeError(f"cannot pass {t.__module__}.{t.__name__} to a kernel; use an array with .ptr or"
                         " __cuda_array_interface__, a number, a numpy scalar or a ctypes value")
     _CONVERTERS[t] = conv
     return conv
@@ -145,9 +147,9 @@ def _check_arg_sizes(name: str, holders: list[Any], sizes: tuple[int, ...]) -> N
     if got == sizes:
         return
     if len(holders) != len(sizes):
-        raise TypeError(f"kernel '{name}' takes {len(sizes)} arguments, got {len(holders)}")
+        raise DnnbindTypeError(f"kernel '{name}' takes {len(sizes)} arguments, got {len(holders)}")
     i = next(i for i, (g, s) in enumerate(zip(got, sizes, strict=True)) if g != s)
-    raise TypeError(
+    raise DnnbindTypeError(
         f"kernel '{name}' argument {i}: the kernel expects {sizes[i]} bytes, got {type(holders[i]).__name__}"
         f" ({got[i]} bytes); Python ints go as int32 and floats as float32, so pass a numpy scalar"
         " (np.int64, np.float64, ...) or a ctypes value of the right size")

@@ -16,6 +16,8 @@ expressions, options, headers, target and the NVRTC version. ``#include`` files 
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import hashlib
 import json
 import logging
@@ -69,7 +71,7 @@ def _parse_arch(arch: Any) -> tuple[str, int, str]:
         return "sm", arch, ""
     m = _ARCH_RE.fullmatch(str(arch).strip().lower())
     if not m:
-        raise ValueError(f"arch must look like 'sm_90', 'sm_90a', 'compute_90', 90 or (9, 0); got {arch!r}")
+        raise DnnbindValueError(f"arch must look like 'sm_90', 'sm_90a', 'compute_90', 90 or (9, 0); got {arch!r}")
     return (m.group(1) or "sm_").rstrip("_"), int(m.group(2)), m.group(3)
 
 
@@ -92,7 +94,7 @@ def target(arch: Any = None) -> tuple[str, str]:
     older = [a for a in supported if a <= number]
     if not older:
         major, minor = nvrtc.version()
-        raise ValueError(f"NVRTC {major}.{minor} cannot compile for sm_{number}; it supports"
+        raise DnnbindValueError(f"NVRTC {major}.{minor} cannot compile for sm_{number}; it supports"
                          f" sm_{supported[0]} to sm_{supported[-1]}")
     return f"-arch=compute_{max(older)}", "ptx"
 
@@ -103,7 +105,7 @@ def _normalize_options(options: Sequence[str] | str) -> tuple[str, ...]:
     opts = tuple(str(o) for o in options)
     for o in opts:
         if o.startswith(("-arch", "--gpu-architecture", "-gencode")):
-            raise ValueError(f"pass the target as arch='sm_90' (or 'compute_90' for PTX), not as option {o!r}")
+            raise DnnbindValueError(f"pass the target as arch='sm_90' (or 'compute_90' for PTX), not as option {o!r}")
     return opts
 
 
@@ -145,14 +147,14 @@ def _read_cached(path: str, kind: str, names: tuple[str, ...]) -> _Image | None:
         return None
     try:
         if not data.startswith(_MAGIC):
-            raise ValueError("bad magic")
+            raise DnnbindValueError("bad magic")
         end = data.index(b"\n", len(_MAGIC))
         meta = json.loads(data[len(_MAGIC):end])
         code = data[end + 1:]
         if len(code) != meta["size"] or hashlib.sha256(code).hexdigest() != meta["sha256"]:
-            raise ValueError("checksum mismatch")
+            raise DnnbindValueError("checksum mismatch")
         if meta["kind"] != kind or set(meta["lowered"]) != set(names):
-            raise ValueError("metadata mismatch")
+            raise DnnbindValueError("metadata mismatch")
         return _Image(kind, code, {str(k): str(v) for k, v in meta["lowered"].items()}, str(meta["log"]))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
         logger.warning("ignoring damaged kernel cache file %s (%s); recompiling", path, exc)

@@ -7,6 +7,8 @@ runs at import.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError
+
 from typing import Any
 
 from dnnbind._lib import cudart
@@ -88,5 +90,5 @@ def stream_handle(stream: Any, device: int = 0) -> int:
     try:
         return int(stream)
     except (TypeError, ValueError):
-        raise TypeError(f"cannot use {type(stream).__name__} as a CUDA stream: pass an int handle or an"
+        raise DnnbindTypeError(f"cannot use {type(stream).__name__} as a CUDA stream: pass an int handle or an"
                         " object with .handle") from None

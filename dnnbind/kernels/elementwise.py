@@ -13,6 +13,8 @@ grid-stride loop over ``long long i`` in [0, n): one launch covers any n with a 
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import ctypes
 import math
 import re
@@ -65,10 +67,10 @@ def _parse_params(params: str) -> list[_Param]:
     for piece in params.split(","):
         m = _PARAM.match(piece.strip())
         if not m or not m.group("type").strip():
-            raise ValueError(f"cannot parse parameter {piece.strip()!r}: write 'type name', e.g. 'const float* x'")
+            raise DnnbindValueError(f"cannot parse parameter {piece.strip()!r}: write 'type name', e.g. 'const float* x'")
         ctype_text, name = m.group("type"), m.group("name")
         if name in ("i", "n"):
-            raise ValueError(f"parameter name {name!r} is taken: the loop index is i and the size is n")
+            raise DnnbindValueError(f"parameter name {name!r} is taken: the loop index is i and the size is n")
         base = " ".join(_QUALIFIERS.sub(" ", ctype_text).split())
         dtype, scalar = _C_TYPES.get(base, (None, None))
         pointer = "*" in ctype_text
@@ -111,12 +113,12 @@ class ElementwiseKernel:
     def __init__(self, name: str, params: str, body: str, preamble: str = "",
                  options: Sequence[str] = (), block: int = BLOCK, check_sizes: bool = True):
         if not re.fullmatch(r"[A-Za-z_]\w*", name):
-            raise ValueError(f"kernel name must be a C identifier, got {name!r}")
+            raise DnnbindValueError(f"kernel name must be a C identifier, got {name!r}")
         self.name = name
         self.params = _parse_params(params)
         self.block = int(block)
         if not 1 <= self.block <= 1024:
-            raise ValueError(f"{name}: block must be 1..1024 threads, got {block}")
+            raise DnnbindValueError(f"{name}: block must be 1..1024 threads, got {block}")
         self.options = tuple(options)
         self.check_sizes = check_sizes
         outputs = [k for k, p in enumerate(self.params) if p.pointer and not p.const]
@@ -141,21 +143,21 @@ class ElementwiseKernel:
     def __call__(self, *args: Any, n: int | None = None, stream: Any = None) -> None:
         params = self.params
         if len(args) != len(params):
-            raise TypeError(f"{self.name} takes {len(params)} arguments"
+            raise DnnbindTypeError(f"{self.name} takes {len(params)} arguments"
                             f" ({', '.join(p.name for p in params)}), got {len(args)}")
         if n is None and (self._out is None or (n := _size_of(args[self._out])) is None):
-            raise TypeError(f"{self.name}: pass n=... (no output array whose size is known)")
+            raise DnnbindTypeError(f"{self.name}: pass n=... (no output array whose size is known)")
         values = []
         for p, a in zip(params, args):
             if p.pointer:
                 if p.dtype is not None:
                     dtype = _dtype_of(a)
                     if dtype is not None and dtype != p.dtype:
-                        raise TypeError(f"{self.name}: {p.name} is declared {p.dtype} but got a {dtype} array")
+                        raise DnnbindTypeError(f"{self.name}: {p.name} is declared {p.dtype} but got a {dtype} array")
                 if self.check_sizes:
                     size = _size_of(a)
                     if size is not None and size != n:
-                        raise ValueError(f"{self.name}: {p.name} has {size} elements, expected n = {n}")
+                        raise DnnbindValueError(f"{self.name}: {p.name} has {size} elements, expected n = {n}")
                 values.append(a)
             elif p.ctype is not None and not isinstance(a, ctypes._SimpleCData):
                 values.append(p.ctype(a))

@@ -16,6 +16,8 @@ before the launch); a step being recorded (``hooks.RECORDING``) is handed each p
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import operator
 import struct
 import threading
@@ -81,7 +83,7 @@ def _dim3(dims: Any, what: str, kernel: str) -> Dim3:
             return d + (1,) * (3 - len(d))  # type: ignore[return-value]
     except TypeError:
         pass
-    raise TypeError(f"kernel '{kernel}': {what} must be an int or a tuple of 1 to 3 ints, got {dims!r}")
+    raise DnnbindTypeError(f"kernel '{kernel}': {what} must be an int or a tuple of 1 to 3 ints, got {dims!r}")
 
 
 def _check_config(kernel: str, grid: Dim3, block: Dim3, shared_mem: int,
@@ -106,7 +108,7 @@ def _check_config(kernel: str, grid: Dim3, block: Dim3, shared_mem: int,
         problem = f"grid dimensions may be at most {MAX_GRID_DIM}"
     else:
         problem = "shared_mem must be >= 0"
-    raise ValueError(f"cannot launch kernel '{kernel}' with grid {grid}, block {block}: {problem}")
+    raise DnnbindValueError(f"cannot launch kernel '{kernel}' with grid {grid}, block {block}: {problem}")
 
 
 _ONE_POINTER = struct.Struct("P")  # the void*[1] of a one-argument launch
@@ -254,7 +256,7 @@ class Kernel:
     def __getitem__(self, config: Any) -> Callable[..., None]:
         """``kernel[grid, block]`` or ``kernel[grid, block, stream]`` or ``[..., stream, shared_mem]``."""
         if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
-            raise TypeError(f"kernel '{self.name}': use kernel[grid, block] or kernel[grid, block, stream]"
+            raise DnnbindTypeError(f"kernel '{self.name}': use kernel[grid, block] or kernel[grid, block, stream]"
                             " or kernel[grid, block, stream, shared_mem]")
         grid, block = config[0], config[1]
         cfg_stream = config[2] if len(config) > 2 else None

@@ -18,6 +18,8 @@ Python, tested on the CPU); Ref, coalescing and the variant cache are in ``_stri
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -67,7 +69,7 @@ def _map_geometry(geometry: tuple) -> tuple:
     for k, st in enumerate(strides):
         if len(st) != len(shape):
             what = "out" if k == 0 else f"input {INPUT_NAMES[k - 1]}"
-            raise ValueError(f"strided_map: {what} has {len(st)} strides {st} for shape {shape}")
+            raise DnnbindValueError(f"strided_map: {what} has {len(st)} strides {st} for shape {shape}")
     sh, st = coalesce(shape, strides)
     _check_rank("strided_map", sh)
     extra: tuple = ()
@@ -111,7 +113,7 @@ def strided_map(expr: str, out: Ref, inputs: Sequence[Ref], shape: tuple[int, ..
         bits = out.addr | a.addr
     else:
         if nin > len(INPUT_NAMES):
-            raise ValueError(f"strided_map: at most {len(INPUT_NAMES)} inputs ({', '.join(INPUT_NAMES)}),"
+            raise DnnbindValueError(f"strided_map: at most {len(INPUT_NAMES)} inputs ({', '.join(INPUT_NAMES)}),"
                              f" got {nin}")
         dtypes = tuple([r.dtype for r in inputs])
         contiguous = out.strides == strides and all(r.strides == strides for r in inputs)
@@ -209,7 +211,7 @@ def strided_reduce(op: str, x: Ref, shape: tuple[int, ...], axes: Sequence[int],
     need at least one element.
     """
     if op not in REDUCE_OPS:
-        raise ValueError(f"strided_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
+        raise DnnbindValueError(f"strided_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
     geometry = (shape if type(shape) is tuple else tuple(shape), x.strides,
                 axes if type(axes) is tuple else tuple(axes))
     geo = _REDUCE_GEOMETRY.get(geometry) or _reduce_geometry(geometry)  # validates before any library call
@@ -217,7 +219,7 @@ def strided_reduce(op: str, x: Ref, shape: tuple[int, ...], axes: Sequence[int],
     if n_out == 0:
         return
     if n_red == 0 and op not in ("sum", "prod"):
-        raise ValueError(f"strided_reduce: {op} over zero elements (shape {shape}, axes {axes})")
+        raise DnnbindValueError(f"strided_reduce: {op} over zero elements (shape {shape}, axes {axes})")
     if scalars:
         sig, svalues = _scalar_sig("strided_reduce", scalars)
     else:
@@ -247,7 +249,7 @@ def _reduce_geometry(geometry: tuple) -> tuple:
     shape, strides, axes = geometry
     nd = len(shape)
     if len(strides) != nd:
-        raise ValueError(f"strided_reduce: x has {len(strides)} strides {strides} for shape {shape}")
+        raise DnnbindValueError(f"strided_reduce: x has {len(strides)} strides {strides} for shape {shape}")
     axset = sorted({_axis("strided_reduce", a, nd) for a in axes})
     kept = [d for d in range(nd) if d not in axset]
     n_out = math.prod(shape[d] for d in kept)
@@ -284,7 +286,7 @@ def _take_geometry(what: str, data_shape: tuple, axis: int, idx_shape: tuple, da
     """Shared by gather and scatter_add: the iteration space is data_shape with ``axis`` replaced by idx_shape;
     ``it`` is the operand that spans it (gather's out, scatter's src)."""
     if mode not in ("clip", "wrap"):
-        raise ValueError(f"{what}: mode must be 'clip' or 'wrap', got {mode!r}")
+        raise DnnbindValueError(f"{what}: mode must be 'clip' or 'wrap', got {mode!r}")
     nd = len(data_shape)
     axis = _axis(what, axis, nd)
     space = data_shape[:axis] + idx_shape + data_shape[axis + 1:]
@@ -292,7 +294,7 @@ def _take_geometry(what: str, data_shape: tuple, axis: int, idx_shape: tuple, da
     _check_strides(what, "indices", idx, len(idx_shape))
     _check_strides(what, "out" if what == "gather" else "src", it, len(space))
     if data_shape[axis] == 0 and math.prod(space):
-        raise ValueError(f"{what}: cannot index into axis {axis} of length 0 (shape {data_shape})")
+        raise DnnbindValueError(f"{what}: cannot index into axis {axis} of length 0 (shape {data_shape})")
     ni = len(idx_shape)
     data_st = data.strides[:axis] + (0,) * ni + data.strides[axis + 1:]
     idx_st = (0,) * axis + idx.strides + (0,) * (nd - axis - 1)
@@ -307,7 +309,7 @@ def gather(x: Ref, x_shape: tuple[int, ...], indices: Ref, idx_shape: tuple[int,
     """
     x_shape, idx_shape = tuple(x_shape), tuple(idx_shape)
     if out.dtype != x.dtype:
-        raise TypeError(f"gather: out is {out.dtype} but x is {x.dtype}; they must match")
+        raise DnnbindTypeError(f"gather: out is {out.dtype} but x is {x.dtype}; they must match")
     axis, space, strides, (length, axis_stride) = _take_geometry("gather", x_shape, axis, idx_shape, x, indices,
                                                                  out, mode)
     _strided_index("gather", mode, space, strides, (out, x, indices), length, axis_stride, stream, device)
@@ -360,11 +362,11 @@ def sort_along(x: Ref, shape: tuple[int, ...], axis: int, values_out: Ref | None
     length = shape[axis]
     k = length if k is None else int(k)
     if not 0 <= k <= length:
-        raise ValueError(f"sort_along: k must be in [0, {length}] for axis {axis} of shape {shape}, got {k}")
+        raise DnnbindValueError(f"sort_along: k must be in [0, {length}] for axis {axis} of shape {shape}, got {k}")
     if values_out is None and indices_out is None:
-        raise ValueError("sort_along: give values_out, indices_out or both")
+        raise DnnbindValueError("sort_along: give values_out, indices_out or both")
     if values_out is not None and values_out.dtype != x.dtype:
-        raise TypeError(f"sort_along: values_out is {values_out.dtype} but x is {x.dtype}; they must match")
+        raise DnnbindTypeError(f"sort_along: values_out is {values_out.dtype} but x is {x.dtype}; they must match")
     n = math.prod(shape)
     if n == 0 or k == 0:
         return
@@ -394,15 +396,15 @@ def random_fill(out: Ref, n: int, dist: str, seed: int, offset: int, p0: float, 
     valid inside CUDA graphs.
     """
     if dist not in DISTRIBUTIONS:
-        raise ValueError(f"random_fill: dist must be one of {DISTRIBUTIONS}, got {dist!r}")
+        raise DnnbindValueError(f"random_fill: dist must be one of {DISTRIBUTIONS}, got {dist!r}")
     c_types(out.dtype, "random_fill")  # TypeError for an unsupported dtype, before anything else
     if dist in ("uniform", "normal") and out.dtype.kind != "f":
-        raise TypeError(f"random_fill: {dist} needs a float out, got {out.dtype}")
+        raise DnnbindTypeError(f"random_fill: {dist} needs a float out, got {out.dtype}")
     i0 = i1 = 0
     if dist == "randint":
         i0, i1 = int(p0), int(p1)
         if i1 <= i0:
-            raise ValueError(f"random_fill: randint needs low < high, got [{i0}, {i1})")
+            raise DnnbindValueError(f"random_fill: randint needs low < high, got [{i0}, {i1})")
     if n <= 0:
         return
     key = ("random", dist, out.dtype)

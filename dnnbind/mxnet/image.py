@@ -12,6 +12,8 @@ NotImplementedError saying to ``pip install pillow``. The iterators and augmente
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import io
 import random
 
@@ -46,7 +48,7 @@ def _from_pil(img, flag: int, to_rgb: bool) -> NDArray:
 
 def _check_flag(fn: str, flag) -> int:
     if flag not in (0, 1):
-        raise ValueError(f"mxnet.image.{fn}: flag must be 1 (color) or 0 (grayscale), got {flag!r}")
+        raise DnnbindValueError(f"mxnet.image.{fn}: flag must be 1 (color) or 0 (grayscale), got {flag!r}")
     return int(flag)
 
 
@@ -64,7 +66,7 @@ def imdecode(buf, flag: int = 1, to_rgb: bool = True, out=None) -> NDArray:
     if isinstance(buf, NDArray):
         buf = buf.numpy()
     if not isinstance(buf, (bytes, bytearray, np.ndarray)):
-        raise TypeError(f"mxnet.image.imdecode: buf must be bytes, bytearray or numpy.ndarray, got "
+        raise DnnbindTypeError(f"mxnet.image.imdecode: buf must be bytes, bytearray or numpy.ndarray, got "
                          f"{type(buf).__name__} (encode a str to bytes first)")
     data = buf.tobytes() if isinstance(buf, np.ndarray) else bytes(buf)
     Image = _pil("imdecode")
@@ -76,7 +78,7 @@ def _out(result: NDArray, out) -> NDArray:
     if out is None:
         return result
     if tuple(out.shape) != tuple(result.shape) or np.dtype(out.dtype) != result.dtype:
-        raise ValueError(f"mxnet.image: out has shape {tuple(out.shape)} {out.dtype}, the image is "
+        raise DnnbindValueError(f"mxnet.image: out has shape {tuple(out.shape)} {out.dtype}, the image is "
                          f"{tuple(result.shape)} {result.dtype}")
     out.copy_(result)
     return out
@@ -85,7 +87,7 @@ def _out(result: NDArray, out) -> NDArray:
 def _resample(Image, interp: int):
     names = {0: "NEAREST", 1: "BILINEAR", 2: "BICUBIC", 3: "BOX", 4: "LANCZOS"}
     if interp not in names:
-        raise ValueError(f"mxnet.image.imresize: interp must be 0-4, 9 (auto) or 10 (random), got {interp!r}")
+        raise DnnbindValueError(f"mxnet.image.imresize: interp must be 0-4, 9 (auto) or 10 (random), got {interp!r}")
     resampling = getattr(Image, "Resampling", Image)  # Pillow >= 9.1 moved the constants
     return getattr(resampling, names[interp])
 
@@ -107,9 +109,9 @@ def imresize(src, w: int, h: int, interp: int = 1, out=None) -> NDArray:
     Image = _pil("imresize")
     host = src.numpy() if isinstance(src, NDArray) else np.asarray(src)
     if host.ndim != 3:
-        raise ValueError(f"mxnet.image.imresize: src must be (H, W, C), got shape {host.shape}")
+        raise DnnbindValueError(f"mxnet.image.imresize: src must be (H, W, C), got shape {host.shape}")
     if int(w) <= 0 or int(h) <= 0:
-        raise ValueError(f"mxnet.image.imresize: w and h must be positive, got w={w}, h={h}")
+        raise DnnbindValueError(f"mxnet.image.imresize: w and h must be positive, got w={w}, h={h}")
     w, h = int(w), int(h)
     resample = _resample(Image, _interp(interp, (host.shape[0], host.shape[1], h, w)))
     if host.dtype == np.uint8 and host.shape[2] in (3, 4):

@@ -8,6 +8,8 @@ the registry; the hand-written layer ops (``Convolution``, ``FullyConnected``, `
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError
+
 from ..runtime.array import NDArray  # noqa: F401  (nd.NDArray)
 from . import _indexing, _linalg, _shape, _sort, _table  # noqa: F401  (each registers its ops)
 from ._creation import (arange, array, empty, eye, full, linspace, ones, ones_like, zeros,  # noqa: F401
@@ -31,14 +33,14 @@ def _make_function(op: Op, nd_name: str):
         if len(args) == n and out is None:  # the common call: operands only, parameters by keyword
             return invoke(op, args, params)
         if len(args) > n + len(names):
-            raise TypeError(f"{nd_name}() takes at most {n + len(names)} positional arguments "
+            raise DnnbindTypeError(f"{nd_name}() takes at most {n + len(names)} positional arguments "
                             f"({', '.join(('data',) * n + names)}), got {len(args)}")
         operands, extra = args[:n], args[n:]
         if len(operands) < n:
-            raise TypeError(f"{nd_name}() needs {n} operand(s), got {len(operands)}")
+            raise DnnbindTypeError(f"{nd_name}() needs {n} operand(s), got {len(operands)}")
         for k, v in zip(names, extra):
             if k in params:
-                raise TypeError(f"{nd_name}() got multiple values for argument {k!r}")
+                raise DnnbindTypeError(f"{nd_name}() got multiple values for argument {k!r}")
             params[k] = v
         result = invoke(op, operands, params)
         if out is not None:

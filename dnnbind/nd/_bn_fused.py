@@ -18,6 +18,8 @@ Bad arguments raise ValueError/TypeError naming BatchNormAddRelu before any libr
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 from .._lib.errors import CudnnBadParam, CudnnNotSupported
 from ..autograd import is_recording, is_training, record_op
 from ..ops import batchnorm_fused as _fused
@@ -42,20 +44,20 @@ def _check(data, addend, gamma, beta, moving_mean, moving_var, axis, act_type) -
     """Everything that can be refused, before any library call (fix_gamma's in-place fill included)."""
     from ._registry import norm_axes
     if act_type not in (None, "relu"):
-        raise ValueError(f"{NAME}: act_type must be 'relu' (the activation it fuses), got {act_type!r}")
+        raise DnnbindValueError(f"{NAME}: act_type must be 'relu' (the activation it fuses), got {act_type!r}")
     if not 2 <= data.ndim <= 5:
-        raise ValueError(f"{NAME}: data must have 2 to 5 axes (N, C, ...), got shape {data.shape}")
+        raise DnnbindValueError(f"{NAME}: data must have 2 to 5 axes (N, C, ...), got shape {data.shape}")
     ax = norm_axes(NAME, data.ndim, axis)[0]
     if addend.shape != data.shape:
-        raise ValueError(f"{NAME}: addend has shape {addend.shape} but data has shape {data.shape}; expected the "
+        raise DnnbindValueError(f"{NAME}: addend has shape {addend.shape} but data has shape {data.shape}; expected the "
                          "same shape (the residual is added element-wise, without broadcasting)")
     c = data.shape[ax]
     params = {"gamma": gamma, "beta": beta, "moving_mean": moving_mean, "moving_var": moving_var}
     for name, p in params.items():
         if p is None or not hasattr(p, "shape"):
-            raise TypeError(f"{NAME}: {name} must be an NDArray of shape ({c},), got {type(p).__name__}")
+            raise DnnbindTypeError(f"{NAME}: {name} must be an NDArray of shape ({c},), got {type(p).__name__}")
         if tuple(p.shape) != (c,):
-            raise ValueError(f"{NAME}: {name} has shape {tuple(p.shape)} but data of shape {data.shape} has {c} "
+            raise DnnbindValueError(f"{NAME}: {name} has shape {tuple(p.shape)} but data of shape {data.shape} has {c} "
                              f"channels (axis {ax}); expected {name} of shape ({c},)")
     _, pdtype = bn_dtypes(NAME, {"data": data, "addend": addend}, params)
     return ax, pdtype

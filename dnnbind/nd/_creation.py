@@ -6,6 +6,8 @@ Imports runtime. MXNet's ``nd.array`` makes float32 from anything but an NDArray
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import numbers
 
 import numpy as np
@@ -25,7 +27,7 @@ def _dtype(dtype, default=_F32) -> np.dtype:
     try:
         return np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"not a dtype: {dtype!r} (use 'float32', 'int32', np.float64, ...)") from None
+        raise DnnbindTypeError(f"not a dtype: {dtype!r} (use 'float32', 'int32', np.float64, ...)") from None
 
 
 def _shape(op: str, shape) -> tuple:
@@ -34,9 +36,9 @@ def _shape(op: str, shape) -> tuple:
     try:
         shape = tuple(int(s) for s in shape)
     except (TypeError, ValueError):
-        raise TypeError(f"{op}: shape must be an int or a tuple of ints, got {shape!r}") from None
+        raise DnnbindTypeError(f"{op}: shape must be an int or a tuple of ints, got {shape!r}") from None
     if any(s < 0 for s in shape):
-        raise ValueError(f"{op}: shape {shape} has a negative dimension")
+        raise DnnbindValueError(f"{op}: shape {shape} has a negative dimension")
     return shape
 
 
@@ -55,7 +57,7 @@ def array(source_array, ctx=None, dtype=None, device=None) -> NDArray:
     try:
         host = np.asarray(source_array, dtype=dt)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"array: cannot make an array of {type(source_array).__name__}: {exc}") from None
+        raise DnnbindTypeError(f"array: cannot make an array of {type(source_array).__name__}: {exc}") from None
     return _rt.array(host, device=_ctx(ctx, device), dtype=dt)
 
 
@@ -92,7 +94,7 @@ def arange(start, stop=None, step=1.0, repeat=1, infer_range=None, ctx=None, dty
     if stop is None:
         start, stop = 0, start
     if step == 0:
-        raise ValueError("arange: step must not be 0")
+        raise DnnbindValueError("arange: step must not be 0")
     values = np.arange(start, stop, step, dtype=np.float64)
     if int(repeat) > 1:
         values = np.repeat(values, int(repeat))

@@ -9,6 +9,8 @@ as (C, F/g, 1, k); the views are recorded reshapes, so their gradients come back
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 from .. import ops
 from ..autograd import grad_out, is_recording, needs_grad, record_op
 from ..ops._check import as_tuple
@@ -33,23 +35,23 @@ def Deconvolution(data, weight, bias=None, kernel=None, stride=None, dilate=None
     """
     dims = data.ndim - 2
     if dims not in _LAYOUTS:
-        raise ValueError(f"Deconvolution: data must be 3-D (N, C, W) or 4-D (N, C, H, W), got shape {data.shape}"
+        raise DnnbindValueError(f"Deconvolution: data must be 3-D (N, C, W) or 4-D (N, C, H, W), got shape {data.shape}"
                          + (" (3-D deconvolution is not supported)" if dims == 3 else ""))
     if layout is not None and layout != _LAYOUTS[dims]:
         raise NotImplementedError(f"Deconvolution: only layout={_LAYOUTS[dims]!r} is supported for {data.ndim}-D "
                                   f"data (cuDNN's native layout), got {layout!r}")
     kernel = _check_weight(data, weight, kernel, num_filter, num_group, dims)
     if no_bias and bias is not None:
-        raise ValueError("Deconvolution: a bias was given but no_bias=True (MXNet's default for Deconvolution); "
+        raise DnnbindValueError("Deconvolution: a bias was given but no_bias=True (MXNet's default for Deconvolution); "
                          "pass no_bias=False to add it")
     if not no_bias and bias is None:
-        raise ValueError("Deconvolution: no_bias=False needs a bias (num_filter,)")
+        raise DnnbindValueError("Deconvolution: no_bias=False needs a bias (num_filter,)")
     stride, dilate = _axes(stride, 1, dims, "stride"), _axes(dilate, 1, dims, "dilate")
     pad, adj = _axes(pad, 0, dims, "pad"), _axes(adj, 0, dims, "adj")
     if _axes(target_shape, 0, dims, "target_shape") != (0,) * dims:  # MXNet: all zeros (its default) = unset
         pad, adj = _infer_pad(data.shape[2:], kernel, stride, dilate, target_shape, dims)
     if any(a >= s for a, s in zip(adj, stride)):
-        raise ValueError(f"Deconvolution: adj {adj} must be smaller than stride {stride} (MXNet's rule)")
+        raise DnnbindValueError(f"Deconvolution: adj {adj} must be smaller than stride {stride} (MXNet's rule)")
     x, w = data, weight
     if dims == 1:  # (N, C, W) as (N, C, 1, W); the weight (C, F/g, k) as (C, F/g, 1, k)
         x = data.reshape((data.shape[0], data.shape[1], 1, data.shape[2]))
@@ -71,15 +73,15 @@ def _check_weight(data, weight, kernel, num_filter, num_group, dims) -> tuple:
     """The weight against the data and the arguments (messages in the caller's shapes, 1-D included)."""
     layout = "(in_channels, num_filter/num_group, " + ("k)" if dims == 1 else "kh, kw)")
     if weight.ndim != dims + 2:
-        raise ValueError(f"Deconvolution: weight must be {dims + 2}-D {layout} for {dims + 2}-D data; got weight "
+        raise DnnbindValueError(f"Deconvolution: weight must be {dims + 2}-D {layout} for {dims + 2}-D data; got weight "
                          f"{weight.shape}, data {data.shape}")
     if weight.shape[0] != data.shape[1]:
-        raise ValueError(f"Deconvolution: data has {data.shape[1]} channels but weight {weight.shape} expects "
+        raise DnnbindValueError(f"Deconvolution: data has {data.shape[1]} channels but weight {weight.shape} expects "
                          f"{weight.shape[0]} (weight is {layout}); data {data.shape}")
     if kernel is not None and as_tuple(kernel, dims, "Deconvolution", "kernel", 1) != weight.shape[2:]:
-        raise ValueError(f"Deconvolution: kernel {kernel} but weight {weight.shape} has kernel {weight.shape[2:]}")
+        raise DnnbindValueError(f"Deconvolution: kernel {kernel} but weight {weight.shape} has kernel {weight.shape[2:]}")
     if num_filter is not None and int(num_filter) != weight.shape[1] * num_group:
-        raise ValueError(f"Deconvolution: num_filter {num_filter} but weight {weight.shape} with num_group "
+        raise DnnbindValueError(f"Deconvolution: num_filter {num_filter} but weight {weight.shape} with num_group "
                          f"{num_group} gives {weight.shape[1] * num_group} (weight is {layout})")
     return tuple(weight.shape[2:])
 
@@ -91,7 +93,7 @@ def _infer_pad(spatial, kernel, stride, dilate, target_shape, dims) -> tuple[tup
     for i in range(dims):
         total = stride[i] * (spatial[i] - 1) + dilate[i] * (kernel[i] - 1) + 1 - target[i]
         if total < 0:
-            raise ValueError(f"Deconvolution: target_shape {target} is too big: at most "
+            raise DnnbindValueError(f"Deconvolution: target_shape {target} is too big: at most "
                              f"{target[i] + total} on axis {i} for input {tuple(spatial)}")
         pad.append((total + 1) // 2)
         adj.append(total % 2)

@@ -10,6 +10,8 @@ GPU goes through the host (documented; rare in MXNet programs).
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import math
 import numbers
 
@@ -80,7 +82,7 @@ def basic_index(op: str, shape: tuple, key) -> tuple[int, tuple, tuple]:
             out.append(n)
             strides.append(st * step)
         else:
-            raise TypeError(f"{op}: unsupported index {k!r} of type {type(k).__name__} (ints, slices, None, "
+            raise DnnbindTypeError(f"{op}: unsupported index {k!r} of type {type(k).__name__} (ints, slices, None, "
                             "Ellipsis, NDArrays and lists of ints are supported)")
         axis += 1
     return offset, tuple(strides), tuple(out)
@@ -119,7 +121,7 @@ def slice_op(data, begin, end, step=None):
     """``nd.slice(data, begin=(..), end=(..), step=(..))``: None entries mean the whole axis."""
     step = step or (None,) * len(begin)
     if not (len(begin) == len(end) == len(step)) or len(begin) > data.ndim:
-        raise ValueError(f"slice: begin {begin}, end {end}, step {step} must have equal lengths <= ndim "
+        raise DnnbindValueError(f"slice: begin {begin}, end {end}, step {step} must have equal lengths <= ndim "
                          f"{data.ndim}")
     return getitem(data, tuple(slice(b, e, s) for b, e, s in zip(begin, end, step)))
 
@@ -183,7 +185,7 @@ def _index_arrays(key):
             if k.dtype.kind == "f":
                 k = k.astype(np.int64)
             elif k.dtype.kind not in "iub":
-                raise TypeError(f"getitem: index arrays must be integers, got {k.dtype}")
+                raise DnnbindTypeError(f"getitem: index arrays must be integers, got {k.dtype}")
         out.append(k)
     return tuple(out)
 
@@ -194,7 +196,7 @@ def _advanced(x: NDArray, key):
     if len(items) == 1 and isinstance(items[0], (NDArray, list, np.ndarray)):
         idx = items[0] if isinstance(items[0], NDArray) else as_array("getitem", "key", np.asarray(items[0]), x)
         if idx.dtype.kind == "b":
-            raise TypeError("getitem: boolean masks are not supported (MXNet 1.x has none); use nd.where or "
+            raise DnnbindTypeError("getitem: boolean masks are not supported (MXNet 1.x has none); use nd.where or "
                             "contrib.boolean_mask")
         return call("take", x, idx, axis=0, mode="raise" if x._data is not None else "clip")
     host_key = _index_arrays(key)
@@ -231,7 +233,7 @@ def setitem(x: NDArray, key, value) -> None:
         except IndexError as exc:
             raise NDIndexError(f"setitem: {exc} (shape {x.shape})") from None
         except ValueError as exc:
-            raise ValueError(f"setitem: {exc} (array shape {x.shape}, key {key!r})") from None
+            raise DnnbindValueError(f"setitem: {exc} (array shape {x.shape}, key {key!r})") from None
         return
     if not is_basic(key):
         host = x.numpy()  # GPU write through an advanced index: via the host (see module docstring)
@@ -255,7 +257,7 @@ def setitem(x: NDArray, key, value) -> None:
         if broadcast_shape("setitem", [src_shape, shape], ["value", "target"]) != shape:
             raise ValueError
     except ValueError:
-        raise ValueError(f"setitem: value of shape {v.shape} cannot be broadcast to the indexed region "
+        raise DnnbindValueError(f"setitem: value of shape {v.shape} cannot be broadcast to the indexed region "
                          f"{shape} (array shape {x.shape}, key {key!r})") from None
     _lower.copy_strided(v, _lower.broadcast_strides(src_shape, shape), 0, shape, out=x, out_strides=strides,
                         out_offset=off)
@@ -265,10 +267,10 @@ def setitem(x: NDArray, key, value) -> None:
 
 def _take_check(a, indices, axis=0, mode="clip"):
     if mode not in ("clip", "wrap", "raise"):
-        raise ValueError(f"take: mode must be 'clip', 'wrap' or 'raise', got {mode!r}")
+        raise DnnbindValueError(f"take: mode must be 'clip', 'wrap' or 'raise', got {mode!r}")
     ax = norm_axes("take", a.ndim, axis)[0]
     if a.shape[ax] == 0:
-        raise ValueError(f"take: cannot take from an empty axis {ax} (shape {a.shape})")
+        raise DnnbindValueError(f"take: cannot take from an empty axis {ax} (shape {a.shape})")
     return ax, a.shape[:ax] + indices.shape + a.shape[ax + 1:]
 
 
@@ -353,7 +355,7 @@ def pick(data, index, axis=-1, keepdims=False, mode="clip"):
     n = data.shape[a]
     expect = data.shape[:a] + data.shape[a + 1:]
     if index.shape != expect and index.shape != data.shape[:a] + (1,) + data.shape[a + 1:]:
-        raise ValueError(f"pick: index shape {index.shape} must be data's shape without axis {a}: {expect}")
+        raise DnnbindValueError(f"pick: index shape {index.shape} must be data's shape without axis {a}: {expect}")
     idx = index.reshape(expect)
     idx = call("clip", idx, a_min=0, a_max=n - 1) if mode == "clip" else call("modulo", idx, n)
     hot = one_hot(call("trunc", idx) if idx.dtype.kind == "f" else idx, n, dtype=data.dtype)

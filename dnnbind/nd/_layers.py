@@ -10,6 +10,8 @@ element-wise, reduction and shape ops are table entries (_table.py and siblings)
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import numpy as np
 
 from .. import ops
@@ -65,7 +67,7 @@ def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0),
     layout = _layout("Convolution", layout, data)
     fused = act_type == "relu"
     if act_type not in (None, "relu"):
-        raise ValueError(f"Convolution: act_type must be None or 'relu', got {act_type!r}")
+        raise DnnbindValueError(f"Convolution: act_type must be None or 'relu', got {act_type!r}")
     y = None
     if fused and b is not None and data._data is None and data.dtype in _FUSED_DTYPES:
         key = (data.shape, weight.shape, data.dtype, stride, pad, dilate, num_group, layout)
@@ -182,7 +184,7 @@ def Activation(data, act_type="relu", coef=0.0, **_ignored):
         return call(act_type, data)
     mode = _ACT.get(act_type)
     if mode is None:
-        raise ValueError(f"Activation: unknown act_type {act_type!r}; expected one of "
+        raise DnnbindValueError(f"Activation: unknown act_type {act_type!r}; expected one of "
                          f"{', '.join(_TABLE_ACT + ('elu', 'clipped_relu'))}")
     y = ops.activation_forward(data, mode, coef)
     if is_recording():
@@ -206,7 +208,7 @@ def Pooling(data, kernel=(1, 1), pool_type="max", stride=None, pad=(0, 0), globa
         pad = (0, 0)
     mode = {"max": "max", "avg": "avg" if count_include_pad else "avg_exclude_pad"}.get(pool_type)
     if mode is None:
-        raise ValueError(f"Pooling: pool_type must be 'max' or 'avg', got {pool_type!r}")
+        raise DnnbindValueError(f"Pooling: pool_type must be 'max' or 'avg', got {pool_type!r}")
     window, stride, pad = _pair(kernel), _pair(stride if stride is not None else kernel), _pair(pad)
     y = ops.pooling_forward(data, mode, window, stride, pad, layout=layout)
     if is_recording():
@@ -279,7 +281,7 @@ def pick_nll(logp, labels):
 def add_n(*args, **_ignored):
     """Sum of several same-shape arrays (MXNet's add_n / ElementWiseSum): a chain of table adds."""
     if not args:
-        raise ValueError("add_n: needs at least one array")
+        raise DnnbindValueError("add_n: needs at least one array")
     out = args[0]
     for a in args[1:]:
         out = out + a
@@ -307,7 +309,7 @@ def Dropout(data, p=0.5, mode="training", axes=(), cudnn_off=None, **_ignored):
     from ._registry import as_array, norm_axes
     from .random import generation, next_seed
     if mode not in ("training", "always"):
-        raise ValueError(f"Dropout: mode must be 'training' or 'always', got {mode!r}")
+        raise DnnbindValueError(f"Dropout: mode must be 'training' or 'always', got {mode!r}")
     p = dropout_p("Dropout", p)
     data = as_array("Dropout", "data", data)
     if p == 0 or not (mode == "always" or is_training()):

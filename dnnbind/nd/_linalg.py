@@ -8,6 +8,8 @@ two vectors give a shape-(1,) inner product. Gradients are dots too, so they run
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import math
 
 import numpy as np
@@ -32,17 +34,17 @@ def _rmat(shape, trans: bool) -> tuple:
 
 def _dot_check(a, b, transpose_a=False, transpose_b=False, **_):
     if a.ndim == 0 or b.ndim == 0:
-        raise ValueError(f"dot: operands must have at least 1 dimension, got shapes {a.shape} and {b.shape}")
+        raise DnnbindValueError(f"dot: operands must have at least 1 dimension, got shapes {a.shape} and {b.shape}")
     if a.dtype != b.dtype:
-        raise TypeError(f"dot: dtypes differ ({a.dtype} and {b.dtype})")
+        raise DnnbindTypeError(f"dot: dtypes differ ({a.dtype} and {b.dtype})")
     if a.dtype not in _BLAS:
-        raise TypeError(f"dot: float32 or float64 arrays only (cuBLAS), got {a.dtype}")
+        raise DnnbindTypeError(f"dot: float32 or float64 arrays only (cuBLAS), got {a.dtype}")
     ta, tb = bool(transpose_a), bool(transpose_b)
     am, bm = _mat(a.shape, ta), _rmat(b.shape, tb)
     m, k = (am[1], am[0]) if ta else am
     k2, n = (bm[1], bm[0]) if tb else bm
     if k != k2:
-        raise ValueError(f"dot: shapes {a.shape} and {b.shape} do not align (transpose_a={ta}, transpose_b={tb}: "
+        raise DnnbindValueError(f"dot: shapes {a.shape} and {b.shape} do not align (transpose_a={ta}, transpose_b={tb}: "
                          f"inner dims {k} and {k2})")
     free_a = () if a.ndim == 1 else (a.shape[1:] if ta else a.shape[:-1])
     free_b = () if b.ndim == 1 else (b.shape[:-1] if tb else b.shape[1:])
@@ -88,13 +90,13 @@ func("dot", _dot_check, _dot_cpu, _dot_gpu, _dot_grad, methods=("dot",), arity=2
 
 def _bdot_check(a, b, transpose_a=False, transpose_b=False, **_):
     if a.ndim != 3 or b.ndim != 3:
-        raise ValueError(f"batch_dot: operands must be 3-D (batch, rows, cols), got {a.shape} and {b.shape}")
+        raise DnnbindValueError(f"batch_dot: operands must be 3-D (batch, rows, cols), got {a.shape} and {b.shape}")
     if a.dtype != b.dtype or a.dtype not in _BLAS:
-        raise TypeError(f"batch_dot: float32 or float64 operands of one dtype, got {a.dtype} and {b.dtype}")
+        raise DnnbindTypeError(f"batch_dot: float32 or float64 operands of one dtype, got {a.dtype} and {b.dtype}")
     m, k = (a.shape[2], a.shape[1]) if transpose_a else a.shape[1:]
     k2, n = (b.shape[2], b.shape[1]) if transpose_b else b.shape[1:]
     if a.shape[0] != b.shape[0] or k != k2:
-        raise ValueError(f"batch_dot: shapes {a.shape} and {b.shape} do not align (transpose_a={transpose_a}, "
+        raise DnnbindValueError(f"batch_dot: shapes {a.shape} and {b.shape} do not align (transpose_a={transpose_a}, "
                          f"transpose_b={transpose_b})")
     return (a.shape[0], m, n), k
 

@@ -6,6 +6,8 @@ Imports runtime and nd. Operators go straight to ``invoke`` with the op's record
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import numbers
 
 import numpy as np
@@ -40,7 +42,7 @@ def _inplace(name: str):
     def method(self, other):
         result = invoke(op, (self, other), _NO_PARAMS)
         if result.shape != self.shape:
-            raise ValueError(f"{name} in place: the result's shape {result.shape} differs from the array's "
+            raise DnnbindValueError(f"{name} in place: the result's shape {result.shape} differs from the array's "
                              f"{self.shape} (broadcasting cannot grow an array in place)")
         self.copy_(result)
         return self
@@ -69,7 +71,7 @@ def _wait_to_read(self):
 
 def _iter(self):
     if self.ndim == 0:
-        raise TypeError("iteration over a 0-d NDArray")
+        raise DnnbindTypeError("iteration over a 0-d NDArray")
     for i in range(self.shape[0]):
         yield self[i]
 
@@ -162,7 +164,7 @@ def _asnumpy(self):
 
 def _asscalar(self):
     if self.size != 1:
-        raise ValueError(f"asscalar: the array must have exactly one element, it has shape {self.shape}")
+        raise DnnbindValueError(f"asscalar: the array must have exactly one element, it has shape {self.shape}")
     return self.numpy().reshape(()).item() if self.dtype.kind != "f" else self.dtype.type(self.numpy().reshape(()))
 
 
@@ -173,4 +175,4 @@ def norm(data, ord=2, axis=None, keepdims=False):
         return call("_norm2", data, axis=axis, keepdims=keepdims)
     if ord == 1:
         return call("sum", call("abs", data), axis=axis, keepdims=keepdims)
-    raise ValueError(f"norm: ord must be 1 or 2, got {ord!r}")
+    raise DnnbindValueError(f"norm: ord must be 1 or 2, got {ord!r}")

@@ -7,6 +7,8 @@ its gradient and its GPU lowering from the table; nothing has hand-written backw
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import math
 
 import numpy as np
@@ -40,11 +42,11 @@ def LeakyReLU(data, gamma=None, act_type: str = "leaky", slope: float = 0.25, lo
         return call("_leaky_relu", data, slope=float(slope))
     if act_type == "prelu":
         if gamma is None:
-            raise ValueError("LeakyReLU(act_type='prelu'): needs gamma, the learned slopes (shape (1,) or (C,))")
+            raise DnnbindValueError("LeakyReLU(act_type='prelu'): needs gamma, the learned slopes (shape (1,) or (C,))")
         gamma = as_array("LeakyReLU", "gamma", gamma, data)
         if gamma.size != 1:
             if data.ndim < 2 or gamma.size != data.shape[1]:
-                raise ValueError(f"LeakyReLU(act_type='prelu'): gamma has shape {gamma.shape}; expected (1,) or "
+                raise DnnbindValueError(f"LeakyReLU(act_type='prelu'): gamma has shape {gamma.shape}; expected (1,) or "
                                  f"({data.shape[1] if data.ndim > 1 else 1},) for data of shape {data.shape}")
             gamma = gamma.reshape((1, gamma.size) + (1,) * (data.ndim - 2))
         return call("where", pos, data, data * gamma)
@@ -60,7 +62,7 @@ def LeakyReLU(data, gamma=None, act_type: str = "leaky", slope: float = 0.25, lo
         from .random import uniform
         slopes = uniform(lower_bound, upper_bound, shape=data.shape, dtype=data.dtype, ctx=data.device)
         return call("where", pos, data, data * slopes)
-    raise ValueError(f"LeakyReLU: unknown act_type {act_type!r}; expected one of leaky, prelu, elu, selu, gelu, "
+    raise DnnbindValueError(f"LeakyReLU: unknown act_type {act_type!r}; expected one of leaky, prelu, elu, selu, gelu, "
                      "rrelu")
 
 
@@ -71,10 +73,10 @@ def Embedding(data, weight, input_dim: int | None = None, output_dim: int | None
     accepted and gives a dense gradient."""
     weight = as_array("Embedding", "weight", weight)
     if weight.ndim != 2:
-        raise ValueError(f"Embedding: weight must be 2-D (input_dim, output_dim), got shape {weight.shape}")
+        raise DnnbindValueError(f"Embedding: weight must be 2-D (input_dim, output_dim), got shape {weight.shape}")
     if input_dim is not None and weight.shape[0] != int(input_dim) or \
             output_dim is not None and weight.shape[1] != int(output_dim):
-        raise ValueError(f"Embedding: weight shape {weight.shape} does not match input_dim={input_dim}, "
+        raise DnnbindValueError(f"Embedding: weight shape {weight.shape} does not match input_dim={input_dim}, "
                          f"output_dim={output_dim}")
     data = as_array("Embedding", "data", data, weight)
     return call("take", weight, data, axis=0, mode="clip")
@@ -110,7 +112,7 @@ def _full_divisor_scale(size, window, stride, pad, out, include_pad: bool, dtype
 def _tuple(v, n: int, name: str, arg: str) -> tuple:
     t = tuple(int(i) for i in v) if isinstance(v, (tuple, list)) else (int(v),) * n
     if len(t) != n:
-        raise ValueError(f"{name}: {arg} must have {n} entries for this input, got {v!r}")
+        raise DnnbindValueError(f"{name}: {arg} must have {n} entries for this input, got {v!r}")
     return t
 
 
@@ -122,10 +124,10 @@ def pooling_ext(pool, data, kernel, pool_type, stride, pad, global_pool, convent
     ``pool`` is nd.Pooling itself, called back for the plain 4-D 'valid' case. ``layout``: None, 'NCW' for
     3-D data; None, 'NCHW' or 'NHWC' for 4-D data."""
     if convention not in ("valid", "full"):
-        raise ValueError(f"Pooling: pooling_convention must be 'valid' or 'full', got {convention!r}")
+        raise DnnbindValueError(f"Pooling: pooling_convention must be 'valid' or 'full', got {convention!r}")
     if data.ndim == 3:
         if layout not in (None, "NCW"):
-            raise ValueError(f"Pooling: layout must be 'NCW' for 3-D data {data.shape} (channels-last 1-D pooling "
+            raise DnnbindValueError(f"Pooling: layout must be 'NCW' for 3-D data {data.shape} (channels-last 1-D pooling "
                              f"is not supported), got {layout!r}")
         n, c, w = data.shape
         # nd.Pooling's signature defaults are 2-D: read them as their 1-D equivalents.
@@ -138,7 +140,7 @@ def pooling_ext(pool, data, kernel, pool_type, stride, pad, global_pool, convent
                  count_include_pad=count_include_pad)
         return y.reshape((n, c, y.shape[3]))
     if data.ndim != 4:
-        raise ValueError(f"Pooling: data must be 3-D (N, C, W) or 4-D (N, C, H, W), got shape {data.shape}")
+        raise DnnbindValueError(f"Pooling: data must be 3-D (N, C, W) or 4-D (N, C, H, W), got shape {data.shape}")
     if global_pool:
         return pool(data, kernel, pool_type, stride, pad, True, "valid", count_include_pad, layout)
     nhwc = layout == "NHWC"
@@ -148,7 +150,7 @@ def pooling_ext(pool, data, kernel, pool_type, stride, pad, global_pool, convent
     h_axis = 1 if nhwc else 2  # H, then W
     size = data.shape[h_axis:h_axis + 2]
     if any(size[d] + 2 * pads[d] < window[d] for d in range(2)) or min(strides) < 1:
-        raise ValueError(f"Pooling: kernel {window} with pad {pads} and stride {strides} does not fit input "
+        raise DnnbindValueError(f"Pooling: kernel {window} with pad {pads} and stride {strides} does not fit input "
                          f"{data.shape}")
     out = tuple(1 + -(-(size[d] + 2 * pads[d] - window[d]) // strides[d]) for d in range(2))
     extra = [max(0, (out[d] - 1) * strides[d] + window[d] - size[d] - 2 * pads[d]) for d in range(2)]
@@ -164,7 +166,7 @@ def pooling_ext(pool, data, kernel, pool_type, stride, pad, global_pool, convent
     if pool_type == "max":
         return pool(x, window, "max", strides, pads, False, "valid", True, layout)
     if pool_type != "avg":
-        raise ValueError(f"Pooling: pool_type must be 'max' or 'avg', got {pool_type!r}")
+        raise DnnbindValueError(f"Pooling: pool_type must be 'max' or 'avg', got {pool_type!r}")
     y = pool(x, window, "avg", strides, pads, False, "valid", True, layout)
     return y * _full_divisor_scale(size, window, strides, pads, out, count_include_pad, data.dtype, data.device,
                                    "NHWC" if nhwc else "NCHW")

@@ -22,6 +22,8 @@ Imports numpy, runtime, ops, kernels, autograd and the hooks of _lib.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import math
 import numbers
 from typing import Callable
@@ -69,7 +71,7 @@ class Op:
 
 def register(op: Op) -> Op:
     if op.name in REGISTRY:
-        raise ValueError(f"op {op.name!r} is registered twice")
+        raise DnnbindValueError(f"op {op.name!r} is registered twice")
     REGISTRY[op.name] = op
     return op
 
@@ -93,8 +95,8 @@ def as_array(op: str, name: str, v, like: NDArray | None = None) -> NDArray:
         try:
             return array(v, device=dev, dtype=dtype)
         except (ValueError, TypeError) as exc:
-            raise TypeError(f"{op}: {name} could not be made an array: {exc}") from None
-    raise TypeError(f"{op}: {name} must be an NDArray (or numpy array / number), got {type(v).__name__}")
+            raise DnnbindTypeError(f"{op}: {name} could not be made an array: {exc}") from None
+    raise DnnbindTypeError(f"{op}: {name} must be an NDArray (or numpy array / number), got {type(v).__name__}")
 
 
 def same_device(op: str, arrays, names) -> Device:
@@ -105,7 +107,7 @@ def same_device(op: str, arrays, names) -> Device:
                 dev = a._device
             elif a._device is not dev:
                 where = ", ".join(f"{m} on {x._device!r}" for x, m in zip(arrays, names) if isinstance(x, NDArray))
-                raise ValueError(f"{op}: all arrays must be on one device, got {where}; move them with "
+                raise DnnbindValueError(f"{op}: all arrays must be on one device, got {where}; move them with "
                                  ".as_in_context(ctx)")
     return dev
 
@@ -121,7 +123,7 @@ def broadcast_shape(op: str, shapes, names) -> tuple:
                     out[j] = d
                 elif d != 1:
                     detail = ", ".join(f"{n} {tuple(x)}" for x, n in zip(shapes, names))
-                    raise ValueError(f"{op}: shapes cannot be broadcast together: {detail}")
+                    raise DnnbindValueError(f"{op}: shapes cannot be broadcast together: {detail}")
     return tuple(out)
 
 
@@ -134,13 +136,13 @@ def norm_axes(op: str, ndim: int, axis, exclude: bool = False) -> tuple:
         axes = []
         for a in items:
             if isinstance(a, (bool, np.bool_)) or not isinstance(a, (numbers.Integral, np.integer)):
-                raise TypeError(f"{op}: axis must be an int or a tuple of ints, got {axis!r}")
+                raise DnnbindTypeError(f"{op}: axis must be an int or a tuple of ints, got {axis!r}")
             a = int(a)
             if not -ndim <= a < max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
-                raise ValueError(f"{op}: axis {a} is out of range for an array of {ndim} dimensions")
+                raise DnnbindValueError(f"{op}: axis {a} is out of range for an array of {ndim} dimensions")
             a = a % ndim if ndim else 0
             if a in axes:
-                raise ValueError(f"{op}: axis {a} repeated in {axis!r}")
+                raise DnnbindValueError(f"{op}: axis {a} repeated in {axis!r}")
             axes.append(a)
         axes = tuple(sorted(axes))
     if exclude:
@@ -150,7 +152,7 @@ def norm_axes(op: str, ndim: int, axis, exclude: bool = False) -> tuple:
 
 def check_dtype(op: str, x: NDArray, name: str, floats_only: bool) -> None:
     if floats_only and x._dtype.kind != "f":
-        raise TypeError(f"{op}: {name} must be a floating-point array, got {x._dtype}; use .astype('float32')")
+        raise DnnbindTypeError(f"{op}: {name} must be a floating-point array, got {x._dtype}; use .astype('float32')")
 
 
 # -- dispatch -------------------------------------------------------------------------------------------------
@@ -237,7 +239,7 @@ _NAMES = ("a", "b", "c", "d", "e")
 
 def _map(op: Op, args, params):
     if len(args) != op.arity:
-        raise TypeError(f"{op.name}: takes {op.arity} operand(s), got {len(args)}"
+        raise DnnbindTypeError(f"{op.name}: takes {op.arity} operand(s), got {len(args)}"
                         + (f"; pass {', '.join(op.params)} by keyword" if op.params else ""))
     # Hot path first: NDArrays of one device, dtype and shape, and Python numbers (a + b, x * 0.5 in a step).
     a0 = None
@@ -265,7 +267,7 @@ def _map_general(op: Op, args, params):
     names = _NAMES[:len(args)]
     first = next((a for a in args if isinstance(a, NDArray)), None)
     if first is None:
-        raise TypeError(f"{op.name}: at least one argument must be an NDArray, got "
+        raise DnnbindTypeError(f"{op.name}: at least one argument must be an NDArray, got "
                         f"{', '.join(type(a).__name__ for a in args)}")
     norm = []
     for a, n in zip(args, names):
@@ -274,14 +276,14 @@ def _map_general(op: Op, args, params):
         elif isinstance(a, (np.ndarray, list, tuple)):
             norm.append(as_array(op.name, n, a, first))
         else:
-            raise TypeError(f"{op.name}: {n} must be an NDArray or a number, got {type(a).__name__}")
+            raise DnnbindTypeError(f"{op.name}: {n} must be an NDArray or a number, got {type(a).__name__}")
     arrays = [a for a in norm if isinstance(a, NDArray)]
     dev = same_device(op.name, norm, names)
     same = [i for i in (range(len(norm)) if op.same is None else op.same) if isinstance(norm[i], NDArray)]
     dtype = norm[same[0]]._dtype if same else first._dtype
     if any(norm[i]._dtype != dtype for i in same):
         found = ", ".join(f"{names[i]} {norm[i]._dtype}" for i in same)
-        raise TypeError(f"{op.name}: operands must share a dtype, got {found}; convert one with .astype()")
+        raise DnnbindTypeError(f"{op.name}: operands must share a dtype, got {found}; convert one with .astype()")
     if not op.ints:
         check_dtype(op.name, norm[same[0]] if same else first, "the input", True)
     shape = broadcast_shape(op.name, [a._shape for a in arrays], [n for a, n in zip(norm, names)
@@ -335,7 +337,7 @@ def _reduce(op: Op, x, params):
     if not op.ints:
         check_dtype(op.name, x, "data", True)
     if op.reduce in ("max", "min", "argmax", "argmin") and any(x._shape[a] == 0 for a in axes):
-        raise ValueError(f"{op.name}: cannot reduce over a size-0 axis (shape {x._shape}, axes {axes})")
+        raise DnnbindValueError(f"{op.name}: cannot reduce over a size-0 axis (shape {x._shape}, axes {axes})")
     out_shape = tuple(1 if i in axes else d for i, d in enumerate(x._shape)) if keepdims else \
         tuple(d for i, d in enumerate(x._shape) if i not in axes)
     if not out_shape and x.ndim:

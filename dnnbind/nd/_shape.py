@@ -8,6 +8,8 @@ broadcast_like) need no gradient code of their own.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import math
 
 import numpy as np
@@ -36,7 +38,7 @@ def infer_reshape(op: str, shape: tuple, spec, reverse: bool = False) -> tuple:
             i += 1
         elif s == 0:
             if i >= len(src):
-                raise ValueError(f"{op}: code 0 at position {k} has no input dim to copy (shape {shape}, {spec})")
+                raise DnnbindValueError(f"{op}: code 0 at position {k} has no input dim to copy (shape {shape}, {spec})")
             out.append(src[i])
             i += 1
         elif s == -1:
@@ -47,37 +49,37 @@ def infer_reshape(op: str, shape: tuple, spec, reverse: bool = False) -> tuple:
             i = len(src)
         elif s == -3:
             if i + 1 >= len(src):
-                raise ValueError(f"{op}: code -3 needs two input dims (shape {shape}, {spec})")
+                raise DnnbindValueError(f"{op}: code -3 needs two input dims (shape {shape}, {spec})")
             out.append(src[i] * src[i + 1])
             i += 2
         elif s == -4:
             if k + 2 >= len(spec) or i >= len(src):
-                raise ValueError(f"{op}: code -4 needs two values after it and an input dim (shape {shape}, {spec})")
+                raise DnnbindValueError(f"{op}: code -4 needs two values after it and an input dim (shape {shape}, {spec})")
             d0, d1, d = spec[k + 1], spec[k + 2], src[i]
             if d0 == -1:
                 d0 = d // d1 if d1 > 0 else -1
             if d1 == -1:
                 d1 = d // d0 if d0 > 0 else -1
             if d0 * d1 != d:
-                raise ValueError(f"{op}: -4 split {spec[k + 1]}, {spec[k + 2]} does not divide dim {d} "
+                raise DnnbindValueError(f"{op}: -4 split {spec[k + 1]}, {spec[k + 2]} does not divide dim {d} "
                                  f"(shape {shape})")
             out.extend((d0, d1))
             i += 1
             k += 2
         else:
-            raise ValueError(f"{op}: invalid reshape code {s} in {spec}")
+            raise DnnbindValueError(f"{op}: invalid reshape code {s} in {spec}")
         k += 1
     if out.count(-1) > 1:
-        raise ValueError(f"{op}: at most one dim can be inferred, got {spec} for shape {shape}")
+        raise DnnbindValueError(f"{op}: at most one dim can be inferred, got {spec} for shape {shape}")
     if -1 in out:
         rest = math.prod(d for d in out if d != -1)
         if rest == 0 or size % rest:
-            raise ValueError(f"{op}: cannot reshape {shape} into {spec}")
+            raise DnnbindValueError(f"{op}: cannot reshape {shape} into {spec}")
         out[out.index(-1)] = size // rest
     if reverse:
         out = out[::-1]
     if math.prod(out) != size:
-        raise ValueError(f"{op}: cannot reshape array of shape {shape} (size {size}) into {tuple(out)}")
+        raise DnnbindValueError(f"{op}: cannot reshape array of shape {shape} (size {size}) into {tuple(out)}")
     return tuple(out)
 
 
@@ -112,7 +114,7 @@ def _view(x: NDArray, new: tuple) -> NDArray:
 def expand_dims(data, axis):
     nd = data.ndim + 1
     if not -nd <= int(axis) < nd:
-        raise ValueError(f"expand_dims: axis {axis} out of range for a result of {nd} dimensions")
+        raise DnnbindValueError(f"expand_dims: axis {axis} out of range for a result of {nd} dimensions")
     a = int(axis) % nd
     return _view(data, data.shape[:a] + (1,) + data.shape[a:])
 
@@ -123,7 +125,7 @@ def squeeze(data, axis=None):
     axes = norm_axes("squeeze", data.ndim, axis)
     for a in axes:
         if data.shape[a] != 1:
-            raise ValueError(f"squeeze: axis {a} has size {data.shape[a]}, not 1 (shape {data.shape})")
+            raise DnnbindValueError(f"squeeze: axis {a} has size {data.shape[a]}, not 1 (shape {data.shape})")
     return _view(data, tuple(d for i, d in enumerate(data.shape) if i not in axes))
 
 
@@ -147,7 +149,7 @@ def _perm(x, axes=None):
         return tuple(reversed(range(x.ndim)))
     axes = tuple(int(a) for a in axes)
     if sorted(a % max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
-        raise ValueError(f"transpose: axes {axes} are not a permutation of {x.ndim} dims (shape {x.shape})")
+        raise DnnbindValueError(f"transpose: axes {axes} are not a permutation of {x.ndim} dims (shape {x.shape})")
     return tuple(a % x.ndim for a in axes)
 
 
@@ -178,14 +180,14 @@ def swapaxes(data, dim1=0, dim2=0):
 
 def _bcast_check(x, shape=None):
     if shape is None:
-        raise TypeError("broadcast_to: shape is required")
+        raise DnnbindTypeError("broadcast_to: shape is required")
     shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
     if len(shape) < x.ndim:
-        raise ValueError(f"broadcast_to: cannot broadcast shape {x.shape} to fewer dims {shape}")
+        raise DnnbindValueError(f"broadcast_to: cannot broadcast shape {x.shape} to fewer dims {shape}")
     lead = len(shape) - x.ndim
     shape = tuple(x.shape[i - lead] if s == 0 and i >= lead else s for i, s in enumerate(shape))
     if broadcast_shape("broadcast_to", [x.shape, shape], ["data", "shape"]) != shape:
-        raise ValueError(f"broadcast_to: cannot broadcast shape {x.shape} to {shape}")
+        raise DnnbindValueError(f"broadcast_to: cannot broadcast shape {x.shape} to {shape}")
     return shape
 
 
@@ -223,15 +225,15 @@ def _slice_axis(x, axis, begin, end):
 
 def _concat_check(*xs, dim=1, num_args=None):
     if not xs:
-        raise ValueError("concat: needs at least one array")
+        raise DnnbindValueError("concat: needs at least one array")
     nd0 = xs[0].ndim
     axis = norm_axes("concat", nd0, dim)[0]
     for i, x in enumerate(xs):
         if x.ndim != nd0 or any(x.shape[d] != xs[0].shape[d] for d in range(nd0) if d != axis):
-            raise ValueError(f"concat: data[{i}] has shape {x.shape}, incompatible with data[0] {xs[0].shape} "
+            raise DnnbindValueError(f"concat: data[{i}] has shape {x.shape}, incompatible with data[0] {xs[0].shape} "
                              f"along dim {axis}")
         if x.dtype != xs[0].dtype:
-            raise TypeError(f"concat: data[{i}] has dtype {x.dtype}, data[0] {xs[0].dtype}")
+            raise DnnbindTypeError(f"concat: data[{i}] has dtype {x.dtype}, data[0] {xs[0].dtype}")
     shape = list(xs[0].shape)
     shape[axis] = sum(x.shape[axis] for x in xs)
     return axis, tuple(shape)
@@ -265,7 +267,7 @@ func("concat", _concat_check,
 
 def stack(*data, axis=0, num_args=None):
     if not data:
-        raise ValueError("stack: needs at least one array")
+        raise DnnbindValueError("stack: needs at least one array")
     a = norm_axes("stack", data[0].ndim + 1, axis)[0]
     return call("concat", *[expand_dims(x, a) for x in data], dim=a)
 
@@ -274,7 +276,7 @@ def split(data, num_outputs, axis=1, squeeze_axis=False):
     a = norm_axes("split", data.ndim, axis)[0]
     n = int(num_outputs)
     if n <= 0 or data.shape[a] % n:
-        raise ValueError(f"split: axis {a} of size {data.shape[a]} cannot be split into {num_outputs} equal parts")
+        raise DnnbindValueError(f"split: axis {a} of size {data.shape[a]} cannot be split into {num_outputs} equal parts")
     step = data.shape[a] // n
     parts = [_slice_axis(data, a, i * step, (i + 1) * step) for i in range(n)]
     if squeeze_axis:

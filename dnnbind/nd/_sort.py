@@ -7,6 +7,8 @@ scatters g back to where each value came from (a one-hot sum, so it is itself ma
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import numpy as np
 
 from ..runtime.array import NDArray, empty
@@ -16,14 +18,14 @@ from ._registry import call, func, norm_axes
 
 def _check(x, axis=-1, k=0, is_ascend=True, ret="value", dtype="float32"):
     if x.ndim == 0:
-        raise ValueError("sort/topk: needs an array of at least 1 dimension")
+        raise DnnbindValueError("sort/topk: needs an array of at least 1 dimension")
     a = norm_axes("topk", x.ndim, axis)[0]
     n = x.shape[a]
     k = n if k in (0, None) else int(k)
     if not 1 <= k <= n and n:
-        raise ValueError(f"topk: k={k} must be in [1, {n}] for axis {a} of shape {x.shape}")
+        raise DnnbindValueError(f"topk: k={k} must be in [1, {n}] for axis {a} of shape {x.shape}")
     if ret not in ("value", "indices"):
-        raise ValueError(f"topk: ret_typ must be 'value', 'indices', 'both' or 'mask', got {ret!r}")
+        raise DnnbindValueError(f"topk: ret_typ must be 'value', 'indices', 'both' or 'mask', got {ret!r}")
     return a, k, x.shape[:a] + (k,) + x.shape[a + 1:]
 
 

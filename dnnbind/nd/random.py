@@ -10,6 +10,8 @@ Like MXNet, the cpu and GPU streams differ.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import threading
 
 import numpy as np
@@ -34,7 +36,7 @@ def seed(seed_state: int, ctx="all") -> None:
     Also seeds numpy's global generator, which dnnbind's initializers and the DataLoader's shuffling draw
     from (as MXNet's initializers draw from mx.random), so one call makes a whole run repeatable."""
     if not isinstance(seed_state, (int, np.integer)) or isinstance(seed_state, bool):
-        raise TypeError(f"random.seed: seed must be an int, got {type(seed_state).__name__}")
+        raise DnnbindTypeError(f"random.seed: seed must be an int, got {type(seed_state).__name__}")
     with _lock:
         _state["seed"], _state["offset"], _state["rng"] = int(seed_state) % (1 << 62), 0, None
         _state["generation"] += 1
@@ -102,7 +104,7 @@ def _draw(dist: str, p0, p1, shape, dtype, ctx, out) -> NDArray:
 
 def _check_range(op, low, high):
     if not low < high:
-        raise ValueError(f"random.{op}: low ({low}) must be less than high ({high})")
+        raise DnnbindValueError(f"random.{op}: low ({low}) must be less than high ({high})")
 
 
 def uniform(low=0.0, high=1.0, shape=None, dtype=None, ctx=None, out=None, **_ignored) -> NDArray:
@@ -112,7 +114,7 @@ def uniform(low=0.0, high=1.0, shape=None, dtype=None, ctx=None, out=None, **_ig
 
 def normal(loc=0.0, scale=1.0, shape=None, dtype=None, ctx=None, out=None, **_ignored) -> NDArray:
     if scale < 0:
-        raise ValueError(f"random.normal: scale must be >= 0, got {scale}")
+        raise DnnbindValueError(f"random.normal: scale must be >= 0, got {scale}")
     return _draw("normal", loc, scale, shape, dtype, ctx, out)
 
 

@@ -13,6 +13,8 @@ arguments are tuples. Only `check_label_values` reads array contents, and only t
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import numbers
 from typing import Any
 
@@ -62,18 +64,18 @@ def as_tuple(value: Any, n: int = 2, op: str = "", name: str = "value", minimum:
         out = tuple(int(v) for v in value)
     else:
         what = "an (h, w) pair of ints" if n == 2 else f"a tuple of {n} ints"
-        raise TypeError(f"{op + ': ' if op else ''}{name} must be an int or {what}, got {value!r}")
+        raise DnnbindTypeError(f"{op + ': ' if op else ''}{name} must be an int or {what}, got {value!r}")
     if minimum is not None and min(out) < minimum:
-        raise ValueError(f"{op + ': ' if op else ''}{name} must be >= {minimum}, got {value!r}")
+        raise DnnbindValueError(f"{op + ': ' if op else ''}{name} must be >= {minimum}, got {value!r}")
     return out
 
 
 def scalar(op: str, name: str, value: Any) -> float:
     """A finite real number (alpha, beta, coef, fill value)."""
     if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{op}: {name} must be a real number, got {value!r}")
+        raise DnnbindTypeError(f"{op}: {name} must be a real number, got {value!r}")
     if not np.isfinite(value):
-        raise ValueError(f"{op}: {name} must be finite, got {value!r}")
+        raise DnnbindValueError(f"{op}: {name} must be finite, got {value!r}")
     return float(value)
 
 
@@ -81,16 +83,16 @@ def check_ndim(op: str, name: str, shape: Any, ndims: tuple[int, ...], layout: s
     """Require len(shape) in `ndims` and every dimension > 0; `layout` names the expected axes."""
     shape = _shape(shape)
     if len(shape) not in ndims:
-        raise ValueError(f"{op}: {name} must be {layout}, got shape {shape}")
+        raise DnnbindValueError(f"{op}: {name} must be {layout}, got shape {shape}")
     if any(d <= 0 for d in shape):
-        raise ValueError(f"{op}: {name} has an empty dimension: {name} {shape}")
+        raise DnnbindValueError(f"{op}: {name} has an empty dimension: {name} {shape}")
     return shape
 
 
 def check_shape_arg(op: str, name: str, shape: Any) -> tuple[int, ...]:
     """A shape passed as an argument (x_shape, w_shape): a tuple or list of ints."""
     if not isinstance(shape, (tuple, list)) or not all(_is_int(d) for d in shape):
-        raise TypeError(f"{op}: {name} must be a tuple of ints, got {shape!r}")
+        raise DnnbindTypeError(f"{op}: {name} must be a tuple of ints, got {shape!r}")
     return tuple(int(d) for d in shape)
 
 
@@ -114,10 +116,10 @@ def check_dtype(op: str, allowed: tuple = FLOAT32_64, **arrays: Any) -> np.dtype
     for name, dt in given.items():
         if dt not in allowed:
             names = ", ".join(d.name for d in allowed)
-            raise TypeError(f"{op}: {name} has dtype {dt.name}; expected one of {names}")
+            raise DnnbindTypeError(f"{op}: {name} has dtype {dt.name}; expected one of {names}")
     if len(set(given.values())) > 1:
         listed = ", ".join(f"{name} {dt.name}" for name, dt in given.items())
-        raise TypeError(f"{op}: dtypes differ ({listed}); all inputs must have the same dtype")
+        raise DnnbindTypeError(f"{op}: dtypes differ ({listed}); all inputs must have the same dtype")
     return next(iter(given.values()))
 
 
@@ -125,7 +127,7 @@ def check_same_shape(op: str, **arrays: Any) -> tuple[int, ...]:
     """All given arrays (or shapes) have one shape; returns it."""
     shapes = {name: _shape(a) for name, a in arrays.items() if a is not None}
     if len(set(shapes.values())) > 1:
-        raise ValueError(f"{op}: shapes differ ({_fmt(**shapes)}); expected the same shape")
+        raise DnnbindValueError(f"{op}: shapes differ ({_fmt(**shapes)}); expected the same shape")
     return next(iter(shapes.values()))
 
 
@@ -142,8 +144,8 @@ def conv_layout(op: str, layout: Any) -> str:
     if layout == "NCHW" or layout == "NHWC":
         return layout
     if not isinstance(layout, str):
-        raise TypeError(f"{op}: layout must be a string, 'NCHW' or 'NHWC'; got {layout!r}")
-    raise ValueError(f"{op}: unknown layout {layout!r}; expected 'NCHW' or 'NHWC'")
+        raise DnnbindTypeError(f"{op}: layout must be a string, 'NCHW' or 'NHWC'; got {layout!r}")
+    raise DnnbindValueError(f"{op}: unknown layout {layout!r}; expected 'NCHW' or 'NHWC'")
 
 
 def to_nchw(shape: tuple, layout: str) -> tuple:
@@ -166,10 +168,10 @@ def _conv_geometry(op: str, stride: Any, padding: Any, dilation: Any, groups: An
     padding = as_tuple(padding, 2, op, "padding", 0)
     dilation = as_tuple(dilation, 2, op, "dilation", 1)
     if not _is_int(groups):
-        raise TypeError(f"{op}: groups must be an int, got {groups!r}")
+        raise DnnbindTypeError(f"{op}: groups must be an int, got {groups!r}")
     groups = int(groups)
     if groups < 1:
-        raise ValueError(f"{op}: groups must be >= 1, got {groups}")
+        raise DnnbindValueError(f"{op}: groups must be >= 1, got {groups}")
     return stride, padding, dilation, groups
 
 
@@ -185,21 +187,21 @@ def conv_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None, stride
     n, c, h, w = to_nchw(x_shape, layout)
     k, cg, r, s = to_nchw(w_shape, layout)
     if c % groups:
-        raise ValueError(f"{op}: x has {c} channels, not divisible by groups={groups}: {shapes}")
+        raise DnnbindValueError(f"{op}: x has {c} channels, not divisible by groups={groups}: {shapes}")
     if k % groups:
-        raise ValueError(f"{op}: w has {k} output channels, not divisible by groups={groups}: {shapes}")
+        raise DnnbindValueError(f"{op}: w has {k} output channels, not divisible by groups={groups}: {shapes}")
     if cg * groups != c:
-        raise ValueError(f"{op}: x has {c} channels but w expects {cg * groups} (groups={groups}): {shapes}")
+        raise DnnbindValueError(f"{op}: x has {c} channels but w expects {cg * groups} (groups={groups}): {shapes}")
     if b_shape is not None:
         b_shape = _shape(b_shape)
         if b_shape != (k,):
-            raise ValueError(f"{op}: b has shape {b_shape} but w has {k} output channels; expected b ({k},): "
+            raise DnnbindValueError(f"{op}: b has shape {b_shape} but w has {k} output channels; expected b ({k},): "
                              f"{shapes}")
     eff = (dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1)
     ho = _out_size(h, padding[0], eff[0], stride[0])
     wo = _out_size(w, padding[1], eff[1], stride[1])
     if ho <= 0 or wo <= 0:
-        raise ValueError(f"{op}: kernel ({r}, {s}) with dilation {dilation} spans {eff}, larger than the padded "
+        raise DnnbindValueError(f"{op}: kernel ({r}, {s}) with dilation {dilation} spans {eff}, larger than the padded "
                          f"input ({h + 2 * padding[0]}, {w + 2 * padding[1]}) (padding {padding}): {shapes}")
     return stride, padding, dilation, groups, from_nchw((n, k, ho, wo), layout)
 
@@ -211,7 +213,7 @@ def conv_grad_params(op: str, x_shape: Any, w_shape: Any, dy_shape: Any, stride:
     out = conv_params(op, x_shape, w_shape, None, stride, padding, dilation, groups, layout)
     dy_shape = check_ndim(op, "dy", dy_shape, (4,), _axes_text(layout, "(N, K, P, Q)", "(N, P, Q, K)"))
     if dy_shape != out[4]:
-        raise ValueError(f"{op}: dy has shape {dy_shape} but the convolution gives {out[4]}: "
+        raise DnnbindValueError(f"{op}: dy has shape {dy_shape} but the convolution gives {out[4]}: "
                          f"{_fmt(x=x_shape, w=w_shape, dy=dy_shape)} (stride {out[0]}, padding {out[1]}, "
                          f"dilation {out[2]}, groups {out[3]}, layout {layout})")
     return out
@@ -232,22 +234,22 @@ def deconv_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None, stri
     n, c, h, w = x_shape
     cw, fg, r, s = w_shape
     if cw != c:
-        raise ValueError(f"{op}: x has {c} channels but w expects {cw} (w is (in_channels, num_filter/groups, R, "
+        raise DnnbindValueError(f"{op}: x has {c} channels but w expects {cw} (w is (in_channels, num_filter/groups, R, "
                          f"S)): {shapes}")
     if c % groups:
-        raise ValueError(f"{op}: x has {c} channels, not divisible by groups={groups}: {shapes}")
+        raise DnnbindValueError(f"{op}: x has {c} channels, not divisible by groups={groups}: {shapes}")
     f = fg * groups
     if b_shape is not None:
         b_shape = _shape(b_shape)
         if b_shape != (f,):
-            raise ValueError(f"{op}: b has shape {b_shape} but w gives {f} output channels (w.shape[1] * groups); "
+            raise DnnbindValueError(f"{op}: b has shape {b_shape} but w gives {f} output channels (w.shape[1] * groups); "
                              f"expected b ({f},): {shapes}")
     if adj[0] >= stride[0] or adj[1] >= stride[1]:
-        raise ValueError(f"{op}: adj {adj} must be smaller than stride {stride}: {shapes}")
+        raise DnnbindValueError(f"{op}: adj {adj} must be smaller than stride {stride}: {shapes}")
     ho = (h - 1) * stride[0] - 2 * padding[0] + dilation[0] * (r - 1) + 1 + adj[0]
     wo = (w - 1) * stride[1] - 2 * padding[1] + dilation[1] * (s - 1) + 1 + adj[1]
     if ho <= 0 or wo <= 0:
-        raise ValueError(f"{op}: padding {padding} removes the whole output ({ho}, {wo}) (stride {stride}, "
+        raise DnnbindValueError(f"{op}: padding {padding} removes the whole output ({ho}, {wo}) (stride {stride}, "
                          f"dilation {dilation}, adj {adj}): {shapes}")
     return stride, padding, dilation, groups, adj, (n, f, ho, wo)
 
@@ -263,7 +265,7 @@ def deconv_grad_params(op: str, x_shape: Any, w_shape: Any, dy_shape: Any, strid
     adj = (dy_shape[2] - base[2], dy_shape[3] - base[3])
     if dy_shape[:2] != base[:2] or not (0 <= adj[0] < stride[0] and 0 <= adj[1] < stride[1]):
         last = (base[2] + stride[0] - 1, base[3] + stride[1] - 1)
-        raise ValueError(f"{op}: dy has shape {dy_shape} but the transposed convolution gives {base[:2]} by "
+        raise DnnbindValueError(f"{op}: dy has shape {dy_shape} but the transposed convolution gives {base[:2]} by "
                          f"{base[2:]} to {last} (adj 0 to stride-1): {_fmt(x=x_shape, w=w_shape, dy=dy_shape)} "
                          f"(stride {stride}, padding {padding}, dilation {dilation}, groups {groups})")
     return stride, padding, dilation, groups, adj, dy_shape
@@ -287,16 +289,16 @@ def add_tensor_params(op: str, x_shape: Any, b_shape: Any) -> tuple[int, ...]:
         if b_shape in ((x_shape[1],), per_channel):
             return per_channel
     per_channel = f"({x_shape[1]},) (one value per channel) or " if len(x_shape) >= 2 else ""
-    raise ValueError(f"{op}: b has shape {b_shape}; expected {per_channel}x's shape: {_fmt(x=x_shape, b=b_shape)}")
+    raise DnnbindValueError(f"{op}: b has shape {b_shape}; expected {per_channel}x's shape: {_fmt(x=x_shape, b=b_shape)}")
 
 
 # -- activation, pooling, softmax -------------------------------------------------------------------------
 
 def _choice(op: str, name: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"{op}: {name} must be a string, one of {', '.join(choices)}; got {value!r}")
+        raise DnnbindTypeError(f"{op}: {name} must be a string, one of {', '.join(choices)}; got {value!r}")
     if value.lower() not in choices:
-        raise ValueError(f"{op}: unknown {name} {value!r}; expected one of {', '.join(choices)}")
+        raise DnnbindValueError(f"{op}: unknown {name} {value!r}; expected one of {', '.join(choices)}")
     return value.lower()
 
 
@@ -305,7 +307,7 @@ def activation_mode(op: str, mode: Any, coef: Any = 0.0) -> tuple[str, float]:
     mode = _choice(op, "activation mode", mode, ACTIVATION_MODES)
     coef = scalar(op, "coef", coef)
     if mode == "clipped_relu" and coef <= 0:
-        raise ValueError(f"{op}: clipped_relu needs coef > 0 (the ceiling), got {coef}")
+        raise DnnbindValueError(f"{op}: clipped_relu needs coef > 0 (the ceiling), got {coef}")
     return mode, coef
 
 
@@ -325,11 +327,11 @@ def pool_params(op: str, x_shape: Any, mode: Any = "max", window: Any = 2, strid
     n, c, h, w = to_nchw(x_shape, layout)
     # NOTE: padding < window keeps at least one real element in every window, so max never sees only pad.
     if padding[0] >= window[0] or padding[1] >= window[1]:
-        raise ValueError(f"{op}: padding {padding} must be smaller than window {window}: x {x_shape}")
+        raise DnnbindValueError(f"{op}: padding {padding} must be smaller than window {window}: x {x_shape}")
     ho = _out_size(h, padding[0], window[0], stride[0])
     wo = _out_size(w, padding[1], window[1], stride[1])
     if ho <= 0 or wo <= 0:
-        raise ValueError(f"{op}: window {window} is larger than the padded input ({h + 2 * padding[0]}, "
+        raise DnnbindValueError(f"{op}: window {window} is larger than the padded input ({h + 2 * padding[0]}, "
                          f"{w + 2 * padding[1]}) (padding {padding}): x {x_shape}")
     return window, stride, padding, from_nchw((n, c, ho, wo), layout)
 
@@ -341,7 +343,7 @@ def pool_grad_params(op: str, x_shape: Any, y_shape: Any, dy_shape: Any, mode: A
     out = pool_params(op, x_shape, mode, window, stride, padding, layout)
     for name, shape in (("y", y_shape), ("dy", dy_shape)):
         if _shape(shape) != out[3]:
-            raise ValueError(f"{op}: {name} has shape {_shape(shape)} but pooling x {_shape(x_shape)} with window "
+            raise DnnbindValueError(f"{op}: {name} has shape {_shape(shape)} but pooling x {_shape(x_shape)} with window "
                              f"{out[0]}, stride {out[1]}, padding {out[2]} gives {out[3]}")
     return out
 
@@ -359,7 +361,7 @@ def softmax_params(op: str, x_shape: Any, algorithm: Any = "accurate", mode: Any
 
 def _flag(op: str, name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{op}: {name} must be a bool, got {value!r}")
+        raise DnnbindTypeError(f"{op}: {name} must be a bool, got {value!r}")
     return bool(value)
 
 
@@ -373,13 +375,13 @@ def gemm_params(op: str, a_shape: Any, b_shape: Any, c_shape: Any = None, trans_
     m, ka = a_shape[::-1] if trans_a else a_shape
     kb, n = b_shape[::-1] if trans_b else b_shape
     if ka != kb:
-        raise ValueError(f"{op}: inner dimensions differ: op(a) is ({m}, {ka}), op(b) is ({kb}, {n}) "
+        raise DnnbindValueError(f"{op}: inner dimensions differ: op(a) is ({m}, {ka}), op(b) is ({kb}, {n}) "
                          f"(trans_a={trans_a}, trans_b={trans_b}): {_fmt(a=a_shape, b=b_shape)}")
     if c_shape is not None and _shape(c_shape) != (m, n):
-        raise ValueError(f"{op}: c has shape {_shape(c_shape)}; expected ({m}, {n}): "
+        raise DnnbindValueError(f"{op}: c has shape {_shape(c_shape)}; expected ({m}, {n}): "
                          f"{_fmt(a=a_shape, b=b_shape, c=c_shape)}")
     if c_shape is None and beta != 0:
-        raise ValueError(f"{op}: beta={beta} needs c; pass c or beta=0")
+        raise DnnbindValueError(f"{op}: beta={beta} needs c; pass c or beta=0")
     return m, n, ka
 
 
@@ -388,10 +390,10 @@ def linear_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None) -> t
     x_shape = check_ndim(op, "x", x_shape, (2,), "2-D (N, in_units)")
     w_shape = check_ndim(op, "w", w_shape, (2,), "2-D (units, in_units)")
     if x_shape[1] != w_shape[1]:
-        raise ValueError(f"{op}: x has {x_shape[1]} features but w expects {w_shape[1]}: "
+        raise DnnbindValueError(f"{op}: x has {x_shape[1]} features but w expects {w_shape[1]}: "
                          f"{_fmt(x=x_shape, w=w_shape)}")
     if b_shape is not None and _shape(b_shape) != (w_shape[0],):
-        raise ValueError(f"{op}: b has shape {_shape(b_shape)}; expected ({w_shape[0]},): "
+        raise DnnbindValueError(f"{op}: b has shape {_shape(b_shape)}; expected ({w_shape[0]},): "
                          f"{_fmt(x=x_shape, w=w_shape, b=b_shape)}")
     return x_shape[0], w_shape[0]
 
@@ -399,7 +401,7 @@ def linear_params(op: str, x_shape: Any, w_shape: Any, b_shape: Any = None) -> t
 def linear_grad_params(op: str, x_shape: Any, w_shape: Any, dy_shape: Any) -> tuple[int, int]:
     y_shape = linear_params(op, x_shape, w_shape)
     if _shape(dy_shape) != y_shape:
-        raise ValueError(f"{op}: dy has shape {_shape(dy_shape)}; expected {y_shape}: "
+        raise DnnbindValueError(f"{op}: dy has shape {_shape(dy_shape)}; expected {y_shape}: "
                          f"{_fmt(x=x_shape, w=w_shape, dy=dy_shape)}")
     return y_shape
 
@@ -409,12 +411,12 @@ def loss_params(op: str, scores: Any, labels: Any, dloss: Any = None, scores_nam
     check_dtype(op, FLOAT32_64, **{scores_name: scores}, **({} if dloss is None else {"dloss": dloss}))
     s_shape = check_ndim(op, scores_name, scores, (2,), "2-D (N, C)")
     if np.dtype(labels.dtype).kind not in "iu":
-        raise TypeError(f"{op}: labels must have an integer dtype (class ids), got {np.dtype(labels.dtype).name}")
+        raise DnnbindTypeError(f"{op}: labels must have an integer dtype (class ids), got {np.dtype(labels.dtype).name}")
     shapes = _fmt(**{scores_name: scores, "labels": labels, "dloss": dloss})
     if _shape(labels) != (s_shape[0],):
-        raise ValueError(f"{op}: labels must be ({s_shape[0]},), one class id per row: {shapes}")
+        raise DnnbindValueError(f"{op}: labels must be ({s_shape[0]},), one class id per row: {shapes}")
     if dloss is not None and _shape(dloss) != (s_shape[0],):
-        raise ValueError(f"{op}: dloss must be ({s_shape[0]},), one value per row: {shapes}")
+        raise DnnbindValueError(f"{op}: dloss must be ({s_shape[0]},), one value per row: {shapes}")
     return s_shape[1]
 
 
@@ -424,7 +426,7 @@ def check_label_values(op: str, labels: np.ndarray, num_classes: int) -> None:
     bad = (labels < 0) | (labels >= num_classes)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{op}: labels must be in [0, {num_classes}); labels[{i}] = {int(labels[i])} "
+        raise DnnbindValueError(f"{op}: labels must be in [0, {num_classes}); labels[{i}] = {int(labels[i])} "
                          f"({int(bad.sum())} out of range)")
 
 

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import functools
 import inspect
 
@@ -93,7 +95,7 @@ def _slow_path(op_name, impl, reference, positions, required, args, kwargs):
             raise _not_an_array(op_name, name, a)
     if len(set(devices.values())) > 1:
         where = ", ".join(f"{n} on {d}" for n, d in devices.items())
-        raise ValueError(f"{op_name}: all arrays must be on one device, got {where}; move them with .to(device)")
+        raise DnnbindValueError(f"{op_name}: all arrays must be on one device, got {where}; move them with .to(device)")
 
     def put(pos, name, value):
         if pos < len(args):
@@ -113,13 +115,13 @@ def _slow_path(op_name, impl, reference, positions, required, args, kwargs):
         return _to_numpy(impl(*args, **kwargs))
     if nd_device is not None and nd_device.kind == "cpu":
         if "foreign" in kinds:
-            raise ValueError(f"{op_name}: cannot mix cpu NDArrays with GPU arrays of another library")
+            raise DnnbindValueError(f"{op_name}: cannot mix cpu NDArrays with GPU arrays of another library")
         for pos, name, a in found:
             put(pos, name, a._data if isinstance(a, NDArray) else a)
         return _wrap_cpu(_reference(op_name, reference, args, kwargs))
     # GPU: NDArrays on one GPU mixed with numpy or foreign arrays
     if nd_device is None and "numpy" in kinds:  # whatever the order: no NDArray says where numpy data goes
-        raise ValueError(f"{op_name}: cannot mix numpy arrays with GPU arrays of another library; "
+        raise DnnbindValueError(f"{op_name}: cannot mix numpy arrays with GPU arrays of another library; "
                          "convert with dnnbind.array(x, device=...)")
     target = nd_device
     for pos, name, a in found:
@@ -132,7 +134,7 @@ def _slow_path(op_name, impl, reference, positions, required, args, kwargs):
         if target is None:
             target = wrapped.device
         elif wrapped.device is not target:
-            raise ValueError(f"{op_name}: {name} is on {wrapped.device} but other arrays are on {target}")
+            raise DnnbindValueError(f"{op_name}: {name} is on {wrapped.device} but other arrays are on {target}")
         put(pos, name, wrapped)
     return impl(*args, **kwargs)
 
@@ -142,9 +144,9 @@ def _numeric(op_name: str, name: str, a) -> np.ndarray:
     try:
         out = np.asarray(a)
     except (ValueError, TypeError) as exc:  # ragged nested lists
-        raise TypeError(f"{op_name}: {name} is not an array: {exc}") from None
+        raise DnnbindTypeError(f"{op_name}: {name} is not an array: {exc}") from None
     if out.dtype.kind not in "biuf":
-        raise TypeError(f"{op_name}: {name} has dtype {out.dtype}; expected numbers (bool, int or float)")
+        raise DnnbindTypeError(f"{op_name}: {name} has dtype {out.dtype}; expected numbers (bool, int or float)")
     return out
 
 

@@ -23,6 +23,8 @@ off.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import contextlib
 import ctypes
 import os
@@ -65,10 +67,10 @@ def set_conv_algo_policy(mode: str = "time", deterministic: bool = False, backen
     ``workspace_limit_mb``: the timed search skips algorithms needing more scratch than this (default 1024, as
     MXNet's Convolution ``workspace``; None: leave as is). It applies to shapes not yet chosen."""
     if mode not in ("time", "heuristic"):
-        raise ValueError(f"set_conv_algo_policy: mode must be 'time' or 'heuristic', got {mode!r}")
+        raise DnnbindValueError(f"set_conv_algo_policy: mode must be 'time' or 'heuristic', got {mode!r}")
     if workspace_limit_mb is not None and (isinstance(workspace_limit_mb, bool)
                                            or not isinstance(workspace_limit_mb, int) or workspace_limit_mb < 0):
-        raise ValueError(f"set_conv_algo_policy: workspace_limit_mb must be an int >= 0, got {workspace_limit_mb!r}")
+        raise DnnbindValueError(f"set_conv_algo_policy: workspace_limit_mb must be an int >= 0, got {workspace_limit_mb!r}")
     backend = _policy["backend"] if backend is None else bool(backend)
     limit = _policy["workspace_limit"] if workspace_limit_mb is None else workspace_limit_mb << 20
     if (mode, deterministic, backend, limit) != (_policy["mode"], _policy["deterministic"], _policy["backend"],
@@ -94,7 +96,7 @@ def optimize_for(target: str):
     """``with optimize_for("graph"):`` conv algorithms chosen inside minimize GPU time alone (for a step that
     will be captured); ``"eager"`` (the default) minimizes wall time per call, cuDNN's host work included."""
     if target not in _chosen:
-        raise ValueError(f"optimize_for: target must be 'eager' or 'graph', got {target!r}")
+        raise DnnbindValueError(f"optimize_for: target must be 'eager' or 'graph', got {target!r}")
     prev = getattr(_tls, "objective", "eager")
     _tls.objective = target
     try:

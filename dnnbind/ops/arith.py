@@ -6,6 +6,8 @@ It has no cuDNN/cuBLAS call, so on the GPU it is a small NVRTC kernel (ops._kern
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError
+
 import numpy as np
 
 from ..runtime.stream import current_stream
@@ -25,7 +27,7 @@ def adam_update(w, g, m, v, lr_t, beta1, beta2, eps, rescale, wd) -> None:
         w._data[...] -= (lr_t * m._data / (np.sqrt(v._data) + eps)).astype(w.dtype)
         return
     if w.dtype != np.float32:
-        raise TypeError(f"adam_update: GPU Adam supports float32, got {w.dtype}")
+        raise DnnbindTypeError(f"adam_update: GPU Adam supports float32, got {w.dtype}")
     f = np.float32
     _launch("adam_f32", w.size, (w, g, m, v, f(lr_t), f(beta1), f(beta2), f(eps), f(rescale), f(wd),
                                  np.int64(w.size)), w._device)
@@ -41,7 +43,7 @@ def sgd_update(w, g, mom, lr, momentum, wd, rescale, w16=None) -> None:
     a_g = f(-lr * rescale)
     half = g.dtype == np.float16
     if half and (w16 is None or w16.dtype != np.float16 or w16.shape != w.shape):
-        raise TypeError(f"sgd_update: float16 gradients need w16, the float16 weights of shape {w.shape}")
+        raise DnnbindTypeError(f"sgd_update: float16 gradients need w16, the float16 weights of shape {w.shape}")
     if w._data is not None:
         gd = g._data.astype(f) if half else g._data
         if mom is None:
@@ -54,7 +56,7 @@ def sgd_update(w, g, mom, lr, momentum, wd, rescale, w16=None) -> None:
             w16._data[...] = w._data.astype(np.float16)
         return
     if w.dtype != np.float32:
-        raise TypeError(f"sgd_update: GPU SGD supports float32 weights, got {w.dtype}")
+        raise DnnbindTypeError(f"sgd_update: GPU SGD supports float32 weights, got {w.dtype}")
     n = np.int64(w.size)
     if mom is None:
         name, args = ("sgd_f32_h16", (w, g, w16, f(1.0 - lr * wd), a_g, n)) if half else \

@@ -18,6 +18,8 @@ backends: cuDNN averages into a scratch copy of running_var scaled by m / (m - 1
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 from .._lib import cudnn
 from .._lib.errors import CudnnError
 from . import _check
@@ -46,7 +48,7 @@ def set_batchnorm_mode(mode: str = "persistent") -> str:
     BatchNorm outputs turn inf/NaN or its accuracy falls short of another framework's."""
     global TRAIN_MODE
     if mode not in _MODES:
-        raise ValueError(f"set_batchnorm_mode: mode must be one of {sorted(_MODES)}, got {mode!r}")
+        raise DnnbindValueError(f"set_batchnorm_mode: mode must be one of {sorted(_MODES)}, got {mode!r}")
     previous = next(k for k, v in _MODES.items() if v == TRAIN_MODE)
     TRAIN_MODE = _MODES[mode]
     return previous

@@ -23,6 +23,8 @@ returns and the backward takes, so autograd keeps it alive between them.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import ctypes
 import threading
 
@@ -59,10 +61,10 @@ def fusable(x_shape: tuple, dtype, param_dtype) -> bool:
 
 def _fused_only(op_name: str, x_shape: tuple, dtype) -> None:
     if dtype != HALF:
-        raise TypeError(f"{op_name}: cuDNN's channels-last BatchNorm kernels (the Ex calls) take float16 data only, "
+        raise DnnbindTypeError(f"{op_name}: cuDNN's channels-last BatchNorm kernels (the Ex calls) take float16 data only, "
                         f"got {dtype.name}; nd.BatchNorm and nd.BatchNormAddRelu run other dtypes without them")
     if x_shape[3] % CHANNEL_MULTIPLE:
-        raise ValueError(f"{op_name}: cuDNN's channels-last BatchNorm kernels need a channel count that is a multiple "
+        raise DnnbindValueError(f"{op_name}: cuDNN's channels-last BatchNorm kernels need a channel count that is a multiple "
                          f"of {CHANNEL_MULTIPLE}, got x of shape {tuple(x_shape)} ({x_shape[3]} channels, last); "
                          "nd.BatchNorm and nd.BatchNormAddRelu run other channel counts without them")
 
@@ -189,14 +191,14 @@ def _backward(name, x, y, dy, gamma, beta, save_mean, save_inv_std, reserve, eps
     eps, _ = bn_scalars(name, eps)
     _fused_only(name, x._shape, dtype)
     if reserve._dtype != np.uint8 or len(reserve._shape) != 1:
-        raise TypeError(f"{name}: reserve must be the 1-D uint8 array the forward returned, got dtype "
+        raise DnnbindTypeError(f"{name}: reserve must be the 1-D uint8 array the forward returned, got dtype "
                         f"{reserve._dtype.name} and shape {reserve._shape}")
     dev = x._device
     h = dnn(x)
     try:
         plan = _plan(h, x._shape, dtype, bn_ops)
         if reserve.nbytes < plan.reserve:
-            raise ValueError(f"{name}: reserve has {reserve.nbytes} bytes but cuDNN needs {plan.reserve} for x of "
+            raise DnnbindValueError(f"{name}: reserve has {reserve.nbytes} bytes but cuDNN needs {plan.reserve} for x of "
                              f"shape {x._shape}; pass the reserve its forward returned")
         dx = out_like(x._shape, dtype, dev)
         dz = out_like(x._shape, dtype, dev) if bn_ops == OPS else None

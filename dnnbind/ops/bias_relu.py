@@ -19,6 +19,8 @@ built for many input channels). float32 and float16; groups 1; no dx (for a netw
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import numpy as np
 
 from ..runtime.array import NDArray, empty
@@ -116,7 +118,7 @@ def _wgrad_plan(x_shape, w_shape, y_shape, dy_shape, stride, padding, dilation, 
         OPW, x_shape, w_shape, y_shape, dy_shape, stride, padding, dilation, layout)
     for name, shape in (("x", x_shape), ("y", y_shape)):
         if np.prod(shape, dtype=np.int64) >= K.INT_LIMIT:
-            raise ValueError(f"{OPW}: {name} {shape} has 2**31 elements or more; the kernel indexes with 32-bit "
+            raise DnnbindValueError(f"{OPW}: {name} {shape} has 2**31 elements or more; the kernel indexes with 32-bit "
                              "integers (use conv_backward_filter and conv_backward_bias)")
     geom, grid, block, s = KW.launch_plan(_check.to_nchw(x_shape, layout), _check.to_nchw(w_shape, layout),
                                           _check.to_nchw(y_shape, layout), stride, padding, dilation, layout)
@@ -132,9 +134,9 @@ def _check_out(out, name: str, shape, dtype, device) -> None:
     if out is None:
         return
     if not isinstance(out, NDArray):
-        raise TypeError(f"{OPW}: {name} must be a dnnbind NDArray (written in place), got {type(out).__name__}")
+        raise DnnbindTypeError(f"{OPW}: {name} must be a dnnbind NDArray (written in place), got {type(out).__name__}")
     if out._shape != tuple(shape) or out._dtype != dtype or out._device is not device:
-        raise ValueError(f"{OPW}: {name} has shape {out._shape}, {out._dtype} on {out._device}; expected "
+        raise DnnbindValueError(f"{OPW}: {name} has shape {out._shape}, {out._dtype} on {out._device}; expected "
                          f"{tuple(shape)}, {dtype} on {device}")
 
 

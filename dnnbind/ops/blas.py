@@ -7,6 +7,8 @@ and keep their own transpose flags (FACTS.md: Y = X W^T is Sgemm(OP_T, OP_N, N, 
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import numpy as np
 
 from .._lib import cublas
@@ -127,10 +129,10 @@ def _inplace_check(opname, **arrays):
     items = [(k, v) for k, v in arrays.items() if v is not None]
     for name, a in items:
         if not isinstance(a, NDArray):
-            raise TypeError(f"{opname}: {name} must be a dnnbind NDArray (updated in place), got {type(a).__name__}")
+            raise DnnbindTypeError(f"{opname}: {name} must be a dnnbind NDArray (updated in place), got {type(a).__name__}")
     devices = {a._device for _, a in items}
     if len(devices) > 1:
-        raise ValueError(f"{opname}: all arrays must be on one device, got "
+        raise DnnbindValueError(f"{opname}: all arrays must be on one device, got "
                          + ", ".join(f"{k} on {a._device}" for k, a in items))
     return items[0][1]
 

@@ -7,6 +7,8 @@ Split from ops/tensor_ops.py (the cuDNN half), which re-exports these names.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import ctypes
 
 from .._lib import cublas
@@ -22,12 +24,12 @@ from .tensor_ops import _BATCHED, _DOT, _GEAM, _NRM2, BLAS_FLOATS, INT_MAX, C, _
 def _ints(op: str, **dims) -> None:
     big = {k: v for k, v in dims.items() if v > INT_MAX}
     if big:
-        raise ValueError(f"{op}: {big} exceed cuBLAS's int range (2**31 - 1)")
+        raise DnnbindValueError(f"{op}: {big} exceed cuBLAS's int range (2**31 - 1)")
 
 
 def _matrix(op: str, name: str, a: NDArray, ndim: int, trans: bool) -> tuple:
     if a.ndim != ndim:
-        raise ValueError(f"{op}: {name} must have {ndim} dims, got shape {a._shape}")
+        raise DnnbindValueError(f"{op}: {name} must have {ndim} dims, got shape {a._shape}")
     return a._shape[:-2] + a._shape[:-3:-1] if trans else a._shape
 
 
@@ -41,17 +43,17 @@ def geam(a: NDArray, b: NDArray | None = None, alpha: float = 1.0, beta: float =
     m, n = _matrix("geam", "a", a, 2, trans_a)
     if b is None:
         if beta != 0:
-            raise ValueError(f"geam: beta={beta} needs b; pass b or beta=0")
+            raise DnnbindValueError(f"geam: beta={beta} needs b; pass b or beta=0")
         b, trans_b = a, trans_a  # NOTE: cuBLAS needs a valid B; with beta 0 it contributes nothing
     elif _matrix("geam", "b", b, 2, trans_b) != (m, n):
-        raise ValueError(f"geam: op(a) is {(m, n)} but op(b) is {_matrix('geam', 'b', b, 2, trans_b)} "
+        raise DnnbindValueError(f"geam: op(a) is {(m, n)} but op(b) is {_matrix('geam', 'b', b, 2, trans_b)} "
                          f"(a {a._shape}, b {b._shape}, trans_a={trans_a}, trans_b={trans_b})")
     if out is None:
         out = empty((m, n), dtype, a._device)
     elif out._shape != (m, n):
-        raise ValueError(f"geam: out has shape {out._shape}; expected {(m, n)}")
+        raise DnnbindValueError(f"geam: out has shape {out._shape}; expected {(m, n)}")
     if (out._ptr == a._ptr and trans_a) or (out._ptr == b._ptr and trans_b):
-        raise ValueError("geam: out may share memory with a or b only where that operand is not transposed")
+        raise DnnbindValueError("geam: out may share memory with a or b only where that operand is not transposed")
     if out.size == 0:
         return out
     lda, ldb = (m if trans_a else n), (m if trans_b else n)
@@ -74,7 +76,7 @@ def gemm_strided_batched(a: NDArray, b: NDArray, trans_a: bool = False, trans_b:
     batch, m, k = _matrix(op, "a", a, 3, trans_a)
     batch_b, kb, n = _matrix(op, "b", b, 3, trans_b)
     if batch_b != batch or kb != k:
-        raise ValueError(f"{op}: op(a) is {(batch, m, k)} but op(b) is {(batch_b, kb, n)} (a {a._shape}, "
+        raise DnnbindValueError(f"{op}: op(a) is {(batch, m, k)} but op(b) is {(batch_b, kb, n)} (a {a._shape}, "
                          f"b {b._shape}, trans_a={trans_a}, trans_b={trans_b}); batch and inner dims must agree")
     out = _out(op, out, (batch, m, n), dtype, a._device, beta)
     _ints(op, m=m, n=n, k=k, batch=batch)
@@ -115,7 +117,7 @@ def _device_result(op: str, x: NDArray, fn_name: str, args: tuple, out: NDArray 
     if out is None:
         out = empty((1,), x._dtype, x._device)
     elif out.size != 1:
-        raise ValueError(f"{op}: out must have one element, got shape {out._shape}")
+        raise DnnbindValueError(f"{op}: out must have one element, got shape {out._shape}")
     if x.size == 0:
         return out.zero_()
     h = blas(x)
@@ -137,7 +139,7 @@ def dot(x: NDArray, y: NDArray, out: NDArray | None = None) -> NDArray:
     """sum(x * y) over all elements into a 1-element device array (cublasSdot_v2/Ddot_v2, device result)."""
     dtype = _arrays("dot", BLAS_FLOATS, x=x, y=y, out=out)
     if x.size != y.size:
-        raise ValueError(f"dot: x {x._shape} and y {y._shape} have different sizes")
+        raise DnnbindValueError(f"dot: x {x._shape} and y {y._shape} have different sizes")
     _ints("dot", n=x.size)
     return _device_result("dot", x, _DOT[dtype], (x.size, x._ptr, 1, y._ptr, 1), out)
 

@@ -14,6 +14,8 @@ in memory and on disk), so the two layouts' choices never mix.
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import threading
 
 import numpy as np
@@ -190,7 +192,7 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
     """
     dtype = float_dtype("conv_bias_relu_forward", (np.dtype(np.float32), np.dtype(np.float16)), x=x, w=w, b=b)
     if b is None:
-        raise ValueError("conv_bias_relu_forward: needs a bias b (use conv_forward + activation_forward without)")
+        raise DnnbindValueError("conv_bias_relu_forward: needs a bias b (use conv_forward + activation_forward without)")
     plan = _setup("conv_bias_relu_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,
                   b_shape=b._shape, layout=layout)
     y_shape, cdesc, key, xd, wd, yd, bd = plan.y_shape, plan.cdesc, plan.key, plan.xd, plan.wd, plan.yd, plan.bd
@@ -306,9 +308,9 @@ def _target(out, shape, dtype, device, opname):
     if out is None:
         return out_like(shape, dtype, device)
     if not isinstance(out, NDArray):
-        raise TypeError(f"{opname}: out must be a dnnbind NDArray (written in place), got {type(out).__name__}")
+        raise DnnbindTypeError(f"{opname}: out must be a dnnbind NDArray (written in place), got {type(out).__name__}")
     if out._shape != tuple(shape) or out._dtype != dtype or out._device is not device:
-        raise ValueError(f"{opname}: out has shape {out._shape}, {out._dtype} on {out._device}; expected "
+        raise DnnbindValueError(f"{opname}: out has shape {out._shape}, {out._dtype} on {out._device}; expected "
                          f"{tuple(shape)}, {dtype} on {device}")
     return out
 

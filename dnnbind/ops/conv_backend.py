@@ -19,6 +19,8 @@ last: x (N, H, W, C), w (K, R, S, C)) get the strides (H*W*C, 1, W*C, C) for tho
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import ctypes
 import functools
 import sys
@@ -295,14 +297,14 @@ class BackendConvPlan:
 
     def _pack(self, ptrs: tuple, workspace_ptr: int) -> Descriptor:
         if len(ptrs) != len(self._uids):
-            raise ValueError(f"BackendConvPlan.execute: {self.direction} takes {len(self._uids)} pointers, "
+            raise DnnbindValueError(f"BackendConvPlan.execute: {self.direction} takes {len(self._uids)} pointers, "
                              f"got {len(ptrs)}")
         for p in ptrs:
             if not p or p % self.alignment:
-                raise ValueError(f"BackendConvPlan.execute: pointer {p!r} is not {self.alignment}-byte aligned "
+                raise DnnbindValueError(f"BackendConvPlan.execute: pointer {p!r} is not {self.alignment}-byte aligned "
                                  "(the plan's CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT)")
         if self.workspace_size and not workspace_ptr:
-            raise ValueError(f"BackendConvPlan.execute: {self.name} needs {self.workspace_size} bytes of workspace")
+            raise DnnbindValueError(f"BackendConvPlan.execute: {self.name} needs {self.workspace_size} bytes of workspace")
         pack = _variant_pack(self._uids, ptrs, workspace_ptr).finalize()
         pack._refs.append(self._plan)
         if len(self._packs) >= PACK_CACHE:  # evict the oldest; destroyed once nothing else holds it
@@ -378,18 +380,18 @@ def candidates(handle: int, direction: str, x_shape, w_shape, y_shape, stride=1,
     the element size, see below). ``limit``: stop after that many plans. ``skipped``: a list that receives (name,
     reason) for each engine config refused or failing to finalize (NOT_SUPPORTED or an internal/compile error)."""
     if direction not in _OPS:
-        raise ValueError(f"conv_backend.candidates: direction must be one of {sorted(_OPS)}, got {direction!r}")
+        raise DnnbindValueError(f"conv_backend.candidates: direction must be one of {sorted(_OPS)}, got {direction!r}")
     dtype = np.dtype(dtype)
     if dtype not in _DTYPES:
-        raise TypeError(f"conv_backend.candidates: dtype must be float32, float64 or float16, got {dtype}")
+        raise DnnbindTypeError(f"conv_backend.candidates: dtype must be float32, float64 or float16, got {dtype}")
     if math not in ("fp32", "tf32"):
-        raise ValueError(f"conv_backend.candidates: math must be 'fp32' or 'tf32', got {math!r}")
+        raise DnnbindValueError(f"conv_backend.candidates: math must be 'fp32' or 'tf32', got {math!r}")
     if groups != 1:
         return []
     stride, padding, dilation, _, y_expect = _check.conv_params(
         "conv_backend.candidates", x_shape, w_shape, None, stride, padding, dilation, 1, layout)
     if tuple(y_shape) != y_expect:
-        raise ValueError(f"conv_backend.candidates: y_shape {tuple(y_shape)} but the conv gives {y_expect}")
+        raise DnnbindValueError(f"conv_backend.candidates: y_shape {tuple(y_shape)} but the conv gives {y_expect}")
     # NOTE: CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT promises the alignment of the pointers bound at execute time
     # ("Byte alignment of pointers for this tensor", cudnn_graph_v9.h); engines may use vector loads sized by
     # it, and finalization requires a multiple of the element size. dnnbind's buffers are 256-aligned but a

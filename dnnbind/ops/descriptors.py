@@ -9,6 +9,8 @@ must not grow it forever).
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError
+
 import ctypes
 import threading
 import weakref
@@ -48,7 +50,7 @@ def cudnn_dtype(op: str, dtype) -> int:
     try:
         return DATA_TYPES[np.dtype(dtype)]
     except KeyError:
-        raise TypeError(f"{op}: dtype {np.dtype(dtype)} is not supported by cuDNN here; use float32, float64 "
+        raise DnnbindTypeError(f"{op}: dtype {np.dtype(dtype)} is not supported by cuDNN here; use float32, float64 "
                         "or float16") from None
 
 

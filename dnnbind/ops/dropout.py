@@ -26,6 +26,8 @@ allowed anywhere (restore is host-only as documented; not yet seen inside a capt
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import ctypes
 import threading
 
@@ -177,7 +179,7 @@ def dropout_forward(x, p=0.5, seed=0, generation=None):
     try:
         xd, size = _flat(n, dtype), reserve_size(n, dtype)
     except ValueError as exc:
-        raise ValueError(f"{name}: x of shape {x._shape}: {exc}") from None
+        raise DnnbindValueError(f"{name}: x of shape {x._shape}: {exc}") from None
     h = dnn(x)
     try:
         # first: a seeding refused inside a capture must not have allocated anything in it
@@ -202,9 +204,9 @@ def dropout_backward(dy, reserve, p=0.5):
     try:
         dyd, size = _flat(n, dtype), reserve_size(n, dtype)
     except ValueError as exc:
-        raise ValueError(f"{name}: dy of shape {dy._shape}: {exc}") from None
+        raise DnnbindValueError(f"{name}: dy of shape {dy._shape}: {exc}") from None
     if reserve.dtype != np.uint8 or reserve.size != size:
-        raise ValueError(f"{name}: reserve must be the uint8 array of {size} bytes dropout_forward returned for "
+        raise DnnbindValueError(f"{name}: reserve must be the uint8 array of {size} bytes dropout_forward returned for "
                          f"{n} elements, got {reserve.dtype} of {reserve.size}")
     h = dnn(dy)
     try:

@@ -8,6 +8,8 @@ an out-of-range label yields a NaN loss (checked on the host only by the numpy t
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError
+
 import numpy as np
 
 from ..runtime.stream import current_stream
@@ -23,10 +25,10 @@ def _labels(opname, scores, labels, dloss=None, scores_name="logits"):
     dtype = float_dtype(opname, _check.FLOAT32_64, **{scores_name: scores})
     c = _check.loss_params(opname, scores, labels, dloss, scores_name)
     if labels._dtype not in _LABELS:
-        raise TypeError(f"{opname}: labels must be int32 or int64 on the GPU, got {labels._dtype}; "
+        raise DnnbindTypeError(f"{opname}: labels must be int32 or int64 on the GPU, got {labels._dtype}; "
                         "use labels.astype('int32')")
     if dloss is not None and dloss._dtype != dtype:
-        raise TypeError(f"{opname}: dloss has dtype {dloss._dtype} but {scores_name} has {dtype}")
+        raise DnnbindTypeError(f"{opname}: dloss has dtype {dloss._dtype} but {scores_name} has {dtype}")
     return dtype, c
 
 

@@ -5,6 +5,8 @@ ranks under cuDNN's limits. Imports _lib, runtime and ops.descriptors; split fro
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import ctypes
 import math
 import operator
@@ -111,22 +113,22 @@ def _layout(op: str, shape, strides, dtype):
         shape = tuple(operator.index(s) for s in shape)
         strides = None if strides is None else tuple(operator.index(s) for s in strides)
     except TypeError:
-        raise TypeError(f"{op}: shape and strides must be sequences of ints, got shape {shape!r}, "
+        raise DnnbindTypeError(f"{op}: shape and strides must be sequences of ints, got shape {shape!r}, "
                         f"strides {strides!r}") from None
     if len(shape) > MAX_DIMS:
-        raise ValueError(f"{op}: shape {shape} has {len(shape)} dims; cuDNN descriptors take at most {MAX_DIMS}")
+        raise DnnbindValueError(f"{op}: shape {shape} has {len(shape)} dims; cuDNN descriptors take at most {MAX_DIMS}")
     if any(d < 1 for d in shape):
-        raise ValueError(f"{op}: shape {shape} has an empty or negative dim; cuDNN takes dims >= 1 (skip the "
+        raise DnnbindValueError(f"{op}: shape {shape} has an empty or negative dim; cuDNN takes dims >= 1 (skip the "
                          "call for empty arrays)")
     if strides is None:
         strides = _contiguous(shape)
     elif len(strides) != len(shape):
-        raise ValueError(f"{op}: strides {strides} do not match shape {shape}")
+        raise DnnbindValueError(f"{op}: strides {strides} do not match shape {shape}")
     elif any(s == 0 and d > 1 for d, s in zip(shape, strides)):
-        raise ValueError(f"{op}: strides {strides} for shape {shape}: cuDNN takes a zero stride only on a dim "
+        raise DnnbindValueError(f"{op}: strides {strides} for shape {shape}: cuDNN takes a zero stride only on a dim "
                          "of 1 (no broadcast reads)")
     if math.prod(shape) > INT_MAX or _span(shape, strides) > INT_MAX:
-        raise ValueError(f"{op}: shape {shape} strides {strides} reach past 2**31 - 1 elements, cuDNN's limit")
+        raise DnnbindValueError(f"{op}: shape {shape} strides {strides} reach past 2**31 - 1 elements, cuDNN's limit")
     D.cudnn_dtype(op, dtype)  # raises TypeError naming the op
     return shape, strides, np.dtype(dtype)
 

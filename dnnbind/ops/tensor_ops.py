@@ -18,6 +18,8 @@ which runtime.handles keeps in step with dnnbind's (strict FP32 unless ``set_mat
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import ctypes
 import math
 import operator
@@ -59,13 +61,13 @@ def _arrays(op: str, allowed: tuple, **arrays) -> np.dtype:
         if a is None:
             continue
         if not isinstance(a, NDArray):
-            raise TypeError(f"{op}: {name} must be a dnnbind NDArray on a GPU, got {type(a).__name__}")
+            raise DnnbindTypeError(f"{op}: {name} must be a dnnbind NDArray on a GPU, got {type(a).__name__}")
         if a._data is not None:
-            raise TypeError(f"{op}: {name} {a._shape} lives on the cpu; {op} takes GPU arrays")
+            raise DnnbindTypeError(f"{op}: {name} {a._shape} lives on the cpu; {op} takes GPU arrays")
         if device is None:
             device = a._device
         elif a._device is not device:
-            raise ValueError(f"{op}: arrays on different devices: "
+            raise DnnbindValueError(f"{op}: arrays on different devices: "
                              + ", ".join(f"{k} on {v._device}" for k, v in arrays.items() if v is not None))
     return _check.check_dtype(op, allowed, **arrays)
 
@@ -77,17 +79,17 @@ def _real(op: str, name: str, value) -> float:
 def _out(op: str, out, shape: tuple, dtype, device, beta: float, also=None) -> NDArray:
     if out is None:
         if beta != 0:
-            raise ValueError(f"{op}: beta={beta} blends into out, so it needs out; pass out or beta=0")
+            raise DnnbindValueError(f"{op}: beta={beta} blends into out, so it needs out; pass out or beta=0")
         return empty(shape, dtype, device)
     if out._shape != shape and out._shape != also:
         expected = f"{shape}" + (f" or {also}" if also is not None else "")
-        raise ValueError(f"{op}: out has shape {out._shape}; expected {expected}")
+        raise DnnbindValueError(f"{op}: out has shape {out._shape}; expected {expected}")
     return out
 
 
 def _broadcast_check(op: str, b_shape: tuple, shape: tuple, names=("b", "a")) -> None:
     if len(b_shape) != len(shape) or any(db != d and db != 1 for db, d in zip(b_shape, shape)):
-        raise ValueError(f"{op}: {names[0]} {b_shape} does not broadcast to {names[1]} {shape}: cuDNN needs the "
+        raise DnnbindValueError(f"{op}: {names[0]} {b_shape} does not broadcast to {names[1]} {shape}: cuDNN needs the "
                          f"same rank and each {names[0]} dim equal to {names[1]}'s or 1 (swap the operands or "
                          "reshape first)")
 
@@ -99,12 +101,12 @@ def _normalize_axes(op: str, axes, ndim: int) -> tuple:
     try:
         norm = tuple(operator.index(a) for a in items)
     except TypeError:
-        raise TypeError(f"{op}: axes must be an int, a sequence of ints or None, got {axes!r}") from None
+        raise DnnbindTypeError(f"{op}: axes must be an int, a sequence of ints or None, got {axes!r}") from None
     if any(not -ndim <= a < ndim for a in norm):
-        raise ValueError(f"{op}: axes {axes} out of range for an array of {ndim} dims")
+        raise DnnbindValueError(f"{op}: axes {axes} out of range for an array of {ndim} dims")
     norm = tuple(sorted(a % ndim for a in norm))
     if len(set(norm)) != len(norm):
-        raise ValueError(f"{op}: repeated axis in {axes}")
+        raise DnnbindValueError(f"{op}: repeated axis in {axes}")
     return norm
 
 
@@ -150,10 +152,10 @@ def op_tensor(op: str, a: NDArray, b: NDArray | None = None, out: NDArray | None
     """out = op(alpha1 a, alpha2 b) + beta out (cudnnOpTensor); b broadcast to a's shape (dims equal or 1).
     op: add, mul, min, max, or the unary sqrt, not (b ignored: ``not`` is cuDNN's 1 - a). out may be a."""
     if op not in OP_TENSOR_OPS:
-        raise ValueError(f"op_tensor: op must be one of {tuple(OP_TENSOR_OPS)}, got {op!r}")
+        raise DnnbindValueError(f"op_tensor: op must be one of {tuple(OP_TENSOR_OPS)}, got {op!r}")
     unary = op in UNARY_OPS
     if b is None and not unary:
-        raise ValueError(f"op_tensor: {op} needs b")
+        raise DnnbindValueError(f"op_tensor: {op} needs b")
     dtype = _arrays("op_tensor", DNN_FLOATS, a=a, b=None if unary else b, out=out)
     alpha1, alpha2, beta = (_real("op_tensor", n, v) for n, v in (("alpha1", alpha1), ("alpha2", alpha2),
                                                                       ("beta", beta)))
@@ -199,12 +201,12 @@ def reduce_tensor(op: str, x: NDArray, axes=None, out: NDArray | None = None, in
     (min/max) also returns the int32 indices of the extremes, flattened over the reduced axes in row-major
     order, shaped like out. Returns out, or (out, indices)."""
     if op not in REDUCE_OPS:
-        raise ValueError(f"reduce_tensor: op must be one of {tuple(REDUCE_OPS)}, got {op!r}")
+        raise DnnbindValueError(f"reduce_tensor: op must be one of {tuple(REDUCE_OPS)}, got {op!r}")
     dtype = _arrays("reduce_tensor", DNN_FLOATS, x=x, out=out)
     if not isinstance(indices, (bool, np.bool_)):
-        raise TypeError(f"reduce_tensor: indices must be a bool, got {indices!r}")
+        raise DnnbindTypeError(f"reduce_tensor: indices must be a bool, got {indices!r}")
     if indices and op not in INDEX_OPS:
-        raise ValueError(f"reduce_tensor: indices=True needs op 'min' or 'max' (cuDNN's rule), got {op!r}")
+        raise DnnbindValueError(f"reduce_tensor: indices=True needs op 'min' or 'max' (cuDNN's rule), got {op!r}")
     alpha, beta = _real("reduce_tensor", "alpha", alpha), _real("reduce_tensor", "beta", beta)
     axes = _normalize_axes("reduce_tensor", axes, x.ndim)
     keep = tuple(1 if i in axes else d for i, d in enumerate(x._shape))
@@ -266,7 +268,7 @@ def _reduce_empty(op, x, axes, out, alpha, beta, idx):
         return (out, idx) if idx is not None else out
     ident = _EMPTY_IDENTITY.get(op)
     if ident is None:
-        raise ValueError(f"reduce_tensor: {op} over an empty reduction (x {x._shape}, axes {axes}) has no "
+        raise DnnbindValueError(f"reduce_tensor: {op} over an empty reduction (x {x._shape}, axes {axes}) has no "
                          "identity")
     if beta == 0:
         set_tensor(out, alpha * ident)
@@ -288,14 +290,14 @@ def transform_tensor(x: NDArray, out: NDArray, x_strides, alpha: float = 1.0, be
     try:
         strides, x_offset = tuple(operator.index(s) for s in x_strides), operator.index(x_offset)
     except TypeError:
-        raise TypeError(f"transform_tensor: x_strides must be a sequence of ints and x_offset an int, got "
+        raise DnnbindTypeError(f"transform_tensor: x_strides must be a sequence of ints and x_offset an int, got "
                         f"{x_strides!r}, {x_offset!r}") from None
     if len(strides) != len(shape):
-        raise ValueError(f"transform_tensor: x_strides {strides} do not match out {shape}")
+        raise DnnbindValueError(f"transform_tensor: x_strides {strides} do not match out {shape}")
     if out.size == 0:
         return out
     if x._ptr == out._ptr:
-        raise ValueError(f"transform_tensor: x {x._shape} and out {shape} share memory; cuDNN cannot transform "
+        raise DnnbindValueError(f"transform_tensor: x {x._shape} and out {shape} share memory; cuDNN cannot transform "
                          "in place")
     if any(s == 0 and d > 1 for d, s in zip(shape, strides)):
         raise NotImplementedError(f"transform_tensor: cuDNN reads no zero strides on dims > 1 (broadcast): out "
@@ -303,7 +305,7 @@ def transform_tensor(x: NDArray, out: NDArray, x_strides, alpha: float = 1.0, be
     lo = x_offset + sum((d - 1) * s for d, s in zip(shape, strides) if s < 0)
     hi = x_offset + sum((d - 1) * s for d, s in zip(shape, strides) if s > 0)
     if lo < 0 or hi >= x.size:
-        raise ValueError(f"transform_tensor: reading out {shape} with strides {strides} from offset {x_offset} "
+        raise DnnbindValueError(f"transform_tensor: reading out {shape} with strides {strides} from offset {x_offset} "
                          f"reaches elements {lo}..{hi}, outside x {x._shape}")
     dims, st = _strided_layout(shape, strides)
     _fits("transform_tensor", dims, MAX_DIMS, f"out {shape} read with strides {strides}")
@@ -334,10 +336,10 @@ def transpose(x: NDArray, axes=None, out: NDArray | None = None) -> NDArray:
     try:
         given = tuple(range(n))[::-1] if axes is None else tuple(operator.index(a) for a in axes)
     except TypeError:
-        raise TypeError(f"transpose: axes must be a sequence of ints or None, got {axes!r}") from None
+        raise DnnbindTypeError(f"transpose: axes must be a sequence of ints or None, got {axes!r}") from None
     axes = tuple(a + n if -n <= a < 0 else a for a in given)
     if sorted(axes) != list(range(n)):
-        raise ValueError(f"transpose: axes {given} are not a permutation of the {n} axes of x {x._shape}")
+        raise DnnbindValueError(f"transpose: axes {given} are not a permutation of the {n} axes of x {x._shape}")
     shape = tuple(x._shape[a] for a in axes)
     out = _out("transpose", out, shape, x._dtype, x._device, 0.0)
     src = _contiguous(x._shape)
@@ -373,7 +375,7 @@ def set_tensor(x: NDArray, value: float) -> NDArray:
     """x[...] = value in place (cudnnSetTensor); NaN and infinities are fine."""
     dtype = _arrays("set_tensor", DNN_FLOATS, x=x)
     if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"set_tensor: value must be a real number, got {value!r}")
+        raise DnnbindTypeError(f"set_tensor: value must be a real number, got {value!r}")
     if x.size:
         try:
             L.cudnnSetTensor(dnn(x), tensor_nd((x.size,), dtype), x._ptr, _fill_ptr(float(value), dtype))

@@ -9,6 +9,8 @@ layer never imports autograd. Arithmetic operators are added by ``dnnbind.nd`` i
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import math
 
 import numpy as np
@@ -88,7 +90,7 @@ class NDArray:
 
     def item(self):
         if self.size != 1:
-            raise ValueError(f"item: only size-1 arrays convert to a scalar, this one has shape {self._shape}")
+            raise DnnbindValueError(f"item: only size-1 arrays convert to a scalar, this one has shape {self._shape}")
         return self.numpy().reshape(()).item()
 
     asscalar = item
@@ -147,7 +149,7 @@ class NDArray:
         """Write ``src`` (numpy, scalar or NDArray of this shape) into this array in place."""
         if isinstance(src, NDArray):
             if src._shape != self._shape:
-                raise ValueError(f"copy_: shape {src._shape} does not match {self._shape}")
+                raise DnnbindValueError(f"copy_: shape {src._shape} does not match {self._shape}")
             if src._device is not self._device:
                 src = src.to(self._device)
             if src._dtype != self._dtype:
@@ -222,7 +224,7 @@ class NDArray:
 
     def __len__(self):
         if not self._shape:
-            raise TypeError("len() of a 0-d NDArray")
+            raise DnnbindTypeError("len() of a 0-d NDArray")
         return self._shape[0]
 
     # -- interchange ---------------------------------------------------------------------------------------
@@ -298,14 +300,14 @@ def _infer_shape(old: tuple, new: tuple) -> tuple:
     size = math.prod(old)
     out = [old[i] if d == 0 and i < len(old) else int(d) for i, d in enumerate(new)]
     if out.count(-1) > 1:
-        raise ValueError(f"reshape: at most one -1 allowed, got {new}")
+        raise DnnbindValueError(f"reshape: at most one -1 allowed, got {new}")
     if -1 in out:
         rest = math.prod(d for d in out if d != -1)
         if rest == 0 or size % rest:
-            raise ValueError(f"reshape: cannot reshape {old} into {new}")
+            raise DnnbindValueError(f"reshape: cannot reshape {old} into {new}")
         out[out.index(-1)] = size // rest
     if math.prod(out) != size or any(d < 0 for d in out):
-        raise ValueError(f"reshape: cannot reshape {old} (size {size}) into {tuple(new)}")
+        raise DnnbindValueError(f"reshape: cannot reshape {old} (size {size}) into {tuple(new)}")
     return tuple(out)
 
 
@@ -385,7 +387,7 @@ def from_cuda(obj) -> NDArray:
         shape, dtype = tuple(cai["shape"]), np.dtype(cai["typestr"])
         strides = cai.get("strides")
         if strides is not None and not _dlpack.is_c_contiguous(shape, [s // dtype.itemsize for s in strides]):
-            raise ValueError(f"array: the {type(obj).__name__} is not C-contiguous (strides {strides}); "
+            raise DnnbindValueError(f"array: the {type(obj).__name__} is not C-contiguous (strides {strides}); "
                              "make it contiguous first (.contiguous() in torch, cupy.ascontiguousarray)")
         ptr = int(cai["data"][0])
         from .._lib import cudart
@@ -411,9 +413,9 @@ def from_dlpack(obj) -> NDArray:
     if dev_type == 1:  # kDLCPU: numpy is a complete DLPack consumer
         return NDArray._from_numpy(np.ascontiguousarray(np.from_dlpack(obj)))
     if dev_type != 2:
-        raise ValueError(f"from_dlpack: unsupported device type {dev_type} (only CPU and CUDA)")
+        raise DnnbindValueError(f"from_dlpack: unsupported device type {dev_type} (only CPU and CUDA)")
     device = Device("gpu", dev_id)
     t = _dlpack.from_capsule(obj.__dlpack__(stream=current_stream(device).handle or 1))
     if t.strides is not None and not _dlpack.is_c_contiguous(t.shape, t.strides):
-        raise ValueError(f"from_dlpack: the tensor is not C-contiguous (shape {t.shape}, strides {t.strides})")
+        raise DnnbindValueError(f"from_dlpack: the tensor is not C-contiguous (shape {t.shape}, strides {t.strides})")
     return NDArray._from_ptr(t.ptr, t.shape, t.dtype, device, t)

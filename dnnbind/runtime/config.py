@@ -7,6 +7,8 @@ so results match float64 references tightly; ``set_math_mode("tf32")`` opts in t
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 _MODES = ("fp32", "tf32")
 _state = {"mode": "fp32", "version": 0}
 
@@ -24,7 +26,7 @@ def set_math_mode(mode: str) -> str:
     """Select "fp32" (strict, default) or "tf32"; returns the previous mode."""
     mode = str(mode).lower()
     if mode not in _MODES:
-        raise ValueError(f"set_math_mode: mode must be one of {_MODES}, got {mode!r}")
+        raise DnnbindValueError(f"set_math_mode: mode must be one of {_MODES}, got {mode!r}")
     prev = _state["mode"]
     if mode != prev:
         _state["mode"] = mode

@@ -6,6 +6,8 @@ context current (cudaSetDevice) the first time a GPU thing is done on it, once p
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindValueError
+
 import threading
 
 from .._lib import cudart
@@ -38,11 +40,11 @@ class Device:
         if isinstance(kind, Device):  # MXNet's copy spelling Context(ctx); not cached (keyed by identity)
             return kind
         if not isinstance(kind, str) or kind not in _KINDS:
-            raise ValueError(f"device kind must be 'cpu' or 'gpu' (or MXNet's 'cpu_pinned', 'cpu_shared'), "
+            raise DnnbindValueError(f"device kind must be 'cpu' or 'gpu' (or MXNet's 'cpu_pinned', 'cpu_shared'), "
                              f"got {kind!r}")
         canon = (_KINDS[kind], 0 if _KINDS[kind] == "cpu" else int(index))
         if canon[1] < 0:
-            raise ValueError(f"device index must be >= 0, got {index!r}")
+            raise DnnbindValueError(f"device index must be >= 0, got {index!r}")
         # NOTE: creation is locked so two threads asking for a new device at once get the same object
         # (identity is equality); lookups above stay lock-free because a dict read is atomic under the GIL.
         with cls._lock:
@@ -183,4 +185,4 @@ def as_device(obj) -> Device:
         return cpu()
     if text.startswith(("gpu(", "cpu(")) and text.endswith(")"):
         return as_device(f"{text[:3]}:{text[4:-1] or 0}")
-    raise ValueError(f"not a device: {obj!r} (expected 'cpu', 'gpu', 'gpu:N' or a dnnbind Device)")
+    raise DnnbindValueError(f"not a device: {obj!r} (expected 'cpu', 'gpu', 'gpu:N' or a dnnbind Device)")

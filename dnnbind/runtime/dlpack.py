@@ -13,6 +13,8 @@ free. The same holds for ``"dltensor_versioned"`` / ``"used_dltensor_versioned"`
 
 from __future__ import annotations
 
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import ctypes
 import weakref
 from ctypes import POINTER, Structure, c_char_p, c_int, c_int64, c_void_p, py_object
@@ -129,7 +131,7 @@ def dlpack_device(kind: str, index: int) -> tuple[int, int]:
         return (kDLCPU, 0)
     if kind in ("gpu", "cuda"):
         return (kDLCUDA, int(index))
-    raise ValueError(f"dlpack_device: unknown device kind {kind!r} (expected 'cpu' or 'gpu')")
+    raise DnnbindValueError(f"dlpack_device: unknown device kind {kind!r} (expected 'cpu' or 'gpu')")
 
 
 def _c_strides(shape) -> tuple[int, ...]:
@@ -158,12 +160,12 @@ def to_capsule(owner, ptr: int, shape: tuple, dtype, device: tuple[int, int], st
     """
     dtype = np.dtype(dtype)
     if (_KINDS.get(dtype.kind), 8 * dtype.itemsize) not in _NUMPY or not dtype.isnative:
-        raise TypeError(f"to_capsule: dtype {dtype} has no DLPack equivalent here (supported: "
+        raise DnnbindTypeError(f"to_capsule: dtype {dtype} has no DLPack equivalent here (supported: "
                         f"float16/32/64, int8-64, uint8-64, bool)")
     shape = tuple(int(d) for d in shape)
     strides = _c_strides(shape) if strides is None else tuple(int(s) for s in strides)
     if len(strides) != len(shape):
-        raise ValueError(f"to_capsule: strides {strides} do not match shape {shape}")
+        raise DnnbindValueError(f"to_capsule: strides {strides} do not match shape {shape}")
     versioned = max_version is not None and max_version[0] >= 1
     if readonly and not versioned:  # as numpy does: the legacy ABI would hand out a writable view
         raise BufferError("to_capsule: a read-only buffer needs a consumer that accepts DLPack 1.0 (max_version)")
@@ -217,27 +219,27 @@ def _call_deleter(deleter: int | None, managed: int) -> None:
 def from_capsule(capsule) -> ImportedTensor:
     """Take ownership of a ``"dltensor"`` or ``"dltensor_versioned"`` capsule (from ``x.__dlpack__()``)."""
     if type(capsule).__name__ != "PyCapsule":
-        raise TypeError(f"from_capsule: expected a DLPack PyCapsule (x.__dlpack__()), got {type(capsule).__name__}")
+        raise DnnbindTypeError(f"from_capsule: expected a DLPack PyCapsule (x.__dlpack__()), got {type(capsule).__name__}")
     name = _capsule_get_name(capsule)
     if name in (_USED, _USED_VERSIONED):
-        raise ValueError("from_capsule: this DLPack capsule was already consumed; call __dlpack__() again")
+        raise DnnbindValueError("from_capsule: this DLPack capsule was already consumed; call __dlpack__() again")
     if name == _VERSIONED:
         managed = DLManagedTensorVersioned.from_address(_capsule_get_pointer(capsule, _VERSIONED))
         if managed.version.major != 1:
-            raise ValueError(f"from_capsule: DLPack version {managed.version.major}.{managed.version.minor} "
+            raise DnnbindValueError(f"from_capsule: DLPack version {managed.version.major}.{managed.version.minor} "
                              f"is not supported (major version 1 is)")
         readonly, used = bool(managed.flags & _READ_ONLY), _USED_VERSIONED
     elif name == _DLTENSOR:
         managed = DLManagedTensor.from_address(_capsule_get_pointer(capsule, _DLTENSOR))
         readonly, used = False, _USED
     else:
-        raise TypeError(f"from_capsule: capsule named {name!r} is not a DLPack tensor")
+        raise DnnbindTypeError(f"from_capsule: capsule named {name!r} is not a DLPack tensor")
     tensor = managed.dl_tensor
     code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
     if lanes != 1:
-        raise TypeError(f"from_capsule: vector dtypes are not supported (code {code}, bits {bits}, lanes {lanes})")
+        raise DnnbindTypeError(f"from_capsule: vector dtypes are not supported (code {code}, bits {bits}, lanes {lanes})")
     if (code, bits) not in _NUMPY:
-        raise TypeError(f"from_capsule: unsupported DLPack dtype (code {code}, bits {bits}); supported: "
+        raise DnnbindTypeError(f"from_capsule: unsupported DLPack dtype (code {code}, bits {bits}); supported: "
                         f"float16/32/64, int8-64, uint8-64, bool")
     ndim = tensor.ndim
     shape = tuple(tensor.shape[i] for i in range(ndim))

@@ -14,6 +14,8 @@ bit-identical results to the per-sample path (tests/test_data.py checks it).
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindValueError
+
 import itertools
 import os
 import sys
@@ -102,9 +104,9 @@ class DistributedSampler(Sampler):
             num_replicas = ws if num_replicas is None else num_replicas
             rank = r if rank is None else rank
         if int(num_replicas) < 1 or not 0 <= int(rank) < int(num_replicas):
-            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got rank={rank}")
+            raise DnnbindValueError(f"rank must be in [0, num_replicas={num_replicas}), got rank={rank}")
         if drop_last and length < num_replicas:
-            raise ValueError(f"drop_last with length={length} < num_replicas={num_replicas} leaves no samples")
+            raise DnnbindValueError(f"drop_last with length={length} < num_replicas={num_replicas} leaves no samples")
         self._length, self._replicas, self._rank = int(length), int(num_replicas), int(rank)
         self._shuffle, self._seed, self._drop_last, self._epoch = shuffle, seed, drop_last, 0
         per = self._length // self._replicas if drop_last else -(-self._length // self._replicas)
@@ -145,9 +147,9 @@ class BatchSampler(Sampler):
 
     def __init__(self, sampler: Iterable[int], batch_size: int, last_batch: str = "keep") -> None:
         if last_batch not in _LAST_BATCH:
-            raise ValueError(f"last_batch must be one of {_LAST_BATCH}, got {last_batch!r}")
+            raise DnnbindValueError(f"last_batch must be one of {_LAST_BATCH}, got {last_batch!r}")
         if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+            raise DnnbindValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self._sampler, self._batch_size, self._last_batch = sampler, int(batch_size), last_batch
         self._prev: list[int] = []
 
@@ -242,14 +244,14 @@ class DataLoader:
         self._dataset = dataset
         if batch_sampler is None:
             if batch_size is None:
-                raise ValueError("batch_size must be specified unless batch_sampler is specified")
+                raise DnnbindValueError("batch_size must be specified unless batch_sampler is specified")
             if sampler is None:
                 sampler = RandomSampler(len(dataset)) if shuffle else SequentialSampler(len(dataset))
             elif shuffle:
-                raise ValueError("shuffle must not be specified if sampler is specified")
+                raise DnnbindValueError("shuffle must not be specified if sampler is specified")
             batch_sampler = BatchSampler(sampler, batch_size, last_batch if last_batch else "keep")
         elif batch_size is not None or shuffle or sampler is not None or last_batch is not None:
-            raise ValueError("batch_size, shuffle, sampler and last_batch must not be specified if "
+            raise DnnbindValueError("batch_size, shuffle, sampler and last_batch must not be specified if "
                              "batch_sampler is specified")
         self._batch_sampler = batch_sampler
         self._batchify_fn = batchify_fn

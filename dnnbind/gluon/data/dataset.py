@@ -10,6 +10,8 @@ on the first field" and batch whole slices at once (see dataloader._fast_source)
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindValueError
+
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +54,7 @@ class Dataset:
     def shard(self, num_shards: int, index: int) -> Dataset:
         """Shard ``index`` of ``num_shards`` contiguous shards; the first len % num_shards get one item more."""
         if not 0 <= index < num_shards:
-            raise ValueError(f"Dataset.shard: index must be in [0, num_shards={num_shards}), got {index}")
+            raise DnnbindValueError(f"Dataset.shard: index must be in [0, num_shards={num_shards}), got {index}")
         size, rest = divmod(len(self), num_shards)
         start = size * index + min(index, rest)
         return _SubsetDataset(self, np.arange(start, start + size + (index < rest)))
@@ -84,12 +86,12 @@ class ArrayDataset(Dataset):
 
     def __init__(self, *args: Any) -> None:
         if not args:
-            raise ValueError("ArrayDataset needs at least one array")
+            raise DnnbindValueError("ArrayDataset needs at least one array")
         self._length = len(args[0])
         self._data = []
         for i, a in enumerate(args):
             if len(a) != self._length:
-                raise ValueError(f"ArrayDataset: all arrays must have the same length; array 0 has "
+                raise DnnbindValueError(f"ArrayDataset: all arrays must have the same length; array 0 has "
                                  f"{self._length} items, array {i} has {len(a)}")
             if hasattr(a, "asnumpy"):
                 a = a.asnumpy()

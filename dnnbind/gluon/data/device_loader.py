@@ -15,6 +15,8 @@ use them before asking for the next epoch (the upload is ordered on the device a
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindValueError
+
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,11 +52,11 @@ class DeviceDataLoader:
         self._images = np.ascontiguousarray(_host(images))
         self._labels = _host(labels).astype(np.int32)
         if len(self._images) != len(self._labels):
-            raise ValueError(f"DeviceDataLoader: {len(self._images)} images but {len(self._labels)} labels")
+            raise DnnbindValueError(f"DeviceDataLoader: {len(self._images)} images but {len(self._labels)} labels")
         if last_batch not in ("discard", "keep"):
-            raise ValueError(f"DeviceDataLoader: last_batch must be 'discard' or 'keep', got {last_batch!r}")
+            raise DnnbindValueError(f"DeviceDataLoader: last_batch must be 'discard' or 'keep', got {last_batch!r}")
         if int(batch_size) < 1:
-            raise ValueError(f"DeviceDataLoader: batch_size must be a positive integer, got {batch_size!r}")
+            raise DnnbindValueError(f"DeviceDataLoader: batch_size must be a positive integer, got {batch_size!r}")
         self.batch_size = int(batch_size)
         self.device = device
         self.shuffle = shuffle
@@ -111,7 +113,7 @@ class DeviceDataLoader:
             self._label_buf = _device_array(labels, self.device)
         else:
             if tuple(self._data_buf.shape) != data.shape or self._data_buf.dtype != data.dtype:
-                raise ValueError(f"DeviceDataLoader: transform gave {data.dtype} {data.shape} this epoch, "
+                raise DnnbindValueError(f"DeviceDataLoader: transform gave {data.dtype} {data.shape} this epoch, "
                                  f"the buffer is {self._data_buf.dtype} {tuple(self._data_buf.shape)}")
             self._data_buf.copy_(data)
             self._label_buf.copy_(labels)

@@ -8,6 +8,8 @@ name (``leakyrelu0``, ``prelu1``).
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindValueError
+
 from ... import nd
 from ..block import Block
 
@@ -19,7 +21,7 @@ class LeakyReLU(Block):
 
     def __init__(self, alpha: float, prefix=None, params=None):
         if alpha < 0:
-            raise ValueError(f"LeakyReLU: the slope alpha must be no less than 0, got {alpha}")
+            raise DnnbindValueError(f"LeakyReLU: the slope alpha must be no less than 0, got {alpha}")
         super().__init__(prefix=prefix, params=params)
         self._alpha = float(alpha)
 

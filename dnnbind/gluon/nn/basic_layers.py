@@ -7,6 +7,8 @@ rank-1 Sgemm for the bias). ``in_units=0`` defers the weight's shape to the firs
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindValueError
+
 from ... import nd
 from ..block import Block
 
@@ -87,7 +89,7 @@ class Dense(Block):
         """First forward: take in_units from the input, then finish the deferred initialization."""
         if not self.weight._shape_known():
             if x.ndim < 2:
-                raise ValueError(f"{self.name}: Dense expects input of shape (N, ...), got {x.shape}")
+                raise DnnbindValueError(f"{self.name}: Dense expects input of shape (N, ...), got {x.shape}")
             in_units = 1
             for d in (x.shape[1:] if self._flatten else x.shape[-1:]):
                 in_units *= d
@@ -124,7 +126,7 @@ class Activation(Block):
 
     def __init__(self, activation: str, prefix=None, params=None):
         if activation not in _ACTIVATIONS:
-            raise ValueError(f"Activation: unknown activation {activation!r}; MXNet accepts "
+            raise DnnbindValueError(f"Activation: unknown activation {activation!r}; MXNet accepts "
                              f"{', '.join(_ACTIVATIONS)}")
         self._act_type = activation
         super().__init__(prefix=prefix, params=params)
@@ -146,7 +148,7 @@ class Dropout(Block):
     def __init__(self, rate: float, axes: tuple = (), prefix=None, params=None):
         super().__init__(prefix=prefix, params=params)
         if not 0 <= rate < 1:
-            raise ValueError(f"Dropout: rate must be in [0, 1), got {rate}")
+            raise DnnbindValueError(f"Dropout: rate must be in [0, 1), got {rate}")
         self._rate = float(rate)
         self._axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
 
@@ -174,10 +176,10 @@ class Lambda(Block):
         super().__init__(prefix=prefix)
         if isinstance(function, str):
             if not hasattr(nd, function):
-                raise ValueError(f"Lambda: dnnbind.nd has no function {function!r}")
+                raise DnnbindValueError(f"Lambda: dnnbind.nd has no function {function!r}")
             function = getattr(nd, function)
         elif not callable(function):
-            raise ValueError(  # noqa: TRY004  (MXNet raises ValueError here)
+            raise DnnbindValueError(  # noqa: TRY004  (MXNet raises ValueError here)
                 f"Lambda: expected a function or an nd function name, got {type(function).__name__}")
         self._func = function
 
@@ -196,13 +198,13 @@ class HybridLambda(Block):
         super().__init__(prefix=prefix)
         if isinstance(function, str):
             if not hasattr(nd, function):
-                raise ValueError(f"HybridLambda: dnnbind.nd has no function {function!r}")
+                raise DnnbindValueError(f"HybridLambda: dnnbind.nd has no function {function!r}")
             name, impl = function, getattr(nd, function)
             self._func = lambda F, *args: impl(*args)
         elif callable(function):
             name, self._func = getattr(function, "__name__", repr(function)), function
         else:
-            raise ValueError(f"HybridLambda: expected a function or an nd function name, got "  # noqa: TRY004
+            raise DnnbindValueError(f"HybridLambda: expected a function or an nd function name, got "  # noqa: TRY004
                              f"{type(function).__name__}")
         self._func_name = name
 

@@ -13,6 +13,8 @@ weight (in_channels, channels/groups, *kernel) and share Conv's name counter (``
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindValueError
+
 from ... import nd
 from ...ops._check import as_tuple
 from ..block import Block
@@ -50,9 +52,9 @@ class _Conv(Block):
         name, dims = type(self).__name__, self._dims
         self._layout = _check_layout(name, dims, layout if layout is not None else _LAYOUTS[dims], self._nhwc)
         if in_channels and in_channels % groups:
-            raise ValueError(f"{name}: in_channels {in_channels} is not divisible by groups {groups}")
+            raise DnnbindValueError(f"{name}: in_channels {in_channels} is not divisible by groups {groups}")
         if channels % groups:
-            raise ValueError(f"{name}: channels {channels} is not divisible by groups {groups}")
+            raise DnnbindValueError(f"{name}: channels {channels} is not divisible by groups {groups}")
         super().__init__(prefix=prefix, params=params)
         self._channels, self._in_channels, self._groups = int(channels), int(in_channels), int(groups)
         self._kernel = as_tuple(kernel_size, dims, name, "kernel_size", 1)
@@ -82,11 +84,11 @@ class _Conv(Block):
         """First forward: take in_channels from the input, then finish the deferred initialization."""
         if not self.weight._shape_known():
             if x.ndim != self._dims + 2:
-                raise ValueError(f"{self.name}: {type(self).__name__} expects {self._layout} input "
+                raise DnnbindValueError(f"{self.name}: {type(self).__name__} expects {self._layout} input "
                                  f"({self._dims + 2}-D), got shape {x.shape}")
             c = x.shape[-1 if self._layout == "NHWC" else 1]
             if c % self._groups:
-                raise ValueError(f"{self.name}: input channels {c} not divisible by groups {self._groups}")
+                raise DnnbindValueError(f"{self.name}: input channels {c} not divisible by groups {self._groups}")
             self._in_channels = c
             self.weight.shape = self._weight_shape(c)
         self.weight._finish_deferred_init()
@@ -98,7 +100,7 @@ class _Conv(Block):
         if self.weight._data is None:
             self._infer(x)
         if x.ndim != self._dims + 2:
-            raise ValueError(f"{self.name}: {type(self).__name__} expects {self._layout} input "
+            raise DnnbindValueError(f"{self.name}: {type(self).__name__} expects {self._layout} input "
                              f"({self._dims + 2}-D), got shape {x.shape}")
         b = self.bias.data() if self.bias is not None else None
         return self.weight.data(), b
@@ -173,7 +175,7 @@ class _ConvTranspose(_Conv):
         name = type(self).__name__
         self._outpad = as_tuple(output_padding, self._dims, name, "output_padding", 0)
         if any(o >= s for o, s in zip(self._outpad, self._strides)):  # MXNet refuses it when the layer is made
-            raise ValueError(f"{name}: output_padding {self._outpad} must be smaller than strides {self._strides}")
+            raise DnnbindValueError(f"{name}: output_padding {self._outpad} must be smaller than strides {self._strides}")
 
     def _weight_shape(self, in_channels: int) -> tuple:
         return (in_channels, self._channels // self._groups) + self._kernel
@@ -235,7 +237,7 @@ class _Pool(Block):
 
     def forward(self, x):
         if x.ndim != self._dims + 2:
-            raise ValueError(f"{self.name}: {type(self).__name__} expects {self._layout} input "
+            raise DnnbindValueError(f"{self.name}: {type(self).__name__} expects {self._layout} input "
                              f"({self._dims + 2}-D), got shape {x.shape}")
         return nd.Pooling(x, kernel=self._size, pool_type=self._pool_type, stride=self._strides, pad=self._padding,
                           global_pool=self._global, pooling_convention="full" if self._ceil else "valid",
@@ -331,7 +333,7 @@ class _GlobalPool3D(Block):
 
     def forward(self, x):
         if x.ndim != 5:
-            raise ValueError(f"{self.name}: {type(self).__name__} expects NCDHW input (5-D), got shape {x.shape}")
+            raise DnnbindValueError(f"{self.name}: {type(self).__name__} expects NCDHW input (5-D), got shape {x.shape}")
         reduce = nd.max if self._pool_type == "max" else nd.mean
         return reduce(x, axis=(2, 3, 4), keepdims=True)
 

@@ -15,6 +15,8 @@ the op table.
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindValueError
+
 import numpy as np
 
 from ... import nd
@@ -25,7 +27,7 @@ __all__ = ["BatchNorm", "InstanceNorm", "LayerNorm"]
 
 def _norm_axis(layer: str, axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
-        raise ValueError(f"{layer}: axis {axis} is out of range for input with {ndim} axes")
+        raise DnnbindValueError(f"{layer}: axis {axis} is out of range for input with {ndim} axes")
     return axis % ndim
 
 
@@ -38,9 +40,9 @@ class BatchNorm(Block):
                  in_channels: int = 0, prefix=None, params=None):
         super().__init__(prefix=prefix, params=params)
         if not 0 <= momentum <= 1:
-            raise ValueError(f"BatchNorm: momentum must be in [0, 1], got {momentum}")
+            raise DnnbindValueError(f"BatchNorm: momentum must be in [0, 1], got {momentum}")
         if not epsilon >= 0:
-            raise ValueError(f"BatchNorm: epsilon must be >= 0, got {epsilon}")
+            raise DnnbindValueError(f"BatchNorm: epsilon must be >= 0, got {epsilon}")
         self._axis = int(axis)
         # nd.BatchNorm's arguments, in MXNet's order (also what __repr__ prints)
         self._kwargs = {"axis": self._axis, "eps": float(epsilon), "momentum": float(momentum),
@@ -69,7 +71,7 @@ class BatchNorm(Block):
         """First forward: the channel count from the input, then finish the deferred initialization."""
         if not self.gamma._shape_known():
             if x.ndim < 2:
-                raise ValueError(f"{self.name}: BatchNorm expects input with at least 2 axes, got shape {x.shape}")
+                raise DnnbindValueError(f"{self.name}: BatchNorm expects input with at least 2 axes, got shape {x.shape}")
             c = x.shape[_norm_axis(self.name, self._axis, x.ndim)]
             for p in self._params4():
                 p.shape = (c,)
@@ -101,7 +103,7 @@ class _AxisNorm(Block):
                  params):
         super().__init__(prefix=prefix, params=params)
         if not epsilon >= 0:
-            raise ValueError(f"{type(self).__name__}: epsilon must be >= 0, got {epsilon}")
+            raise DnnbindValueError(f"{type(self).__name__}: epsilon must be >= 0, got {epsilon}")
         self._axis, self._eps, self._center, self._scale = int(axis), float(epsilon), center, scale
         shape = (int(in_channels),)
         with self.name_scope():
@@ -158,6 +160,6 @@ class InstanceNorm(_AxisNorm):
 
     def _reduce_axes(self, ndim: int, axis: int) -> tuple:
         if axis == 0 or ndim < 3:
-            raise ValueError(f"{type(self).__name__}: needs input (N, C, ...) with at least 3 axes and the "
+            raise DnnbindValueError(f"{type(self).__name__}: needs input (N, C, ...) with at least 3 axes and the "
                              f"channel axis not 0, got {ndim} axes and axis {axis}")
         return tuple(i for i in range(1, ndim) if i != axis)

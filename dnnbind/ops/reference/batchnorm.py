@@ -15,6 +15,8 @@ cuDNN takes as an NHWC descriptor); checked in its own shapes, computed on the N
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import numpy as np
 
 from .. import _check
@@ -29,7 +31,7 @@ def bn_dtypes(op: str, data: dict, params: dict) -> tuple:
     want = np.dtype(np.float32) if dtype == np.float16 else dtype
     if pdtype != want:
         names = ", ".join(k for k, v in params.items() if v is not None)
-        raise TypeError(f"{op}: {names} have dtype {pdtype.name} but the data is {dtype.name}; expected {want.name}"
+        raise DnnbindTypeError(f"{op}: {names} have dtype {pdtype.name} but the data is {dtype.name}; expected {want.name}"
                         + (" (float16 data takes float32 parameters and statistics)" if dtype == np.float16 else ""))
     return dtype, pdtype
 
@@ -40,13 +42,13 @@ def bn_shapes(op: str, x_shape: tuple, layout: str = "NCHW", **params) -> int:
     x_shape = tuple(x_shape)
     axis = 3 if _check.conv_layout(op, layout) == "NHWC" else 1
     if axis == 3 and len(x_shape) != 4:
-        raise ValueError(f"{op}: layout NHWC needs 4-D x (N, H, W, C), got shape {x_shape}")
+        raise DnnbindValueError(f"{op}: layout NHWC needs 4-D x (N, H, W, C), got shape {x_shape}")
     if not 2 <= len(x_shape) <= 5:
-        raise ValueError(f"{op}: x must have 2 to 5 axes (N, C, ...) with channels on axis 1, got shape {x_shape}")
+        raise DnnbindValueError(f"{op}: x must have 2 to 5 axes (N, C, ...) with channels on axis 1, got shape {x_shape}")
     c = x_shape[axis]
     for name, shape in params.items():
         if shape is not None and tuple(shape) != (c,):
-            raise ValueError(f"{op}: {name} has shape {tuple(shape)} but x of shape {x_shape} has {c} channels "
+            raise DnnbindValueError(f"{op}: {name} has shape {tuple(shape)} but x of shape {x_shape} has {c} channels "
                              f"(axis {axis}); expected {name} of shape ({c},)")
     return c
 
@@ -54,11 +56,11 @@ def bn_shapes(op: str, x_shape: tuple, layout: str = "NCHW", **params) -> int:
 def bn_scalars(op: str, eps, momentum=None) -> tuple:
     """eps >= 0 (cuDNN's CUDNN_BN_MIN_EPSILON is 0) and 0 <= momentum <= 1, as floats."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)) or not eps >= 0:
-        raise ValueError(f"{op}: eps must be a number >= 0, got {eps!r}")
+        raise DnnbindValueError(f"{op}: eps must be a number >= 0, got {eps!r}")
     if momentum is not None:
         ok = not isinstance(momentum, bool) and isinstance(momentum, (int, float, np.floating, np.integer))
         if not ok or not 0 <= momentum <= 1:
-            raise ValueError(f"{op}: momentum must be a number in [0, 1], got {momentum!r}")
+            raise DnnbindValueError(f"{op}: momentum must be a number in [0, 1], got {momentum!r}")
         momentum = float(momentum)
     return float(eps), momentum
 
@@ -68,7 +70,7 @@ def items_per_channel(op: str, x_shape: tuple, layout: str = "NCHW") -> int:
     c = x_shape[3 if layout == "NHWC" else 1]
     m = int(np.prod(x_shape, dtype=np.int64)) // c if c else 0
     if m < 2:
-        raise ValueError(f"{op}: batch statistics need more than one value per channel, got x of shape "
+        raise DnnbindValueError(f"{op}: batch statistics need more than one value per channel, got x of shape "
                          f"{tuple(x_shape)} ({m} per channel); use a larger batch or inference mode")
     return m
 
@@ -104,7 +106,7 @@ def batchnorm_forward_training(x: np.ndarray, gamma: np.ndarray, beta: np.ndarra
     eps, momentum = bn_scalars(op, eps, momentum)
     for name, a in (("running_mean", running_mean), ("running_var", running_var)):
         if not isinstance(a, np.ndarray) or not a.flags.writeable:
-            raise TypeError(f"{op}: {name} must be a writable array (it is updated in place), got "
+            raise DnnbindTypeError(f"{op}: {name} must be a writable array (it is updated in place), got "
                             f"{type(a).__name__}")
     items_per_channel(op, x.shape, layout)
     if layout == "NHWC":

@@ -15,6 +15,8 @@ backward takes the ReLU mask from y (relu'(v) = 1 exactly where y > 0).
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import numpy as np
 
 from .. import _check
@@ -29,19 +31,19 @@ def fused_shapes(op: str, x_shape: tuple, same: dict, params: dict) -> tuple[int
     (C,); batch statistics need m = N * H * W > 1. Returns (C, m)."""
     x_shape = tuple(x_shape)
     if len(x_shape) != 4:
-        raise ValueError(f"{op}: x must be 4-D channels-last (N, H, W, C), got shape {x_shape}")
+        raise DnnbindValueError(f"{op}: x must be 4-D channels-last (N, H, W, C), got shape {x_shape}")
     for name, shape in same.items():
         if tuple(shape) != x_shape:
-            raise ValueError(f"{op}: {name} has shape {tuple(shape)} but x has shape {x_shape}; expected the same "
+            raise DnnbindValueError(f"{op}: {name} has shape {tuple(shape)} but x has shape {x_shape}; expected the same "
                              "shape")
     c = x_shape[3]
     for name, shape in params.items():
         if tuple(shape) != (c,):
-            raise ValueError(f"{op}: {name} has shape {tuple(shape)} but x of shape {x_shape} has {c} channels "
+            raise DnnbindValueError(f"{op}: {name} has shape {tuple(shape)} but x of shape {x_shape} has {c} channels "
                              f"(axis 3, channels last); expected {name} of shape ({c},)")
     m = x_shape[0] * x_shape[1] * x_shape[2]
     if m < 2:
-        raise ValueError(f"{op}: batch statistics need more than one value per channel, got x of shape {x_shape} "
+        raise DnnbindValueError(f"{op}: batch statistics need more than one value per channel, got x of shape {x_shape} "
                          f"({m} per channel); use a larger batch or inference mode")
     return c, m
 
@@ -61,7 +63,7 @@ def batchnorm_add_relu_forward_training(x: np.ndarray, z: np.ndarray, gamma: np.
     eps, momentum = bn_scalars(op, eps, momentum)
     for name, a in (("running_mean", running_mean), ("running_var", running_var)):
         if not isinstance(a, np.ndarray) or not a.flags.writeable:
-            raise TypeError(f"{op}: {name} must be a writable array (it is updated in place), got "
+            raise DnnbindTypeError(f"{op}: {name} must be a writable array (it is updated in place), got "
                             f"{type(a).__name__}")
     x64 = x.astype(np.float64)
     mean = x64.mean(axis=_AXES)

@@ -5,6 +5,8 @@ Layer: dnnbind/ops. Imports numpy and dnnbind.ops._check only.
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindTypeError
+
 import numpy as np
 
 from .. import _check
@@ -63,7 +65,7 @@ def linear_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, bias: bool = T
 
 def _target(op: str, name: str, a) -> np.ndarray:
     if not isinstance(a, np.ndarray):
-        raise TypeError(f"{op}: {name} is updated in place and must be a numpy array, got {type(a).__name__}")
+        raise DnnbindTypeError(f"{op}: {name} is updated in place and must be a numpy array, got {type(a).__name__}")
     return a
 
 

@@ -13,6 +13,8 @@ shapes, then computed on NCHW transposes (w OHWI -> OIHW) and transposed back.
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindValueError
+
 import numpy as np
 
 from .. import _check
@@ -172,7 +174,7 @@ def bias_relu_wgrad_params(op: str, x_shape, w_shape, y_shape, dy_shape, stride=
     k, cw, r, s = _check.to_nchw(w_shape, layout)
     c = _check.to_nchw(x_shape, layout)[1]
     if cw != c:  # the one place a grouped convolution's weight would pass the other checks
-        raise ValueError(f"{op}: x has {c} channels but w_shape {w_shape} has {cw}; only ungrouped convolutions "
+        raise DnnbindValueError(f"{op}: x has {c} channels but w_shape {w_shape} has {cw}; only ungrouped convolutions "
                          f"(groups=1) are supported: x {x_shape}, w_shape {w_shape} (layout {layout})")
     stride, padding, dilation, _, want = _check.conv_params(op, x_shape, w_shape, None, stride, padding, dilation,
                                                             1, layout)
@@ -181,12 +183,12 @@ def bias_relu_wgrad_params(op: str, x_shape, w_shape, y_shape, dy_shape, stride=
     dy_shape = _check.check_ndim(op, "dy", dy_shape, (4,), f"4-D {axes}")
     _check.check_same_shape(op, y=y_shape, dy=dy_shape)
     if y_shape != want:
-        raise ValueError(f"{op}: y has shape {y_shape} but the convolution gives {want}: x {x_shape}, w_shape "
+        raise DnnbindValueError(f"{op}: y has shape {y_shape} but the convolution gives {want}: x {x_shape}, w_shape "
                          f"{w_shape}, y {y_shape} (stride {stride}, padding {padding}, dilation {dilation}, "
                          f"layout {layout})")
     taps = c * r * s
     if taps > WGRAD_MAX_TAPS:
-        raise ValueError(f"{op}: w_shape {w_shape} has C*R*S = {c}*{r}*{s} = {taps} taps; at most "
+        raise DnnbindValueError(f"{op}: w_shape {w_shape} has C*R*S = {c}*{r}*{s} = {taps} taps; at most "
                          f"{WGRAD_MAX_TAPS} (use conv_backward_filter and conv_backward_bias)")
     return stride, padding, dilation, w_shape, taps
 

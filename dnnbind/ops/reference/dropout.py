@@ -9,6 +9,8 @@ backends differ (numpy's PCG64 here, cuDNN's own generator there), as MXNet's cp
 
 from __future__ import annotations
 
+from ..._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import numbers
 
 import numpy as np
@@ -19,10 +21,10 @@ from .. import _check
 def dropout_p(op: str, p) -> float:
     """``p`` as a float in [0, 1); TypeError / ValueError naming the op otherwise."""
     if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
-        raise TypeError(f"{op}: p must be a real number in [0, 1), got {type(p).__name__}")
+        raise DnnbindTypeError(f"{op}: p must be a real number in [0, 1), got {type(p).__name__}")
     p = float(p)
     if not 0.0 <= p < 1.0:
-        raise ValueError(f"{op}: p must be in [0, 1), got {p}")
+        raise DnnbindValueError(f"{op}: p must be in [0, 1), got {p}")
     return p
 
 
@@ -31,7 +33,7 @@ def resolve_seed(op: str, seed) -> int:
     (called only here, i.e. only when a generator is actually seeded)."""
     s = seed() if callable(seed) else seed
     if isinstance(s, (bool, np.bool_)) or not isinstance(s, (numbers.Integral, np.integer)):
-        raise TypeError(f"{op}: seed must be an int (or a function returning one), got {type(s).__name__}")
+        raise DnnbindTypeError(f"{op}: seed must be an int (or a function returning one), got {type(s).__name__}")
     return int(s) & 0xFFFF_FFFF_FFFF_FFFF
 
 
@@ -53,6 +55,6 @@ def dropout_backward(dy, reserve, p=0.5):
     _check.check_dtype(op, _check.FLOAT_DTYPES, dy=dy, reserve=reserve)
     dropout_p(op, p)
     if np.shape(dy) != np.shape(reserve):
-        raise ValueError(f"dropout_backward: dy has shape {np.shape(dy)} but the forward's mask has shape "
+        raise DnnbindValueError(f"dropout_backward: dy has shape {np.shape(dy)} but the forward's mask has shape "
                          f"{np.shape(reserve)}; pass the reserve dropout_forward returned for this dy")
     return np.asarray(dy * reserve)

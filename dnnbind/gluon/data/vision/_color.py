@@ -20,6 +20,8 @@ so its "gray" is 0.114 * B alone; dnnbind uses the full weighted sum, which is w
 
 from __future__ import annotations
 
+from ...._lib.errors import DnnbindValueError
+
 import numbers
 from typing import Any
 
@@ -105,7 +107,7 @@ def adjust_lighting(f: np.ndarray, alpha: np.ndarray) -> np.ndarray:
 
 def _amount(op: str, name: str, v: Any) -> float:
     if not isinstance(v, numbers.Real) or isinstance(v, bool) or not v >= 0:
-        raise ValueError(f"{op}: {name} must be a number >= 0, got {v!r}")
+        raise DnnbindValueError(f"{op}: {name} must be a number >= 0, got {v!r}")
     return float(v)
 
 

@@ -11,6 +11,8 @@ gives what its images give one at a time. Resizing is ``interpolation`` 0 neares
 
 from __future__ import annotations
 
+from ...._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import math
 import numbers
 from collections.abc import Sequence
@@ -27,7 +29,7 @@ _INTERP = (0, 1, 2, 3, 4, 9, 10)  # MXNet's codes (OpenCV's, plus 9 auto and 10 
 
 def _interp(op: str, interpolation: Any) -> int:
     if interpolation not in _INTERP:
-        raise ValueError(f"{op}: unknown interpolation {interpolation!r}; expected one of {_INTERP}")
+        raise DnnbindValueError(f"{op}: unknown interpolation {interpolation!r}; expected one of {_INTERP}")
     return int(interpolation)
 
 
@@ -84,9 +86,9 @@ class CropResize:
                  interpolation: int | None = None) -> None:
         for name, v in (("x", x), ("y", y), ("width", width), ("height", height)):
             if not isinstance(v, numbers.Integral) or isinstance(v, bool):
-                raise TypeError(f"CropResize: {name} must be an int, got {v!r}")
+                raise DnnbindTypeError(f"CropResize: {name} must be an int, got {v!r}")
         if width <= 0 or height <= 0 or x < 0 or y < 0:
-            raise ValueError(f"CropResize: need x, y >= 0 and width, height > 0, got x={x}, y={y}, "
+            raise DnnbindValueError(f"CropResize: need x, y >= 0 and width, height > 0, got x={x}, y={y}, "
                              f"width={width}, height={height}")
         self._box = (int(x), int(y), int(width), int(height))
         self.size = None if size is None else size_pair("CropResize", size)
@@ -97,7 +99,7 @@ class CropResize:
         check_image("CropResize", a)
         x0, y0, w, h = self._box
         if x0 + w > a.shape[-2] or y0 + h > a.shape[-3]:
-            raise ValueError(f"CropResize: the window x={x0}, y={y0}, width={w}, height={h} does not fit in an "
+            raise DnnbindValueError(f"CropResize: the window x={x0}, y={y0}, width={w}, height={h} does not fit in an "
                              f"image of shape {a.shape} (H, W = {a.shape[-3]}, {a.shape[-2]})")
         return like_input(fixed_crop(a, x0, y0, w, h, self.size, self.interpolation), x)
 
@@ -125,9 +127,9 @@ class RandomResizedCrop:
         self.scale = tuple(float(v) for v in scale)
         self.ratio = tuple(float(v) for v in ratio)
         if len(self.scale) != 2 or min(self.scale) <= 0:
-            raise ValueError(f"RandomResizedCrop: scale must be (min_area, max_area) > 0, got {scale!r}")
+            raise DnnbindValueError(f"RandomResizedCrop: scale must be (min_area, max_area) > 0, got {scale!r}")
         if len(self.ratio) != 2 or min(self.ratio) <= 0:
-            raise ValueError(f"RandomResizedCrop: ratio must be (min, max) aspect ratios > 0, got {ratio!r}")
+            raise DnnbindValueError(f"RandomResizedCrop: ratio must be (min, max) aspect ratios > 0, got {ratio!r}")
         self.interpolation = _interp("RandomResizedCrop", interpolation)
 
     def window(self, h: int, w: int) -> tuple[int, int, int, int]:

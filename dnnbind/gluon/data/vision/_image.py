@@ -8,6 +8,8 @@ NDArray result on the input's device; a numpy input (the DataLoader's batched pa
 
 from __future__ import annotations
 
+from ...._lib.errors import DnnbindTypeError, DnnbindValueError
+
 from typing import Any
 
 import numpy as np
@@ -34,10 +36,10 @@ def like_input(out: np.ndarray, x: Any) -> Any:
 def check_image(op: str, x: np.ndarray, channels: tuple[int, ...] | None = None) -> None:
     """Raise ValueError unless ``x`` is (H, W, C) or (N, H, W, C) with C in ``channels`` (if given)."""
     if x.ndim not in (3, 4):
-        raise ValueError(f"{op}: expected an image (H, W, C) or a batch (N, H, W, C), got shape {x.shape}")
+        raise DnnbindValueError(f"{op}: expected an image (H, W, C) or a batch (N, H, W, C), got shape {x.shape}")
     if channels is not None and x.shape[-1] not in channels:
         want = " or ".join(str(c) for c in channels)
-        raise ValueError(f"{op}: expected {want} channels (the last axis), got shape {x.shape}")
+        raise DnnbindValueError(f"{op}: expected {want} channels (the last axis), got shape {x.shape}")
 
 
 def saturate(val: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -87,9 +89,9 @@ def size_pair(op: str, size: Any) -> tuple[int, int]:
     try:
         w, h = (int(v) for v in size)
     except (TypeError, ValueError):
-        raise TypeError(f"{op}: size must be an int or (width, height), got {size!r}") from None
+        raise DnnbindTypeError(f"{op}: size must be an int or (width, height), got {size!r}") from None
     if w <= 0 or h <= 0:
-        raise ValueError(f"{op}: size must be positive, got {size!r}")
+        raise DnnbindValueError(f"{op}: size must be positive, got {size!r}")
     return w, h
 
 

@@ -20,6 +20,8 @@ Otherwise FileNotFoundError lists every place tried and why.
 
 from __future__ import annotations
 
+from ...._lib.errors import DnnbindValueError
+
 import hashlib
 import http.client
 import os
@@ -79,7 +81,7 @@ def read_binary(path: str, label_bytes: int, label_index: int) -> tuple[np.ndarr
     raw = np.fromfile(path, dtype=np.uint8)
     record = label_bytes + _PIXELS
     if raw.size == 0 or raw.size % record:
-        raise ValueError(f"{path}: {raw.size} bytes is not a whole number of {record}-byte CIFAR records")
+        raise DnnbindValueError(f"{path}: {raw.size} bytes is not a whole number of {record}-byte CIFAR records")
     rows = raw.reshape(-1, record)
     return _images(rows[:, label_bytes:]), rows[:, label_index].astype(np.int32)
 
@@ -88,7 +90,7 @@ def _field(d: dict, key: str, path: str) -> Any:
     for k in (key, key.encode()):  # Python 2 pickles read as latin1 have str keys; Python 3 ones may have bytes
         if k in d:
             return d[k]
-    raise ValueError(f"{path}: no {key!r} entry (keys: {sorted(map(str, d))})")
+    raise DnnbindValueError(f"{path}: no {key!r} entry (keys: {sorted(map(str, d))})")
 
 
 def _latin1_bytes(text: Any, encoding: str = "latin1") -> bytes:
@@ -113,13 +115,13 @@ def read_pickle(path: str, label_key: str) -> tuple[np.ndarray, np.ndarray]:
         # latin1: the original batches are Python 2 pickles (str keys, array bytes as str)
         obj = _BatchUnpickler(f, encoding="latin1").load()
     if not isinstance(obj, dict):
-        raise ValueError(f"{path}: expected a dict, got {type(obj).__name__}")  # noqa: TRY004 (bad file content)
+        raise DnnbindValueError(f"{path}: expected a dict, got {type(obj).__name__}")  # noqa: TRY004 (bad file content)
     data = np.asarray(_field(obj, "data", path))
     labels = np.asarray(_field(obj, label_key, path))
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != _PIXELS:
-        raise ValueError(f"{path}: 'data' must be uint8 (N, {_PIXELS}), got {data.dtype} {data.shape}")
+        raise DnnbindValueError(f"{path}: 'data' must be uint8 (N, {_PIXELS}), got {data.dtype} {data.shape}")
     if labels.shape != (len(data),) or labels.dtype.kind not in "iu":
-        raise ValueError(f"{path}: {label_key!r} has shape {labels.shape} ({labels.dtype}) for {len(data)} images")
+        raise DnnbindValueError(f"{path}: {label_key!r} has shape {labels.shape} ({labels.dtype}) for {len(data)} images")
     return _images(data), labels.astype(np.int32)
 
 

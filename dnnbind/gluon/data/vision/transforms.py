@@ -13,6 +13,8 @@ _geometry.py, the colour jitters in _color.py.
 
 from __future__ import annotations
 
+from ...._lib.errors import DnnbindValueError
+
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,7 +53,7 @@ class ToTensor:
         elif x.ndim == 4:
             axes = (0, 3, 1, 2)
         else:
-            raise ValueError(f"ToTensor: expected an image (H, W, C) or a batch (N, H, W, C), got shape {x.shape}")
+            raise DnnbindValueError(f"ToTensor: expected an image (H, W, C) or a batch (N, H, W, C), got shape {x.shape}")
         # Transpose the (small) uint8 first, then one converting copy and an in-place divide.
         out = np.ascontiguousarray(np.transpose(x, axes), dtype=np.float32)
         if np.may_share_memory(out, x):  # float32 input already laid out as CHW: never divide the caller's data
@@ -76,11 +78,11 @@ class Normalize:
     def __call__(self, x: Any) -> Any:
         x_in, x = x, _host(x)
         if x.ndim not in (3, 4):
-            raise ValueError(f"Normalize: expected (C, H, W) or (N, C, H, W), got shape {x.shape}")
+            raise DnnbindValueError(f"Normalize: expected (C, H, W) or (N, C, H, W), got shape {x.shape}")
         c = x.shape[-3]
         for name, v in (("mean", self._mean), ("std", self._std)):
             if v.shape[0] not in (1, c):
-                raise ValueError(f"Normalize: {name} has {v.shape[0]} values for {c} channels")
+                raise DnnbindValueError(f"Normalize: {name} has {v.shape[0]} values for {c} channels")
         return like_input(((x.astype(np.float32, copy=False) - self._mean) / self._std).astype(np.float32, copy=False),
                           x_in)
 
@@ -115,11 +117,11 @@ class Resize:
         if isinstance(size, (int, np.integer)):
             size = int(size)
             if size <= 0:
-                raise ValueError(f"Resize: size must be positive, got {size}")
+                raise DnnbindValueError(f"Resize: size must be positive, got {size}")
         else:
             size = tuple(int(v) for v in size)
             if len(size) != 2 or min(size) <= 0:
-                raise ValueError(f"Resize: size must be an int or (width, height) with positive values, got {size}")
+                raise DnnbindValueError(f"Resize: size must be an int or (width, height) with positive values, got {size}")
         self.size, self.keep_ratio, self.interpolation = size, bool(keep_ratio), int(interpolation)
 
     def _target(self, h: int, w: int) -> tuple[int, int]:
@@ -134,7 +136,7 @@ class Resize:
     def __call__(self, x: Any) -> Any:
         x_in, x = x, _host(x)
         if x.ndim not in (3, 4):
-            raise ValueError(f"Resize: expected an image (H, W, C) or a batch (N, H, W, C), got shape {x.shape}")
+            raise DnnbindValueError(f"Resize: expected an image (H, W, C) or a batch (N, H, W, C), got shape {x.shape}")
         oh, ow = self._target(x.shape[-3], x.shape[-2])
         return like_input(resize_hwc(x, oh, ow, self.interpolation), x_in)
 
