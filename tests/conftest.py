@@ -29,11 +29,17 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU; skipped cleanly without one")
 
 
+def pytest_report_header(config):
+    count, why = _gpu_count()
+    return f"dnnbind: {count} GPU(s)" if count else f"dnnbind: no GPU, tests marked gpu skip: {why}"
+
+
 def pytest_collection_modifyitems(config, items):
     count, why = _gpu_count()
     if count:
         return
-    skip = pytest.mark.skip(reason=f"no GPU: {why}")
+    # One short reason per skip; the long one (what was found, how to fix it) is printed once in the header.
+    skip = pytest.mark.skip(reason="needs a GPU (none usable: see the header)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

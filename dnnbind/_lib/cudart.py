@@ -57,8 +57,55 @@ def device_count() -> tuple[int, str]:
     except Exception as exc:
         return 0, f"cuda-python is unusable: {exc}"
     err, count = result[0], result[1]
-    if int(err) != 0:
-        return 0, f"cudaGetDeviceCount: {getattr(err, 'name', err)} - {error_string(err)}"
-    if count == 0:
-        return 0, "no CUDA device found"
-    return int(count), ""
+    if int(err) == 0 and count > 0:
+        return int(count), ""
+    return 0, explain_no_gpu(_version("cudaDriverGetVersion"), _version("cudaRuntimeGetVersion"),
+                             _bindings_version(), int(err),
+                             f"{getattr(err, 'name', err)} - {error_string(err)}" if int(err) else "")
+
+
+def _version(name: str) -> int:
+    try:
+        err, value = getattr(rt(), name)()
+        return int(value) if int(err) == 0 else 0
+    except Exception:
+        return 0
+
+
+def _bindings_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    for dist in ("cuda-bindings", "cuda-python"):
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            continue
+    return "cuda-python"
+
+
+def _cuda(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+# NOTE: a CUDA runtime runs on any driver of its own major version or newer (CUDA's minor-version
+# compatibility), never on an older major one. cuda-bindings 13.x carries the CUDA 13 runtime (driver R580+);
+# cuda-bindings 12.x carries CUDA 12's, which CUDA 12 and CUDA 13 drivers both run. That is why the default
+# install pins cuda-python below 13 (pyproject.toml).
+FIX_OLD_DRIVER = "pip install 'cuda-python>=12.6,<13'"
+
+
+def explain_no_gpu(driver: int, runtime: int, bindings: str, err: int, err_text: str) -> str:
+    """Why no GPU is usable, from what was found: ``driver`` and ``runtime`` are CUDA versions as the runtime
+    reports them (12040 = 12.4; a driver of 0 means no driver library could be loaded), ``bindings`` names the
+    cuda-python package, ``err``/``err_text`` are cudaGetDeviceCount's status (0 when it counted no device).
+    A pure function: tests feed it each case on a machine without a GPU."""
+    if driver == 0:
+        return ("no NVIDIA driver found (libcuda.so.1 could not be loaded): install the NVIDIA driver to use a "
+                "GPU; until then ops run on the numpy (cpu) backend")
+    if runtime and driver // 1000 < runtime // 1000:
+        return (f"the NVIDIA driver supports CUDA {_cuda(driver)}, older than the CUDA {_cuda(runtime)} runtime "
+                f"of the installed {bindings}, which needs a CUDA {runtime // 1000} driver. Fix: {FIX_OLD_DRIVER} "
+                f"(its CUDA 12 runtime runs on CUDA 12 and 13 drivers), or update the driver")
+    if err in (0, 100):  # counted none, or cudaErrorNoDevice
+        return f"no CUDA device found (driver CUDA {_cuda(driver)}, runtime CUDA {_cuda(runtime)})"
+    return (f"cudaGetDeviceCount: {err_text} (driver CUDA {_cuda(driver)}, runtime CUDA {_cuda(runtime)}, "
+            f"{bindings})")

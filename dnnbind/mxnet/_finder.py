@@ -150,6 +150,9 @@ def install_mxnet_alias() -> types.ModuleType:
         from ..runtime import device as _device
         if _previous_default[0] is _UNSET:
             _previous_default[0] = _device.set_process_default_device(_device.cpu(0))
+        # d2l-zh's use_svg_display() calls IPython.display.set_matplotlib_formats, which IPython 9 removed.
+        from . import _ipython_compat
+        _ipython_compat.install()
     return importlib.import_module(ALIAS)
 
 
