@@ -21,7 +21,7 @@ def rt():
             from cuda import cudart as runtime
         except ImportError as exc:
             raise LibraryNotFoundError("the CUDA runtime (cuda-python)",
-                                       "Install it: `pip install 'cuda-python>=12.6'`.", str(exc)) from None
+                                       "Install it: `pip install 'cuda-python>=12.9,<13'`.", str(exc)) from None
     return runtime
 
 
@@ -90,7 +90,7 @@ def _cuda(v: int) -> str:
 # compatibility), never on an older major one. cuda-bindings 13.x carries the CUDA 13 runtime (driver R580+);
 # cuda-bindings 12.x carries CUDA 12's, which CUDA 12 and CUDA 13 drivers both run. That is why the default
 # install pins cuda-python below 13 (pyproject.toml).
-FIX_OLD_DRIVER = "pip install 'cuda-python>=12.6,<13'"
+FIX_OLD_DRIVER = "pip install 'cuda-python>=12.9,<13'"
 
 
 def explain_no_gpu(driver: int, runtime: int, bindings: str, err: int, err_text: str) -> str:

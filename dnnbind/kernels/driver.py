@@ -10,7 +10,7 @@ from typing import Any
 
 from dnnbind._lib.errors import CudaDriverError, LibraryNotFoundError
 
-_HINT = "Install cuda-python: `pip install cuda-bindings` (12.6+ or 13.x, matching your driver)."
+_HINT = "Install cuda-python: `pip install cuda-bindings` (12.9+ runs on CUDA 12 and 13 drivers, 13.x needs a CUDA 13 driver)."
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_VALUE = 1
