@@ -116,7 +116,8 @@ def test_fuzz_bad_arguments_raise_only_type_or_value_errors(name, device):
                     continue  # alone or beside GPU arrays it would be wrapped: its pointer is not real
                 exc = _call_bad(fn, args, kwargs, pos, bad, device)  # anything but TypeError/ValueError propagates
                 if (bad is None and arg_name in fn.required_arrays) or type(bad) in (str, bytes, dict, object):
-                    assert type(exc) is TypeError, f"{name}({arg_name}={bad!r}) gave {exc!r}"
+                    assert isinstance(exc, TypeError) and not isinstance(exc, ValueError), \
+                        f"{name}({arg_name}={bad!r}) gave {exc!r}"
                     assert str(exc).startswith(f"{name}: {arg_name} "), str(exc)
 
 
