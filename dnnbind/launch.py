@@ -7,7 +7,8 @@ Layer: a program on top of everything; imports only the standard library (the wo
 
 Each worker runs `python script.py args...` with RANK = node_rank * nproc_per_node + local_rank,
 WORLD_SIZE = nnodes * nproc_per_node, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and GROUP_RANK,
-as torchrun sets it). The worker picks its GPU from LOCAL_RANK; CUDA_VISIBLE_DEVICES is left alone.
+as torchrun sets it), and DNNBIND_RDZV_SECRET, the job's secret for the rendezvous (made here for one node;
+taken from the environment, the same on every node, for several). The worker picks its GPU from LOCAL_RANK; CUDA_VISIBLE_DEVICES is left alone.
 
 When a worker exits non-zero or dies by a signal, the others get SIGTERM, then SIGKILL after --grace-period
 seconds, and the launcher exits non-zero naming the failed rank. Ctrl-C (SIGINT) or SIGTERM to the launcher
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,6 +28,7 @@ import threading
 import time
 
 _POLL_S = 0.05  # how often the launcher looks at its workers
+SECRET_ENV = "DNNBIND_RDZV_SECRET"  # dnnbind.distributed's rendezvous reads it (stdlib-only here: no import)
 
 
 class _Stop(Exception):
@@ -53,6 +56,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--nproc-per-node and --nnodes must be >= 1")
     if not 0 <= args.node_rank < args.nnodes:
         p.error(f"--node-rank must be in [0, {args.nnodes}), got {args.node_rank}")
+    # The rendezvous admits only ranks holding the job's secret. One node makes its own; several nodes must
+    # share one, so it comes from the environment of every node's launcher.
+    args.secret = os.environ.get(SECRET_ENV, "").strip()
+    if not args.secret:
+        if args.nnodes > 1:
+            p.error(f"--nnodes > 1: every node's launcher needs the same secret in {SECRET_ENV}, e.g. "
+                    f"export {SECRET_ENV}=$(python -c 'import secrets; print(secrets.token_hex(32))') on one node "
+                    f"and the same value on the others")
+        args.secret = secrets.token_hex(32)
     return args
 
 
@@ -62,6 +74,9 @@ def worker_env(args: argparse.Namespace, local_rank: int, base: dict[str, str] |
     env.update(RANK=str(args.node_rank * n + local_rank), WORLD_SIZE=str(args.nnodes * n),
                LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(n), GROUP_RANK=str(args.node_rank),
                MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port), PYTHONUNBUFFERED="1")
+    secret = getattr(args, "secret", "")
+    if secret:
+        env[SECRET_ENV] = secret
     return env
 
 

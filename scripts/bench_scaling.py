@@ -103,7 +103,8 @@ def launched_worker(d2l, spec, args) -> None:
         loss.backward()
         trainer.step(args.batch * world)  # MXNet's dist kvstore: the sum over ranks, divided by the global batch
     seconds = _time(step, [device], args.warmup, args.steps)
-    distributed.barrier(distributed.rank(), world, *distributed.master(), args.timeout)
+    distributed.barrier(distributed.rank(), world, *distributed.master(), args.timeout,
+                        distributed.secret_from_env())
     if distributed.rank() == 0:
         with open(args.result, "w") as f:
             json.dump({"gpus": world, "ms_per_step": seconds * 1e3, "images_per_s": args.batch * world / seconds}, f)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PRINT_ENV = """
 import json, os, sys
-keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DNNBIND_RDZV_SECRET"]
 line = json.dumps({k: os.environ[k] for k in keys} | {"argv": sys.argv[1:]}) + "\\n"
 os.write(1, line.encode())  # one write per line: the workers share the launcher's stdout
 """
@@ -40,8 +40,9 @@ time.sleep(600)
 """
 
 
-def _launch(*args, timeout=60, **kw):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def _launch(*args, timeout=60, env_extra=None, **kw):
+    env = {k: v for k, v in os.environ.items() if k != "DNNBIND_RDZV_SECRET"}  # one node makes its own
+    env.update(PYTHONPATH=str(ROOT), **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "dnnbind.launch", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=ROOT, **kw)
 
@@ -66,7 +67,7 @@ def test_environment_is_torchrun_compatible(tmp_path):
     script = tmp_path / "env.py"
     script.write_text(PRINT_ENV)
     r = _launch("--nproc-per-node", 3, "--nnodes", 2, "--node-rank", 1, "--master-port", 1234, script,
-                "--lr", "0.1")
+                "--lr", "0.1", env_extra={"DNNBIND_RDZV_SECRET": "5e" * 32})  # several nodes share one secret
     assert r.returncode == 0, r.stderr
     envs = sorted((json.loads(line) for line in r.stdout.splitlines()), key=lambda e: int(e["RANK"]))
     assert [e["RANK"] for e in envs] == ["3", "4", "5"]
@@ -75,6 +76,7 @@ def test_environment_is_torchrun_compatible(tmp_path):
         assert (e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"]) == \
             ("6", "3", "127.0.0.1", "1234")
         assert e["argv"] == ["--lr", "0.1"]
+        assert e["DNNBIND_RDZV_SECRET"] == "5e" * 32
 
 
 def test_defaults_and_tee_prefix(tmp_path):

@@ -1,6 +1,7 @@
 """dnnbind.distributed: the TCP rendezvous (rank 0's blob reaches every rank), init() and its fallbacks."""
 
 import socket
+import struct
 import threading
 import time
 
@@ -117,7 +118,10 @@ def test_garbage_peer_does_not_break_rendezvous():
             time.sleep(0.02)
     with s:
         s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        assert b"does not speak" in s.recv(1000)
+        said = b""  # rank 0's challenge, then its refusal, then EOF
+        while chunk := s.recv(1000):
+            said += chunk
+        assert b"does not speak" in said
     assert exchange(None, 1, 2, "127.0.0.1", port, 5.0) == b"b"
     t.join(5)
     assert results[0] == b"b"
@@ -175,3 +179,144 @@ def test_nccl_unique_id_without_bindings_says_so(monkeypatch):
             distributed.nccl_unique_id()
     finally:
         distributed.shutdown()
+
+
+# -- a stranger on the port (issue: the rendezvous is safe) ----------------------------------------------------
+
+SECRET = bytes(range(32))
+
+
+def _connect_when_listening(port, deadline_s=5.0):
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "rank 0 never listened"
+            time.sleep(0.02)
+
+
+def _stranger_hello(nonce_from, rank, world_size, key):
+    from dnnbind.distributed import _rendezvous as rv
+    mac = rv._mac(key, nonce_from, rank, world_size)
+    return rv._msg(rv._HELLO, struct.pack(">II", rank, world_size) + mac)
+
+
+def _read_challenge(s):
+    from dnnbind.distributed import _rendezvous as rv
+    head = b""
+    while len(head) < rv._HEADER.size + rv._NONCE:
+        head += s.recv(rv._HEADER.size + rv._NONCE - len(head))
+    return head[rv._HEADER.size:]
+
+
+@pytest.mark.parametrize("attack", ["idle", "garbage", "huge length", "claims rank 1 without the secret",
+                                    "claims rank 1 with another secret", "half a hello"])
+def test_a_stranger_neither_stalls_nor_takes_a_rank(attack):
+    """A stranger connects first and misbehaves; the real ranks, holding the job's secret, still meet at once
+    (no 10 s stall behind an idle connection, no MemoryError from a length it claims) and get the real blob."""
+    port = _free_port()
+    blob = bytes(range(128))
+    results = {}
+
+    def rank(r):
+        try:
+            results[r] = exchange(blob if r == 0 else None, r, 2, "127.0.0.1", port, 20.0, SECRET)
+        except Exception as e:  # noqa: BLE001
+            results[r] = e
+
+    t0 = threading.Thread(target=rank, args=(0,), daemon=True)
+    t0.start()
+    s = _connect_when_listening(port)
+    with s:
+        nonce = _read_challenge(s)
+        if attack == "garbage":
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n" * 4)
+        elif attack == "huge length":
+            s.sendall(b"DNRV\x00\x02B" + b"\xff\xff\xff\xff")  # 11 bytes claiming a 2^32-1 byte body
+        elif attack == "claims rank 1 without the secret":
+            s.sendall(_stranger_hello(nonce, 1, 2, None))
+        elif attack == "claims rank 1 with another secret":
+            s.sendall(_stranger_hello(nonce, 1, 2, b"guess"))
+        elif attack == "half a hello":
+            s.sendall(_stranger_hello(nonce, 1, 2, None)[:20])
+        start = time.monotonic()
+        t1 = threading.Thread(target=rank, args=(1,), daemon=True)
+        t1.start()
+        t1.join(15)
+        t0.join(15)
+        took = time.monotonic() - start
+    assert not t0.is_alive() and not t1.is_alive(), "rendezvous hung"
+    assert results == {0: blob, 1: blob}, results
+    assert took < 3.0, f"the real rank waited {took:.1f}s behind the stranger"
+
+
+def test_a_rank_without_the_secret_is_refused_and_told_why():
+    port = _free_port()
+    results = _run_secret_ranks([(0, SECRET), (1, b"other")], 2, port, timeout=2.0)
+    assert isinstance(results[1], RendezvousError) and "authentication failed" in str(results[1]), results[1]
+    assert isinstance(results[0], TimeoutError), results[0]
+
+
+def _run_secret_ranks(ranks_secrets, world_size, port, blob=b"id", timeout=5.0):
+    results = {}
+
+    def go(r, key):
+        try:
+            results[r] = exchange(blob if r == 0 else None, r, world_size, "127.0.0.1", port, timeout, key)
+        except Exception as e:  # noqa: BLE001
+            results[r] = e
+
+    threads = [threading.Thread(target=go, args=rk, daemon=True) for rk in ranks_secrets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    assert not any(t.is_alive() for t in threads), "rendezvous hung"
+    return results
+
+
+def test_a_fake_rank0_announcing_a_huge_blob_is_refused_without_allocating():
+    from dnnbind.distributed import _rendezvous as rv
+    port = _free_port()
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", port))
+    srv.listen(1)
+
+    def fake_rank0():
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(rv._msg(rv._CHALLENGE, b"n" * rv._NONCE))
+            conn.recv(1000)
+            conn.sendall(rv._msg(rv._BLOB, struct.pack(">I", 2**32 - 1)))
+            time.sleep(0.5)
+
+    t = threading.Thread(target=fake_rank0, daemon=True)
+    t.start()
+    with pytest.raises(RendezvousError, match="over the limit"):
+        exchange(None, 1, 2, "127.0.0.1", port, 5.0)
+    t.join(5)
+    srv.close()
+
+
+def test_the_launcher_gives_its_ranks_one_secret_and_init_uses_it(monkeypatch):
+    from dnnbind import launch
+    monkeypatch.delenv(distributed.SECRET_ENV, raising=False)
+    args = launch.parse_args(["--nproc-per-node", "2", "train.py"])
+    envs = [launch.worker_env(args, lr, base={}) for lr in range(2)]
+    assert envs[0][distributed.SECRET_ENV] == envs[1][distributed.SECRET_ENV]
+    assert len(bytes.fromhex(envs[0][distributed.SECRET_ENV])) == 32
+    assert launch.parse_args(["train.py"]).secret != args.secret  # one per job
+    monkeypatch.setenv(distributed.SECRET_ENV, envs[0][distributed.SECRET_ENV])
+    assert distributed.secret_from_env() == bytes.fromhex(envs[0][distributed.SECRET_ENV])
+
+
+def test_several_nodes_need_a_shared_secret(monkeypatch, capsys):
+    from dnnbind import launch
+    monkeypatch.delenv(distributed.SECRET_ENV, raising=False)
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--nnodes", "2", "--node-rank", "0", "train.py"])
+    assert distributed.SECRET_ENV in capsys.readouterr().err
+    monkeypatch.setenv(distributed.SECRET_ENV, "ab" * 32)
+    assert launch.parse_args(["--nnodes", "2", "--node-rank", "1", "train.py"]).secret == "ab" * 32

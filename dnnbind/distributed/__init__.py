@@ -14,11 +14,12 @@ from .._lib.errors import DnnbindValueError
 
 import os
 
-from ._rendezvous import RendezvousError, barrier, exchange
+from ._rendezvous import SECRET_ENV, RendezvousError, barrier, exchange, secret_from_env
 from .comm import Communicator, group  # imports NCCL only when a communicator is made
 
-__all__ = ["Communicator", "RendezvousError", "barrier", "communicator", "exchange", "group", "init",
-           "is_initialized", "local_rank", "master", "nccl_unique_id", "rank", "shutdown", "world_size"]
+__all__ = ["SECRET_ENV", "Communicator", "RendezvousError", "barrier", "communicator", "exchange", "group", "init",
+           "is_initialized", "local_rank", "master", "nccl_unique_id", "rank", "secret_from_env", "shutdown",
+           "world_size"]
 
 _state: dict | None = None
 
@@ -47,9 +48,11 @@ def init(timeout: float = 300.0, barrier_on_init: bool = True) -> None:
     port = _env_int("MASTER_PORT", 29500)
     if ws < 1 or not 0 <= r < ws:
         raise DnnbindValueError(f"RANK={r} must be in [0, WORLD_SIZE={ws}); start workers with python -m dnnbind.launch")
-    state = {"rank": r, "world_size": ws, "local_rank": lr, "addr": addr, "port": port, "timeout": timeout}
+    secret = secret_from_env()  # python -m dnnbind.launch makes one per job: strangers can't join
+    state = {"rank": r, "world_size": ws, "local_rank": lr, "addr": addr, "port": port, "timeout": timeout,
+             "secret": secret}
     if ws > 1 and barrier_on_init:
-        barrier(r, ws, addr, port, timeout)
+        barrier(r, ws, addr, port, timeout, secret)
     _state = state
 
 
@@ -105,7 +108,7 @@ def nccl_unique_id(timeout: float | None = None) -> bytes:
         uid = nccl.get_unique_id()
         blob = uid if isinstance(uid, bytes) else bytes(uid)  # a ctypes struct gives its raw bytes
     addr, port = master()
-    return exchange(blob, r, ws, addr, port, _get("timeout") if timeout is None else timeout)
+    return exchange(blob, r, ws, addr, port, _get("timeout") if timeout is None else timeout, _get("secret"))
 
 
 def communicator(device=None, timeout: float | None = None) -> Communicator:
