@@ -181,7 +181,7 @@ def test_archive_in_root_is_extracted_by_name_only(tmp_path):
     assert (root / "cifar-10-batches-py" / "data_batch_3").is_file()
 
 
-def test_download_checks_sha1_then_extracts(tmp_path, monkeypatch):
+def test_download_checks_sha1_then_extracts(tmp_path, monkeypatch, caplog):
     want, files = _file_bytes(tmp_path, "bin")
     archive = _tar_gz(files)
     served = []
@@ -206,9 +206,15 @@ def test_download_checks_sha1_then_extracts(tmp_path, monkeypatch):
     assert not (root / "cifar-10-binary.tar.gz").exists()
     spec = dict(cifar._SETS["cifar10"], mxnet=("cifar-10-binary.tar.gz", hashlib.sha1(archive).hexdigest()))
     monkeypatch.setitem(cifar._SETS, "cifar10", spec)
+    from dnnbind.gluon.data import _home
+    monkeypatch.setattr(_home, "_said", set())
     ds = CIFAR10(root=str(root), train=True)
     np.testing.assert_array_equal(ds.label, want[True][1])
     assert (root / "cifar-10-binary.tar.gz").is_file() and (root / "data_batch_5.bin").is_file()
+    notes = [r.getMessage() for r in caplog.records if r.name == "dnnbind.gluon.data"]
+    assert notes == [f"CIFAR-10: downloaded cifar-10-binary.tar.gz into {root}"]  # said once, as MXNet prints
+    CIFAR10(root=str(root), train=False)  # found in root, where MXNet reads it: nothing more to say
+    assert len([r for r in caplog.records if r.name == "dnnbind.gluon.data"]) == 1
 
 
 def test_unsafe_or_broken_files_are_refused(tmp_path, monkeypatch):

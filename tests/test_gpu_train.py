@@ -46,7 +46,8 @@ def test_block_forward_backward_on_gpu_matches_cpu():
         with autograd.record():
             loss = loss_fn(net(mx.array(x, device=dev)), mx.array(y, device=dev))
         loss.backward()
-        grads[dev.kind] = {k: p.grad().numpy() for k, p in net.collect_params().items()}
+        paths = net._collect_params_with_prefix().items()  # by path: the two nets' names differ
+        grads[dev.kind] = {k: p.grad().numpy() for k, p in paths}
         grads[dev.kind + "_loss"] = loss.numpy()
     np.testing.assert_allclose(grads["gpu_loss"], grads["cpu_loss"], rtol=1e-4, atol=1e-5)
     for k in grads["cpu"]:
@@ -163,7 +164,8 @@ def test_replayed_step_matches_eager_and_refuses_shape_change(tmp_path, replay):
                     x.copy_(xb)
                     y.copy_(yb)
                     losses.append(step().numpy().copy())
-                results.append(({k: p.data().numpy() for k, p in net.collect_params().items()}, losses))
+                paths = net._collect_params_with_prefix().items()  # by path: the two nets' names differ
+                results.append(({k: p.data().numpy() for k, p in paths}, losses))
             (pe, le), (pc, lc) = results
             for a, b in zip(le, lc):
                 np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -309,7 +311,8 @@ def test_fused_conv_bias_relu_matches_separate_ops():
         with autograd.record():
             loss = loss_fn(net(mx.array(x, device=dev)), mx.array(y, device=dev))
         loss.backward()
-        res.append((loss.numpy(), {k: p.grad().numpy() for k, p in net.collect_params().items()}))
+        paths = net._collect_params_with_prefix().items()  # by path: the two nets' names differ
+        res.append((loss.numpy(), {k: p.grad().numpy() for k, p in paths}))
     np.testing.assert_allclose(res[1][0], res[0][0], rtol=1e-5, atol=1e-6)
     for k in res[0][1]:
         np.testing.assert_allclose(res[1][1][k], res[0][1][k], rtol=1e-4, atol=1e-6, err_msg=k)

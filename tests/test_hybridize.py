@@ -79,7 +79,8 @@ def _train(net, dev, batches, grad_req=None):
 
 
 def _params(net):
-    return {k: p.data().asnumpy() for k, p in net.collect_params().items()}
+    """By path (``0.weight``): two instances' collect_params() names differ (MXNet's global counters)."""
+    return {k: p.data().asnumpy() for k, p in net._collect_params_with_prefix().items()}
 
 
 @pytest.fixture
@@ -130,7 +131,8 @@ def test_grad_req_add_accumulates_like_eager(deterministic):
             with autograd.record():
                 loss = gluon.loss.SoftmaxCrossEntropyLoss()(net(mx.nd.array(xb, ctx=dev)), mx.nd.array(yb, ctx=dev))
             loss.backward()
-        grads.append({k: p.grad().asnumpy() for k, p in net.collect_params().items() if p.grad_req != "null"})
+        paths = net._collect_params_with_prefix().items()  # by path: the two nets' names differ
+        grads.append({k: p.grad().asnumpy() for k, p in paths if p.grad_req != "null"})
     for k in grads[0]:
         assert np.array_equal(grads[0][k], grads[1][k]), k
         assert np.abs(grads[0][k]).max() > 0, k
@@ -347,13 +349,14 @@ def test_shared_parameter_autograd_grad_and_retain_graph(deterministic):
             with autograd.record():
                 loss = net(mx.nd.array(xb, ctx=dev)).sum() + (w.data() * w.data()).sum()
             loss.backward()
-            before = {k: p.grad().asnumpy() for k, p in net.collect_params().items() if p.grad_req != "null"}
+            paths = net._collect_params_with_prefix().items()  # by path: the two nets' names differ
+            before = {k: p.grad().asnumpy() for k, p in paths if p.grad_req != "null"}
             x = mx.nd.array(xb, ctx=dev)
             x.attach_grad()
             with autograd.record():
                 total = net(x).sum()
             dx = autograd.grad(total, [x])[0].asnumpy()
-            after = {k: p.grad().asnumpy() for k, p in net.collect_params().items() if p.grad_req != "null"}
+            after = {k: p.grad().asnumpy() for k, p in paths if p.grad_req != "null"}
             for k in before:
                 assert np.array_equal(before[k], after[k]), k  # grad() wrote no .grad
             got.append((before, dx))

@@ -27,6 +27,12 @@ from tests._helpers import assert_close
 CPU = mx.cpu()  # explicit everywhere: on a GPU machine nd.array defaults to the GPU
 
 
+def _by_path(net) -> dict:
+    """Parameters by structural path (``0.weight``): collect_params() keys are full names, which differ between
+    two instances of one model (MXNet's global name counters)."""
+    return dict(net._collect_params_with_prefix())
+
+
 def _host_context(index: int) -> Device:
     """A second host context: cpu(index) if the runtime tells cpu contexts apart, else a stand-in value."""
     dev = mx.cpu(index)
@@ -166,16 +172,16 @@ def test_save_and_load_parameters_with_a_list_of_contexts(tmp_path):
         net(_arr(_rand(2, 4)))
     f = str(tmp_path / "net.params")
     net.save_parameters(f)
-    expect = {k: _copies(p)[0] for k, p in net.collect_params().items()}
+    expect = {k: _copies(p)[0] for k, p in _by_path(net).items()}
 
     one = _mlp()
     one.load_parameters(f, ctx=CPU)
     two = _mlp()
     two.load_parameters(f, ctx=CTXS)
-    for k, p in two.collect_params().items():
+    for k, p in _by_path(two).items():
         assert p.list_ctx() == CTXS
         assert all(np.array_equal(c, expect[k]) for c in _copies(p)), k
-        assert np.array_equal(one.collect_params()[k].data().numpy(), expect[k]), k
+        assert np.array_equal(_by_path(one)[k].data().numpy(), expect[k]), k
 
     # Loading into an initialized model on a list writes every copy.
     two.collect_params().setattr("grad_req", "write")
@@ -274,7 +280,7 @@ def _batch(arch: str, n: int):
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_two_contexts_train_like_one_context_on_the_whole_batch(arch, opt):
     multi, single = _twins(arch, CTXS)
-    start = {k: p.data().numpy() for k, p in single.collect_params().items()}
+    start = {k: p.data().numpy() for k, p in _by_path(single).items()}
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     tm = gluon.Trainer(multi.collect_params(), *OPTS[opt])
     ts = gluon.Trainer(single.collect_params(), *OPTS[opt])
@@ -282,10 +288,10 @@ def test_two_contexts_train_like_one_context_on_the_whole_batch(arch, opt):
         x, y = _batch(arch, 2 * b)
         _parallel_step(multi, tm, loss_fn, x, y, CTXS, 2 * b)
         _plain_step(single, ts, loss_fn, x, y, 2 * b)
-    for k, p in multi.collect_params().items():
+    for k, p in _by_path(multi).items():
         c0, c1 = _copies(p)
         assert np.array_equal(c0, c1), f"{k}: the copies differ"
-        ref = single.collect_params()[k].data().numpy()
+        ref = _by_path(single)[k].data().numpy()
         assert np.abs(ref - start[k]).max() > 1e-4, f"{k} did not move"
         assert_close(c0, ref, 1e-5, 1e-6, f"{k} after 3 steps on 2 contexts vs 1 context on the whole batch")
 
@@ -325,10 +331,10 @@ def test_a_context_without_backward_is_stale_and_ignoring_it_counts_zeros():
         _parallel_step(multi, tm, loss_fn, x, y, CTXS, 8, used={0})
     tm.step(8, ignore_stale_grad=True)  # context 1's gradient counts as zeros: the first half's gradient only
     _plain_step(single, ts, loss_fn, x[:4], y[:4], 8)
-    for k, p in multi.collect_params().items():
+    for k, p in _by_path(multi).items():
         c0, c1 = _copies(p)
         assert np.array_equal(c0, c1), k
-        assert_close(c0, single.collect_params()[k].data(), 1e-5, 1e-6, k)
+        assert_close(c0, _by_path(single)[k].data(), 1e-5, 1e-6, k)
 
 
 def test_kvstore_none_updates_each_copy_with_its_own_gradient():
@@ -409,10 +415,10 @@ def test_float16_master_weights_on_two_contexts():
         _parallel_step(multi, tm, loss_fn, x, y, CTXS, 8)
         _plain_step(single, ts, loss_fn, x, y, 8)
     assert len(tm._bufs) == 2 and tm._half_end > 0
-    for k, p in multi.collect_params().items():
+    for k, p in _by_path(multi).items():
         c0, c1 = _copies(p)
         assert c0.dtype == np.float16 and np.array_equal(c0, c1), k
-        assert_close(c0, single.collect_params()[k].data(), 2e-3, 2e-3, k)
+        assert_close(c0, _by_path(single)[k].data(), 2e-3, 2e-3, k)
     for b in tm._bufs:  # the float32 master weights too
         assert np.array_equal(b.data.numpy(), tm._bufs[0].data.numpy())
     assert np.abs(single[0].weight.data().numpy().astype(np.float32) - start).max() > 1e-3
@@ -437,10 +443,10 @@ def test_a_custom_optimizer_updates_every_copy_with_its_own_counts():
         _plain_step(single, ts, loss_fn, x, y, 6)
     assert tm.optimizer._index_update_count == {i: 2 for i in range(4)}  # per context, not 4
     assert tm.optimizer.num_update == 2
-    for k, p in multi.collect_params().items():
+    for k, p in _by_path(multi).items():
         c0, c1 = _copies(p)
         assert np.array_equal(c0, c1), k
-        assert_close(c0, single.collect_params()[k].data(), 1e-5, 1e-6, k)
+        assert_close(c0, _by_path(single)[k].data(), 1e-5, 1e-6, k)
 
 
 def test_trainer_needs_one_list_of_contexts():
@@ -529,10 +535,10 @@ def test_d2l_program_on_two_gpus_keeps_copies_bitwise_equal(arch, dtype):
             _parallel_step(multi, tm, loss_fn, x, y, gpus, 2 * b)
             _plain_step(single, ts, loss_fn, x, y, 2 * b)
         rtol, atol = (5e-3, 1e-3) if dtype == "float16" else (1e-4, 1e-5)
-        for k, p in multi.collect_params().items():
+        for k, p in _by_path(multi).items():
             c0, c1 = _copies(p)
             assert np.array_equal(c0, c1), f"{k}: the GPUs' copies differ"
-            assert_close(c0, single.collect_params()[k].data(), rtol, atol, f"{k}: 2 GPUs vs 1 GPU")
+            assert_close(c0, _by_path(single)[k].data(), rtol, atol, f"{k}: 2 GPUs vs 1 GPU")
     finally:
         mx.set_math_mode(old)
 

@@ -262,7 +262,8 @@ WORKER = textwrap.dedent('''
     net.add(nn.Dense(16, activation="relu"), nn.Dense(4))
     net.initialize(ctx=dev)
     net(nd.array(data["x"][0][:2], ctx=dev))
-    for k, p in net.collect_params().items():  # rank r starts off by r: the Trainer must broadcast rank 0's
+    paths = net._collect_params_with_prefix()  # by path: the names differ between processes
+    for k, p in paths.items():  # rank r starts off by r: the Trainer must broadcast rank 0's
         p.set_data(nd.array(data["p:" + k] + r, ctx=dev))
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -272,7 +273,7 @@ WORKER = textwrap.dedent('''
             loss = loss_fn(net(nd.array(x[r * n:(r + 1) * n], ctx=dev)), nd.array(y[r * n:(r + 1) * n], ctx=dev))
         loss.backward()
         trainer.step(n * ws)
-    np.savez(sys.argv[2] + f"/rank{r}.npz", **{k: p.data().numpy() for k, p in net.collect_params().items()})
+    np.savez(sys.argv[2] + f"/rank{r}.npz", **{k: p.data().numpy() for k, p in paths.items()})
 ''')
 
 
@@ -288,7 +289,8 @@ def test_two_launched_processes_train_like_one_on_the_whole_batch(tmp_path):
         net.add(nn.Dense(16, activation="relu"), nn.Dense(4))
         net.initialize(ctx=dev)
         net(nd.array(xs[0][:2], ctx=dev))
-        start = {f"p:{k}": p.data().numpy() for k, p in net.collect_params().items()}
+        paths = net._collect_params_with_prefix()  # by path: the names differ between processes
+        start = {f"p:{k}": p.data().numpy() for k, p in paths.items()}
         np.savez(tmp_path / "data.npz", x=xs, y=ys, **start)
         (tmp_path / "worker.py").write_text(WORKER)
         proc = subprocess.run([sys.executable, "-m", "dnnbind.launch", "--nproc-per-node", "2", "--master-port",
@@ -304,7 +306,7 @@ def test_two_launched_processes_train_like_one_on_the_whole_batch(tmp_path):
             loss.backward()
             trainer.step(batch)
         with np.load(tmp_path / "rank0.npz") as r0, np.load(tmp_path / "rank1.npz") as r1:
-            for k, p in net.collect_params().items():
+            for k, p in paths.items():
                 assert np.array_equal(r0[k], r1[k]), f"{k}: the ranks differ"
                 assert np.abs(r0[k] - start[f"p:{k}"]).max() > 1e-4, f"{k} did not move"
                 assert_close(r0[k], p.data(), 1e-4, 1e-6, f"{k}: 2 processes vs 1 on the whole batch")

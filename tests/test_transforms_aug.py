@@ -345,3 +345,79 @@ def test_existing_transforms_give_ndarray_for_ndarray_input():
         assert isinstance(want, np.ndarray) and isinstance(out, dnnbind.NDArray), repr(t)
         assert out.dtype == want.dtype and out.device.kind == "cpu"
         np.testing.assert_array_equal(out.asnumpy(), want)
+
+
+# ---- every transform, fuzzed with bad arguments and bad images ---------------------------------------------------
+
+# A working instance of each transform of the module (a new transform must be added here: the test checks).
+GOOD = {
+    "Cast": lambda: T.Cast(), "CenterCrop": lambda: T.CenterCrop(3),
+    "Compose": lambda: T.Compose([T.Resize(3), T.ToTensor()]), "CropResize": lambda: T.CropResize(0, 0, 2, 2, size=3),
+    "Normalize": lambda: T.Normalize(0.5, 0.2), "RandomBrightness": lambda: T.RandomBrightness(0.3),
+    "RandomColorJitter": lambda: T.RandomColorJitter(0.2, 0.2, 0.2, 0.1), "RandomContrast": lambda: T.RandomContrast(0.3),
+    "RandomFlipLeftRight": lambda: T.RandomFlipLeftRight(), "RandomFlipTopBottom": lambda: T.RandomFlipTopBottom(),
+    "RandomHue": lambda: T.RandomHue(0.1), "RandomLighting": lambda: T.RandomLighting(0.1),
+    "RandomResizedCrop": lambda: T.RandomResizedCrop(3), "RandomSaturation": lambda: T.RandomSaturation(0.3),
+    "Resize": lambda: T.Resize(3), "ToTensor": lambda: T.ToTensor(),
+}
+_SIZE = [((0,), ValueError), (((2, 0),), ValueError), (("a",), TypeError), ((None,), TypeError), ((2.5,), TypeError),
+         ((True,), TypeError), (((1, 2, 3),), TypeError)]
+_AMOUNT = [((-1,), ValueError), (("x",), TypeError), ((None,), TypeError), ((float("inf"),), ValueError),
+           ((float("nan"),), ValueError)]
+# Bad constructor arguments: (args, error). MXNet 1.9.1 rejects float sizes too (MXNetError "Invalid Parameter
+# format for size"); it takes a negative jitter amount, Normalize(std=0) (giving inf) and Compose(None) (an
+# AttributeError later), which dnnbind refuses here.
+BAD_ARGS = {
+    "Cast": [(("notadtype",), TypeError), ((object,), TypeError), ((str,), TypeError)],
+    "CenterCrop": _SIZE + [((3, 99), ValueError), ((3, "x"), TypeError)],
+    "Compose": [((None,), TypeError), ((3,), TypeError), (([1],), TypeError), ((T.ToTensor(),), TypeError)],
+    "CropResize": [((0, 0, 0, 2), ValueError), (("a", 0, 2, 2), TypeError), ((0, 0, 2, 2, 0), ValueError),
+                   ((0, 0, 2, 2, "x"), TypeError), ((0, 0, 2, 2, 3, 99), ValueError)],
+    "Normalize": [(("a",), TypeError), ((None,), TypeError), ((0.5, 0), ValueError), ((0.5, [1, 0]), ValueError),
+                  (([],), TypeError), ((float("nan"),), ValueError)],
+    "RandomBrightness": _AMOUNT, "RandomContrast": _AMOUNT, "RandomSaturation": _AMOUNT, "RandomHue": _AMOUNT,
+    "RandomLighting": _AMOUNT,
+    "RandomColorJitter": [((-1,), ValueError), (("x",), TypeError), ((0, 0, 0, None), TypeError)],
+    "RandomFlipLeftRight": [((1,), TypeError)], "RandomFlipTopBottom": [((1,), TypeError)], "ToTensor": [((1,), TypeError)],
+    "RandomResizedCrop": _SIZE + [((3, "x"), TypeError), ((3, (0, 1)), ValueError), ((3, (0.1, 1), "x"), TypeError),
+                                  ((3, (0.1, 1), (0, 1)), ValueError), ((3, (0.1, 1), (1, 1), 99), ValueError),
+                                  ((3, (0.1, float("inf"))), ValueError)],
+    "Resize": _SIZE + [((3, False, 99), ValueError), ((3, False, "x"), TypeError)],
+}
+# Bad images: (label, input, error). Resize of an image with H = 0 raised IndexError before.
+BAD_SHAPES = [("H=0", np.zeros((0, 4, 3), np.uint8)), ("W=0", np.zeros((4, 0, 3), np.uint8)),
+              ("C=0", np.zeros((4, 4, 0), np.uint8)), ("batch H=0", np.zeros((2, 0, 4, 3), np.uint8)),
+              ("2-D", np.zeros((4, 4), np.uint8)), ("5-D", np.zeros((1, 1, 4, 4, 3), np.uint8)),
+              ("0-D", np.uint8(3))]
+BAD_DTYPES = [("object", np.array([[[None]]], dtype=object)), ("str", "abc"), ("None", None),
+              ("complex", np.zeros((4, 4, 3), np.complex64)), ("str array", np.full((4, 4, 3), "a"))]
+
+
+@pytest.mark.parametrize("name", T.__all__)
+def test_every_transform_rejects_bad_arguments_and_images_by_name(name):
+    assert set(GOOD) == set(T.__all__) == set(BAD_ARGS)
+    for args, error in BAD_ARGS[name]:
+        with pytest.raises(error, match=name if name not in ("RandomFlipLeftRight", "RandomFlipTopBottom",
+                                                                "ToTensor") else "takes no arguments"):
+            getattr(T, name)(*args)
+    t = GOOD[name]()
+    inner = "Resize" if name == "Compose" else name  # a Compose's error names the transform that raised it
+    cases = [(label, x, TypeError) for label, x in BAD_DTYPES]
+    if name != "Cast":  # Cast takes any shape
+        cases += [(label, x, ValueError) for label, x in BAD_SHAPES]
+    for label, x, error in cases:
+        with pytest.raises(error) as info:
+            t(x)
+        msg = str(info.value)
+        assert msg.startswith(inner + ":") and str(np.shape(x)) in msg, (label, msg)
+        assert isinstance(info.value, dnnbind.DnnbindError), (label, type(info.value))
+    if name != "Cast":  # an empty batch is not an error: it gives an empty batch
+        out = t(np.zeros((0, 5, 5, 3), np.uint8))
+        assert out.shape[0] == 0
+
+
+def test_resize_of_an_empty_image_names_the_shape():
+    with pytest.raises(ValueError, match=r"Resize: the image is empty: shape \(0, 4, 3\) \(H, W, C = 0, 4, 3\)"):
+        T.Resize(3)(np.zeros((0, 4, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"Resize: the image is empty"):
+        T.Resize(3, keep_ratio=True)(nd.array(np.zeros((4, 0, 3), np.uint8), dtype=np.uint8))

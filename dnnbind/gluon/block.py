@@ -1,11 +1,12 @@
 """Block, the base of every layer and model (``mxnet.gluon.Block``). Layer: gluon; imports nd, runtime.
 
-Children and Parameters register themselves when assigned as attributes (``self.conv1 = nn.Conv2D(...)``),
-so ``collect_params()`` can walk the tree and name each Parameter by its path (``conv1.weight``), MXNet 2
-style. Prefixes follow MXNet 1.x: a Block made outside any ``name_scope()`` takes a global name
-(``simplecnn0_``); one made inside its parent's ``name_scope()`` is numbered per parent
-(``simplecnn0_conv0_``). Prefixes name Parameters (``simplecnn0_conv0_weight``), which is what the
-initializers dispatch on and what legacy parameter files use as keys.
+Children and Parameters register themselves when assigned as attributes (``self.conv1 = nn.Conv2D(...)``).
+Names follow MXNet 1.x: a Block made outside any ``name_scope()`` takes a global name, numbered per class
+(``simplecnn0_``); one made inside its parent's ``name_scope()`` is numbered per parent (``simplecnn0_conv0_``).
+Prefixes name Parameters (``simplecnn0_conv0_weight``), which is what ``collect_params()`` is keyed by, what the
+initializers dispatch on and what ``collect_params().save`` writes. ``save_parameters`` writes paths instead
+(``conv1.weight``), which do not depend on how many models were made before. An MXNet Block method dnnbind lacks
+(``export``) raises UnsupportedFeature naming it (``Block.__getattr__``).
 
 ``HybridBlock`` is ``Block``: every op is a cuDNN/cuBLAS call on the arrays' device, with no symbolic graph to
 build. ``hybridize()`` is the speed switch it is in MXNet: the Block's forward (and, under autograd.record(), its
@@ -15,7 +16,7 @@ backward) is recorded once per input signature as the library calls it makes and
 
 from __future__ import annotations
 
-from .._lib.errors import DnnbindTypeError
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 import os
 import re
@@ -31,7 +32,7 @@ from .param_files import _load_into, _read_param_file
 from .parameter import Parameter
 from .parameter_dict import ParameterDict
 
-__all__ = ["Block", "HookHandle", "HybridBlock", "SymbolBlock"]
+__all__ = ["Block", "BlockInputError", "HookHandle", "HybridBlock", "SymbolBlock"]
 
 _tls = threading.local()
 RUN_EAGERLY = object()  # what a hybridized Block's cache returns for "run the forward yourself"
@@ -81,6 +82,11 @@ class _BlockScope:
         _tls.scope = self._old
 
 
+class BlockInputError(DnnbindValueError, TypeError):
+    """A layer called with something other than an NDArray. A ValueError, as MXNet's HybridBlock raises ("there
+    must be one NDArray or one Symbol in the input"), and a TypeError, as Python would."""
+
+
 class HookHandle:
     """What ``register_forward_hook``/``register_forward_pre_hook`` return (MXNet's ``HookHandle``):
     ``detach()`` removes the hook; ``with block.register_forward_hook(f):`` removes it on exit."""
@@ -101,6 +107,19 @@ class HookHandle:
         self.detach()
 
 
+# What to use instead of MXNet's Block/HybridBlock methods dnnbind lacks (the names come from MXNet 1.9.1's dir()).
+_UNSUPPORTED_HINTS = {
+    "export": "it writes a symbolic graph (-symbol.json), which dnnbind does not build; save_parameters() writes "
+              "the weights (in MXNet's format)",
+    "infer_shape": "shapes are inferred by the first forward call",
+    "infer_type": "dtypes are inferred by the first forward call",
+    "optimize_for": "graph partitioning for MXNet's backends; hybridize() is dnnbind's speed switch",
+    "register_op_hook": "a hook per operator of the symbolic executor; register_forward_hook() runs per Block",
+    "save": "MXNet 1.9's save(prefix) of the structure and parameters; use save_parameters()",
+    "load": "MXNet 1.9's load(prefix); use load_parameters()",
+}
+
+
 def _indent(text: str, spaces: int) -> str:
     lines = text.split("\n")
     return "\n".join([lines[0]] + [" " * spaces + line for line in lines[1:]])
@@ -110,6 +129,7 @@ class Block:
     """Base class of layers and models: subclass, assign children/Parameters in __init__, define forward."""
 
     _summary_row = True  # summary() prints a row for this Block (containers set False)
+    _array_input = False  # the first argument must be an NDArray (the nn layers, HybridBlocks in MXNet, set True)
     _multi_ctx_dispatch = True  # a call picks its Parameters' copies by its input's device (tests read this)
 
     def __init__(self, prefix: str | None = None, params: ParameterDict | None = None):
@@ -154,6 +174,16 @@ class Block:
                 self._reg_params[name] = value
         object.__setattr__(self, name, value)
 
+    def __getattr__(self, name: str):
+        """Reached only when ``name`` is not found: MXNet's Block/HybridBlock methods dnnbind lacks (``export``)
+        raise UnsupportedFeature naming them, anything else (a typo) a plain AttributeError."""
+        if name.startswith("_") or name == "hybrid_forward" or hasattr(type(self), name):
+            # hybrid_forward: a subclass's to define; a class attribute: a property failed (before __init__)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
+        from ..mxnet import _unsupported  # lazily: the MXNet alias is a layer above gluon
+        ns = "Block" if name in _unsupported.NAMES["Block"] else "HybridBlock"
+        raise _unsupported.missing(ns, name, _UNSUPPORTED_HINTS.get(name, ""), obj=self)
+
     def __delattr__(self, name: str) -> None:
         self._children.pop(name, None)
         self._reg_params.pop(name, None)
@@ -172,30 +202,49 @@ class Block:
 
     # -- parameters ---------------------------------------------------------------------------------------
     def _collect_params_with_prefix(self, prefix: str = "", out: OrderedDict | None = None,
-                                    seen: set | None = None) -> OrderedDict:
+                                    seen: set | None = None, dedupe: bool = True) -> OrderedDict:
+        """Path -> Parameter (``body.0.weight``) of the Parameters assigned as attributes, own ones first, then
+        the children's: what save_parameters writes. ``dedupe``: a shared Parameter under its first path only."""
         out = OrderedDict() if out is None else out
         seen = set() if seen is None else seen
         for key, p in self._reg_params.items():
-            if p is not None and id(p) not in seen:  # a shared Parameter keeps its first name
+            if p is not None and (not dedupe or id(p) not in seen):
                 seen.add(id(p))
                 out[prefix + key] = p
         for name, child in self._children.items():
-            child._collect_params_with_prefix(prefix + name + ".", out, seen)
+            child._collect_params_with_prefix(prefix + name + ".", out, seen, dedupe)
         return out
 
-    def collect_params(self, select: str | None = None) -> ParameterDict:
-        """Every Parameter of this Block and its children, keyed by path (``conv1.weight``).
+    def _collect_by_name(self, rx, ret: ParameterDict) -> None:
+        """MXNet 1.x's walk: this Block's ParameterDict (``params.get``), then Parameters assigned as attributes
+        that it lacks (MXNet 2's way, left out by MXNet 1.x), then each child's; keyed by full name."""
+        own = {id(p): p for p in self._params.values()}
+        for p in self._reg_params.values():
+            if p is not None:
+                own.setdefault(id(p), p)
+        for p in own.values():
+            if rx is not None and not rx.match(p.name):
+                continue
+            old = ret._params.get(p.name)
+            if old is not None and old is not p:
+                raise DnnbindValueError(
+                    f"{type(self).__name__}.collect_params(): two different Parameters are named `{p.name}` "
+                    "(MXNet 1.x keys Parameters by name). Create them with self.params.get(name, ...) inside the "
+                    "Block so that its prefix makes the name unique, or give them distinct names.")
+            ret._params[p.name] = p
+        for child in self._children.values():
+            child._collect_by_name(rx, ret)
 
-        ``select`` is a regex matched (re.match) against the path or the prefixed name, e.g. ``'.*weight'``.
-        """
-        ret = ParameterDict(self._prefix)
-        rx = re.compile(select) if select is not None else None
+    def collect_params(self, select: str | None = None) -> ParameterDict:
+        """Every Parameter of this Block and its children, keyed by full name as in MXNet 1.x
+        (``mlp_dense0_weight``); a shared Parameter once. ``select`` is a regex matched (re.match) against the
+        names, e.g. ``'.*weight'``. save_parameters uses structural names (``hidden.weight``) instead."""
         for key, p in self._collect_params_with_prefix().items():
             # Remember the fullest path for error messages (a child's own collect gives shorter ones).
             if p._structured_name is None or key.count(".") >= p._structured_name.count("."):
                 p._structured_name = key
-            if rx is None or rx.match(key) or rx.match(p.name):
-                ret[key] = p
+        ret = ParameterDict(self._params.prefix)
+        self._collect_by_name(re.compile(select) if select is not None else None, ret)
         return ret
 
     def initialize(self, init=None, ctx=None, verbose: bool = False, force_reinit: bool = False) -> None:
@@ -240,10 +289,10 @@ class Block:
     def save_parameters(self, filename, deduplicate: bool = False) -> None:
         """Save host copies of all Parameters keyed by path (``0.weight``), in MXNet 1.x's format; atomically.
 
-        A shared Parameter is saved once, under its first path (MXNet's ``deduplicate=True``; MXNet >= 1.6
-        loads such files either way).
+        A shared Parameter is written under each of its paths, as MXNet does, or once, under its first path,
+        with ``deduplicate=True``; load_parameters reads both.
         """
-        params = self._collect_params_with_prefix()
+        params = self._collect_params_with_prefix(dedupe=deduplicate)
         serialization.save(filename, {key: p._host_copy() for key, p in params.items()})
 
     save_params = save_parameters
@@ -256,10 +305,21 @@ class Block:
         the full name, or by this Block's prefix + the name (MXNet's ``restore_prefix``).
         """
         loaded = _read_param_file(filename)
-        params = self._collect_params_with_prefix()
-        if loaded and not set(loaded) & set(params):
-            by_name = {p.name: key for key, p in params.items()}
+        paths = self._collect_params_with_prefix(dedupe=False)
+        if loaded and not set(loaded) & set(paths):
+            by_name = {p.name: key for key, p in paths.items()}
             loaded = {by_name.get(k, by_name.get(self._prefix + k, k)): v for k, v in loaded.items()}
+        # A shared Parameter has several paths; the file may hold any of them (MXNet writes each, deduplicate=True
+        # the first): load it from the first the file holds, and count none of its paths as extra.
+        keys_of: dict[int, list] = {}
+        for key, p in paths.items():
+            keys_of.setdefault(id(p), []).append(key)
+        params, aliases = OrderedDict(), set()
+        for keys in keys_of.values():
+            chosen = next((k for k in keys if k in loaded), keys[0])
+            params[chosen] = paths[chosen]
+            aliases.update(k for k in keys if k != chosen)
+        loaded = {k: v for k, v in loaded.items() if k not in aliases}
         _load_into(params, loaded, f"load_parameters({os.fspath(filename)!r}) into {type(self).__name__}", ctx,
                    allow_missing, ignore_extra, cast_dtype, dtype_source)
 
@@ -286,6 +346,8 @@ class Block:
         return self._call(args, kwargs)
 
     def _call(self, args, kwargs):
+        if self._array_input and args and not isinstance(args[0], NDArray):
+            self._refuse_input(args[0])
         for hook in self._forward_pre_hooks:
             hook(self, args)
         cached = self.__dict__.get("_cached")
@@ -295,6 +357,13 @@ class Block:
         for hook in self._forward_hooks:
             hook(self, args, out)
         return out
+
+    def _refuse_input(self, x) -> None:
+        shape = getattr(x, "shape", None)
+        hint = " (make it one with nd.array(...))" if shape is not None or isinstance(x, (list, tuple)) else ""
+        raise BlockInputError(f"{self.name} ({type(self).__name__}): the input x must be an NDArray, got "
+                              f"{type(x).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "")
+                              + hint)
 
     def forward(self, x, *args, **kwargs):
         """Override this. A 1.x-style ``hybrid_forward(F, x, **params)`` is called if the subclass has one."""

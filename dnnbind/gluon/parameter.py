@@ -87,6 +87,15 @@ class Parameter:
         self._structured_name: str | None = None  # 'conv1.weight', set by Block.collect_params
         self.fan_in_from: Parameter | None = None  # a bias reads its layer's fan_in from the weight
 
+    def __getattr__(self, name: str):
+        """Reached only when ``name`` is not found: MXNet's Parameter methods dnnbind lacks (``var``,
+        ``row_sparse_data``) raise UnsupportedFeature naming them, anything else a plain AttributeError."""
+        if name.startswith("_") or hasattr(type(self), name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
+        from ..mxnet import _unsupported  # lazily: the MXNet alias is a layer above gluon
+        hint = "symbolic graphs" if name == "var" else "sparse storage" if "sparse" in name else ""
+        raise _unsupported.missing("Parameter", name, hint, obj=self)
+
     # -- naming and shape ---------------------------------------------------------------------------------
     @property
     def display_name(self) -> str:
@@ -94,7 +103,7 @@ class Parameter:
         return self._structured_name or self.name
 
     def __repr__(self) -> str:
-        return f"Parameter {self.display_name} (shape={self._shape}, dtype={self.dtype.name})"
+        return f"Parameter {self.name} (shape={self._shape}, dtype={self.dtype.name})"  # MXNet's: the full name
 
     @property
     def shape(self) -> tuple | None:

@@ -11,6 +11,8 @@ import os
 import re
 from collections import OrderedDict
 
+import numpy as np
+
 from .. import initializer as _init
 from .. import serialization
 from . import parameter as _parameter
@@ -20,7 +22,7 @@ __all__ = ["ParameterDict"]
 
 
 class ParameterDict:
-    """An ordered name -> Parameter mapping (``collect_params()`` returns one keyed by structural names)."""
+    """An ordered name -> Parameter mapping (``collect_params()`` returns one keyed by full names, as MXNet 1.x)."""
 
     def __init__(self, prefix: str = "", shared: ParameterDict | None = None):
         self._prefix = prefix
@@ -31,7 +33,7 @@ class ParameterDict:
 
     def __repr__(self) -> str:
         body = "\n".join(f"  {p!r}" for p in self._params.values())
-        return f"ParameterDict {self._prefix!r} (\n{body}\n)" if body else f"ParameterDict {self._prefix!r} ()"
+        return f"{self._prefix} (\n{body}\n)"  # MXNet's format, also when empty
 
     def __getitem__(self, key: str) -> _parameter.Parameter:
         return self._params[key]
@@ -139,11 +141,25 @@ class ParameterDict:
 
         ``restore_prefix`` is prepended to every name in the file, undoing ``save(strip_prefix=...)``.
         """
+        self.load_dict(_read_param_file(filename), ctx, allow_missing, ignore_extra, restore_prefix,
+                       os.fspath(filename), cast_dtype, dtype_source)
+
+    def load_dict(self, param_dict: dict, ctx=None, allow_missing: bool = False, ignore_extra: bool = False,
+                  restore_prefix: str = "", filename=None, cast_dtype: bool = False,
+                  dtype_source: str = "current") -> None:
+        """Load ``{name: array}`` (NDArrays or numpy arrays, e.g. ``nd.load(f)``) as ``load`` loads a file.
+
+        ``restore_prefix`` is prepended to every name, undoing ``save(strip_prefix=...)``; MXNet's ``arg:``/``aux:``
+        prefixes are dropped."""
         targets = {p.name: p for p in self._params.values()}
         bad = [name for name in targets if not name.startswith(restore_prefix)]
         if bad:
             raise DnnbindValueError(f"ParameterDict.load: restore_prefix {restore_prefix!r} is not a prefix of "
                              f"Parameter `{bad[0]}`")
-        loaded = {restore_prefix + k: v for k, v in _read_param_file(filename).items()}
-        _load_into(targets, loaded, f"ParameterDict.load({os.fspath(filename)!r})", ctx, allow_missing,
-                   ignore_extra, cast_dtype, dtype_source)
+        loaded = {}
+        for k, v in param_dict.items():
+            if k.startswith(("arg:", "aux:")):
+                k = k[4:]
+            loaded[restore_prefix + k] = v.numpy() if hasattr(v, "numpy") else (None if v is None else np.asarray(v))
+        what = f"ParameterDict.load({filename!r})" if filename is not None else "ParameterDict.load_dict"
+        _load_into(targets, loaded, what, ctx, allow_missing, ignore_extra, cast_dtype, dtype_source)

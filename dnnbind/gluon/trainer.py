@@ -63,7 +63,11 @@ class Trainer:
 
     def __init__(self, params, optimizer, optimizer_params: dict | None = None, kvstore="device",
                  compression_params=None, update_on_kvstore=None):
-        if isinstance(params, (dict, ParameterDict)):
+        if isinstance(params, ParameterDict):  # keyed by full names (global counters): name by path, stable
+            items = [(p.display_name if isinstance(p, Parameter) else k, p) for k, p in params.items()]
+            if len({k for k, _ in items}) < len(items):  # paths of several models: their full names
+                items = list(params.items())
+        elif isinstance(params, dict):
             items = list(params.items())
         elif isinstance(params, (list, tuple)):
             items = [(p.display_name if isinstance(p, Parameter) else str(p), p) for p in params]

@@ -6,11 +6,15 @@ every other dnnbind module lazily, on first attribute access.
 ``mx.optimizer``, ``mx.lr_scheduler`` and ``mx.random`` are dnnbind's own modules (see ``_finder.TARGETS``);
 ``mx.context``, ``mx.base``, ``mx.image`` and ``mx.test_utils`` are small modules here; the namespaces dnnbind
 does not back (``mx.sym``, ``mx.mod``, ``mx.io``, ``mx.kv``, ``mx.contrib.text``, ...) import fine and raise
-NotImplementedError naming the feature on first use. ``import dnnbind.mxnet as mx`` works too, without the
-import hook.
+NotImplementedError naming the feature on first use. Any other name MXNet 1.9.1 has (``mx.use_np``, and through
+the alias ``mx.gluon.rnn.LSTM``, ``mx.nd.Custom``, ``mx.gluon.nn.Conv3D``) raises UnsupportedFeature naming it; a name
+MXNet lacks too is a plain AttributeError (see _unsupported.missing). ``mx.img`` and ``mx.rnd`` are ``mx.image``
+and ``mx.random``, as in MXNet. ``import dnnbind.mxnet as mx`` works too, without the import hook.
 """
 
 from __future__ import annotations
+
+import sys
 
 from . import _unsupported
 from ._finder import install_mxnet_alias, uninstall_mxnet_alias
@@ -25,6 +29,7 @@ __all__ = ["Context", "MXNetError", "cpu", "cpu_pinned", "current_context", "gpu
 # Resolved on first access through the same table as `import mxnet.<name>`, so both give the same module.
 _LAZY = frozenset(["nd", "ndarray", "autograd", "gluon", "init", "initializer", "metric", "optimizer",
                    "lr_scheduler", "random", "image", "test_utils"])
+_ALIASES = {"img": "image", "rnd": "random"}
 
 
 def __getattr__(name: str):
@@ -33,10 +38,14 @@ def __getattr__(name: str):
         module = _finder.load(f"{_finder.ALIAS}.{name}")
         globals()[name] = module
         return module
+    if name in _ALIASES:  # MXNet's short names: mx.img is mx.image, mx.rnd is mx.random
+        return __getattr__(_ALIASES[name])
     if name in _unsupported.NAMESPACES:  # mx.sym, mx.mod, mx.io, mx.kv, mx.contrib, ...: made on first access
         return _unsupported.install(name)
-    raise AttributeError(f"module 'mxnet' (dnnbind's alias) has no attribute {name!r}")
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(name)
+    raise _unsupported.missing("mx", name, obj=sys.modules[__name__])  # mx.use_np: the feature; mx.gluonn: a typo
 
 
 def __dir__() -> list:
-    return sorted(set(globals()) | _LAZY | {n for n in _unsupported.NAMESPACES if "." not in n})
+    return sorted(set(globals()) | _LAZY | set(_ALIASES) | {n for n in _unsupported.NAMESPACES if "." not in n})

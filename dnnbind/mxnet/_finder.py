@@ -61,7 +61,9 @@ def load(fullname: str) -> types.ModuleType | None:
         _unsupported.install(rest)
     for name in targets(fullname):
         try:
-            return importlib.import_module(name)
+            module = importlib.import_module(name)
+            _unsupported.attach(module)  # mxnet.gluon, mxnet.nd: MXNet's names dnnbind lacks name the feature
+            return module
         except ModuleNotFoundError as exc:
             if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
                 raise
@@ -136,6 +138,10 @@ def install_mxnet_alias() -> types.ModuleType:
     with _lock:
         if not any(isinstance(f, MXNetAliasFinder) for f in sys.meta_path):
             sys.meta_path.insert(0, MXNetAliasFinder())
+        from . import _unsupported
+        for name in _unsupported.BACKED:  # already imported (dnnbind.mxnet keeps mx.gluon once read): hook it now
+            if name in sys.modules:
+                _unsupported.attach(sys.modules[name])
         stale = [n for n, m in list(sys.modules.items())
                  if (n == ALIAS or n.startswith(ALIAS + ".")) and m is not None and not _is_ours(m)]
         if stale:
@@ -170,6 +176,7 @@ def uninstall_mxnet_alias() -> None:
             _device.set_process_default_device(_previous_default[0])
             _previous_default[0] = _UNSET
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, MXNetAliasFinder)]
+        _unsupported.detach_all()
         for n, m in list(sys.modules.items()):
             if ((n == ALIAS or n.startswith(ALIAS + ".")) and _is_ours(m)) or id(m) in standins:
                 del sys.modules[n]

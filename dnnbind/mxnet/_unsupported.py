@@ -7,6 +7,12 @@ namespace. Programs that never touch these features run; programs that do fail a
 message, never with a stand-in that computes something different. ``NAMESPACES`` are top-level (registered as
 ``dnnbind.mxnet.<ns>``); ``CHILDREN`` live under modules dnnbind does back (``mxnet.gluon.rnn``) and are handed
 out by the alias only while dnnbind has no module of that name.
+
+Single names follow the same rule wherever they are read: ``missing(ns, name)`` is the error for a name dnnbind
+lacks, ``UnsupportedFeature`` when MXNet 1.9.1 has that name (``_mxnet_names``: ``mx.gluon.nn.Conv3D``,
+``net.export``), a plain AttributeError for a typo. The modules of the alias and Gluon's Block, Parameter and
+nn raise it from their ``__getattr__``; ``dnnbind.gluon`` and ``dnnbind.nd`` get one from ``attach()`` while the
+alias is installed (they are served as ``mxnet.gluon`` and ``mxnet.nd`` themselves).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import importlib
 import importlib.machinery
 import sys
 import types
+
+from ._mxnet_names import NAMES
 
 # MXNet 1.9's namespaces without a dnnbind implementation (dotted below ``mxnet``), with a hint where useful.
 NAMESPACES: dict[str, str] = {
@@ -47,6 +55,7 @@ NAMESPACES: dict[str, str] = {
     "model": "",
     "rnn": "",
     "monitor": "",
+    "onnx": "ONNX export",
     "operator": "custom operators",
     "rtc": "runtime-compiled CUDA kernels",
     "engine": "",
@@ -109,6 +118,66 @@ class UnsupportedModule(types.ModuleType):
         hint = NAMESPACES.get(ns, "") or CHILDREN.get(ns, "")
         raise UnsupportedFeature(f"mxnet.{ns} is not supported by dnnbind yet (mxnet.{ns}.{attr} was used)"
                                   + (f": {hint}" if hint else ""))
+
+
+# Where each key of NAMES lives in MXNet, for messages.
+PATHS = {"mx": "mxnet", "gluon": "mxnet.gluon", "nn": "mxnet.gluon.nn", "nd": "mxnet.nd", "base": "mxnet.base",
+         "image": "mxnet.image", "test_utils": "mxnet.test_utils", "Block": "mxnet.gluon.Block",
+         "HybridBlock": "mxnet.gluon.HybridBlock", "Parameter": "mxnet.gluon.Parameter",
+         "ParameterDict": "mxnet.gluon.ParameterDict"}
+
+
+def missing(ns: str, name: str, hint: str = "", obj=None) -> AttributeError:
+    """The error for ``name``, which dnnbind's counterpart of ``ns`` (a key of NAMES) lacks: UnsupportedFeature
+    naming the feature when MXNet 1.9.1 has it, else a plain AttributeError (a typo). ``obj``: the object read,
+    for the message and Python's "Did you mean" suggestion. Returned, for the caller to raise."""
+    if name in NAMES[ns]:
+        used = f" ({type(obj).__name__}.{name} was used)" if obj is not None and \
+            not isinstance(obj, (type, types.ModuleType)) else ""
+        return UnsupportedFeature(f"{PATHS[ns]}.{name} is not supported by dnnbind yet{used}"
+                                  + (f": {hint}" if hint else ""))
+    if obj is None or isinstance(obj, types.ModuleType):
+        return AttributeError(f"module {PATHS[ns]!r} (dnnbind) has no attribute {name!r}", name=name, obj=obj)
+    return AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}", name=name, obj=obj)
+
+
+# dnnbind modules served as MXNet's, which get a __getattr__ from attach() while the alias is installed.
+BACKED = {"dnnbind.gluon": "gluon", "dnnbind.nd": "nd"}
+_attached: dict[str, tuple] = {}  # module name -> (module, the __getattr__ it had or None)
+
+
+def attach(module: types.ModuleType) -> None:
+    """Give a module of BACKED a ``__getattr__`` for the names it lacks: its unbacked children (``gluon.rnn``,
+    ``nd.sparse``: the stand-ins) and MXNet's other names (``missing``). A ``__getattr__`` the module has is asked
+    first. Undone by ``detach_all`` (uninstall_mxnet_alias), so dnnbind's own namespace is left as it was."""
+    ns = BACKED.get(getattr(module, "__name__", None))
+    if ns is None or module.__name__ in _attached:
+        return
+    own = module.__dict__.get("__getattr__")
+
+    def __getattr__(name: str):
+        if own is not None:
+            try:
+                return own(name)
+            except AttributeError:
+                pass
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        if f"{ns}.{name}" in CHILDREN:
+            return child(f"{ns}.{name}")
+        raise missing(ns, name, obj=module)
+
+    _attached[module.__name__] = (module, own)
+    module.__getattr__ = __getattr__
+
+
+def detach_all() -> None:
+    for module, own in _attached.values():
+        if own is None:
+            module.__dict__.pop("__getattr__", None)
+        else:
+            module.__getattr__ = own
+    _attached.clear()
 
 
 def install(ns: str) -> types.ModuleType:

@@ -10,9 +10,12 @@ raises NotImplementedError.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .._lib.errors import DnnbindError as MXNetError
+from . import _unsupported
 from ._unsupported import UnsupportedFeature
 
 __all__ = ["MXNetError", "integer_types", "numeric_types", "py_str", "string_types"]
@@ -30,5 +33,7 @@ def py_str(x) -> str:
 def __getattr__(name: str):
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
+    if not (name in _unsupported.NAMES["base"] or name.startswith("_")):  # a typo, not an MXNet feature
+        raise _unsupported.missing("base", name, obj=sys.modules[__name__])
     raise UnsupportedFeature(f"mxnet.base.{name} is not supported by dnnbind (MXNet's C library interface has "
                               "no counterpart here)")

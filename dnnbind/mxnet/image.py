@@ -12,6 +12,8 @@ NotImplementedError saying to ``pip install pillow``. The iterators and augmente
 
 from __future__ import annotations
 
+import sys
+
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 import io
@@ -22,6 +24,7 @@ import numpy as np
 from ..gluon.data.vision._geometry import scale_down
 from ..runtime.array import NDArray, array
 from ..runtime.device import cpu
+from . import _unsupported
 from ._unsupported import UnsupportedFeature
 
 __all__ = ["center_crop", "fixed_crop", "imdecode", "imread", "imresize", "random_crop", "resize_short",
@@ -165,5 +168,7 @@ def center_crop(src, size: tuple, interp: int = 2) -> tuple:
 def __getattr__(name: str):
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
+    if name not in _unsupported.NAMES["image"]:  # a typo, not an MXNet feature
+        raise _unsupported.missing("image", name, obj=sys.modules[__name__])
     raise UnsupportedFeature(f"mxnet.image.{name} is not supported by dnnbind yet (imread, imdecode, imresize, "
                               "resize_short and the crops are)")

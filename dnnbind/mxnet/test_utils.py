@@ -11,6 +11,8 @@ NotImplementedError.
 
 from __future__ import annotations
 
+import sys
+
 import numbers
 
 import numpy as np
@@ -18,6 +20,7 @@ import numpy as np
 from ..runtime import device as _device
 from ..runtime.array import NDArray, array
 from ..runtime.config import math_mode
+from . import _unsupported
 from ._unsupported import UnsupportedFeature
 
 __all__ = ["almost_equal", "assert_allclose", "assert_almost_equal", "assert_exception", "default_atols",
@@ -177,5 +180,7 @@ def rand_shape_nd(num_dim: int, dim: int = 10, allow_zero_size: bool = False) ->
 def __getattr__(name: str):
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
+    if name not in _unsupported.NAMES["test_utils"]:  # a typo, not an MXNet feature
+        raise _unsupported.missing("test_utils", name, obj=sys.modules[__name__])
     raise UnsupportedFeature(f"mxnet.test_utils.{name} is not supported by dnnbind yet (the symbolic checkers, "
                               "sparse arrays and downloads have no counterpart)")

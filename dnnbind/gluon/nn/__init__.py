@@ -1,4 +1,10 @@
-"""Neural network layers (``mxnet.gluon.nn``). Layer: gluon; imports nd and gluon.block."""
+"""Neural network layers (``mxnet.gluon.nn``). Layer: gluon; imports nd and gluon.block.
+
+A layer MXNet 1.9.1 has and dnnbind lacks (``Conv3D``) raises UnsupportedFeature naming it; a typo a plain
+AttributeError (``__getattr__`` below).
+"""
+
+import sys
 
 from ..block import Block, HybridBlock, SymbolBlock
 from .activations import ELU, GELU, SELU, LeakyReLU, PReLU, Swish
@@ -70,3 +76,10 @@ __all__ = [
     "Swish",
     "SymbolBlock",
 ]
+
+
+def __getattr__(name: str):
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(name)
+    from ...mxnet import _unsupported  # lazily: the MXNet alias is a layer above gluon
+    raise _unsupported.missing("nn", name, obj=sys.modules[__name__])

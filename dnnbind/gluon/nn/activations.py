@@ -11,15 +11,19 @@ from __future__ import annotations
 from ..._lib.errors import DnnbindValueError
 
 from ... import nd
+from ...ops._check import scalar
 from ..block import Block
+from ._checks import size
 
 __all__ = ["ELU", "GELU", "SELU", "LeakyReLU", "PReLU", "Swish"]
 
 
 class LeakyReLU(Block):
     """x for x > 0, alpha * x otherwise; ``alpha`` >= 0."""
+    _array_input = True
 
     def __init__(self, alpha: float, prefix=None, params=None):
+        alpha = scalar("LeakyReLU", "alpha", alpha)
         if alpha < 0:
             raise DnnbindValueError(f"LeakyReLU: the slope alpha must be no less than 0, got {alpha}")
         super().__init__(prefix=prefix, params=params)
@@ -34,8 +38,10 @@ class LeakyReLU(Block):
 
 class PReLU(Block):
     """LeakyReLU with a learned slope per channel (axis 1), ``in_channels`` of them; MXNet's init: 0.25."""
+    _array_input = True
 
     def __init__(self, alpha_initializer=None, in_channels: int = 1, prefix=None, params=None):
+        in_channels = size("PReLU", "in_channels", in_channels)
         super().__init__(prefix=prefix, params=params)
         if alpha_initializer is None:
             from ... import initializer
@@ -52,10 +58,11 @@ class PReLU(Block):
 
 class ELU(Block):
     """x for x > 0, alpha * (exp(x) - 1) otherwise."""
+    _array_input = True
 
     def __init__(self, alpha: float = 1.0, prefix=None, params=None):
         super().__init__(prefix=prefix, params=params)
-        self._alpha = float(alpha)
+        self._alpha = scalar("ELU", "alpha", alpha)
 
     def forward(self, x):
         return nd.LeakyReLU(x, act_type="elu", slope=self._alpha)
@@ -66,6 +73,7 @@ class ELU(Block):
 
 class SELU(Block):
     """lambda * ELU(x, alpha) with Klambauer et al.'s constants."""
+    _array_input = True
 
     def forward(self, x):
         return nd.LeakyReLU(x, act_type="selu")
@@ -76,6 +84,7 @@ class SELU(Block):
 
 class GELU(Block):
     """0.5 * x * (1 + erf(x / sqrt(2))), MXNet's exact (erf) form."""
+    _array_input = True
 
     def forward(self, x):
         return nd.LeakyReLU(x, act_type="gelu")
@@ -86,10 +95,11 @@ class GELU(Block):
 
 class Swish(Block):
     """x * sigmoid(beta * x)."""
+    _array_input = True
 
     def __init__(self, beta: float = 1.0, prefix=None, params=None):
         super().__init__(prefix=prefix, params=params)
-        self._beta = float(beta)
+        self._beta = scalar("Swish", "beta", beta)
 
     def forward(self, x):
         return x * nd.sigmoid(x * self._beta)

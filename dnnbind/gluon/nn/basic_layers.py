@@ -7,10 +7,12 @@ rank-1 Sgemm for the bias). ``in_units=0`` defers the weight's shape to the firs
 
 from __future__ import annotations
 
-from ..._lib.errors import DnnbindValueError
+from ..._lib.errors import DnnbindTypeError, DnnbindValueError
 
 from ... import nd
+from ...ops._check import scalar
 from ..block import Block
+from ._checks import size
 
 __all__ = [
     "Activation",
@@ -26,7 +28,7 @@ __all__ = [
 
 
 class Sequential(Block):
-    """Stacks Blocks; children are named by index (``0.weight``, ``1.bias`` in collect_params)."""
+    """Stacks Blocks; children are named by index (``0.weight``, ``1.bias`` in save_parameters' files)."""
 
     _summary_row = False  # Block.summary() gives rows to the children, not to the container
 
@@ -57,7 +59,8 @@ class Sequential(Block):
         return len(self._children)
 
 
-HybridSequential = Sequential
+class HybridSequential(Sequential):
+    """Sequential under MXNet's other name, with its own name counter as there (``hybridsequential0_``)."""
 
 
 def _act_name(activation) -> str:
@@ -66,12 +69,14 @@ def _act_name(activation) -> str:
 
 class Dense(Block):
     """y = activation(x W^T + b). MXNet arguments; ``flatten=True`` views (N, ...) input as (N, -1)."""
+    _array_input = True
 
     def __init__(self, units: int, activation: str | None = None, use_bias: bool = True, flatten: bool = True,
                  dtype="float32", weight_initializer=None, bias_initializer=None, in_units: int = 0,
                  prefix=None, params=None):
+        units, in_units = size("Dense", "units", units), size("Dense", "in_units", in_units, 0)
         super().__init__(prefix=prefix, params=params)
-        self._units, self._in_units, self._flatten = int(units), int(in_units), flatten
+        self._units, self._in_units, self._flatten = units, in_units, flatten
         with self.name_scope():
             self.weight = self.params.get("weight", shape=(units, in_units), dtype=dtype, init=weight_initializer,
                                           allow_deferred_init=True)
@@ -80,7 +85,7 @@ class Dense(Block):
                 self.bias = self.params.get("bias", shape=(units,), dtype=dtype, init=bias_initializer,
                                             allow_deferred_init=True)
                 self.bias.fan_in_from = self.weight
-            self.act = Activation(activation, prefix=activation + "_") if activation is not None else None
+            self.act = Activation(activation, prefix=f"{activation}_") if activation is not None else None
 
     def _alias(self) -> str:
         return "dense"
@@ -88,11 +93,16 @@ class Dense(Block):
     def _infer(self, x) -> None:
         """First forward: take in_units from the input, then finish the deferred initialization."""
         if not self.weight._shape_known():
-            if x.ndim < 2:
-                raise DnnbindValueError(f"{self.name}: Dense expects input of shape (N, ...), got {x.shape}")
+            if x.ndim < 1:  # MXNet: "Deferred initialization failed because shape cannot be inferred"
+                raise DnnbindValueError(f"{self.name}: Dense cannot infer in_units from a 0-d input (shape "
+                                        f"{x.shape}); give it at least one axis")
+            # As MXNet: flatten=True reads a 1-d (N,) input as (N, 1) (in_units 1); flatten=False as one sample.
             in_units = 1
             for d in (x.shape[1:] if self._flatten else x.shape[-1:]):
                 in_units *= d
+            if not in_units:
+                raise DnnbindValueError(f"{self.name}: Dense cannot infer in_units from an input of shape {x.shape}: "
+                                        "it has 0 features per sample")
             self.weight.shape = (self._units, in_units)
             self._in_units = in_units
         self.weight._finish_deferred_init()
@@ -123,11 +133,12 @@ _ACTIVATIONS = ("relu", "sigmoid", "tanh", "softrelu", "softsign")
 
 class Activation(Block):
     """``nd.Activation``: relu, sigmoid, tanh (cuDNN), softrelu, softsign (generated kernels)."""
+    _array_input = True
 
     def __init__(self, activation: str, prefix=None, params=None):
         if activation not in _ACTIVATIONS:
-            raise DnnbindValueError(f"Activation: unknown activation {activation!r}; MXNet accepts "
-                             f"{', '.join(_ACTIVATIONS)}")
+            kind = DnnbindValueError if isinstance(activation, str) else DnnbindTypeError
+            raise kind(f"Activation: unknown activation {activation!r}; MXNet accepts {', '.join(_ACTIVATIONS)}")
         self._act_type = activation
         super().__init__(prefix=prefix, params=params)
 
@@ -144,9 +155,11 @@ class Activation(Block):
 class Dropout(Block):
     """Inverted dropout with rate ``rate`` inside ``autograd.record()`` (training); identity otherwise.
     ``axes``: the axes along which the mask is shared (variational dropout), as MXNet's."""
+    _array_input = True
 
     def __init__(self, rate: float, axes: tuple = (), prefix=None, params=None):
         super().__init__(prefix=prefix, params=params)
+        rate = scalar("Dropout", "rate", rate)
         if not 0 <= rate < 1:
             raise DnnbindValueError(f"Dropout: rate must be in [0, 1), got {rate}")
         self._rate = float(rate)
@@ -161,6 +174,7 @@ class Dropout(Block):
 
 class Flatten(Block):
     """(N, ...) -> (N, -1), a view."""
+    _array_input = True
 
     def forward(self, x):
         return nd.Flatten(x)
@@ -193,6 +207,7 @@ class Lambda(Block):
 class HybridLambda(Block):
     """Like Lambda, but the function is called as ``function(F, x, *args)`` with F = ``dnnbind.nd`` (MXNet's
     HybridLambda); a string names an ``nd`` function, called without F."""
+    _array_input = True
 
     def __init__(self, function, prefix=None):
         super().__init__(prefix=prefix)
@@ -220,11 +235,13 @@ class Embedding(Block):
 
     The weight (input_dim, output_dim) gets a dense gradient (``sparse_grad`` is accepted and ignored).
     """
+    _array_input = True
 
     def __init__(self, input_dim: int, output_dim: int, dtype="float32", weight_initializer=None,
                  sparse_grad: bool = False, prefix=None, params=None):
+        input_dim, output_dim = size("Embedding", "input_dim", input_dim), size("Embedding", "output_dim", output_dim)
         super().__init__(prefix=prefix, params=params)
-        self._input_dim, self._output_dim, self._dtype = int(input_dim), int(output_dim), dtype
+        self._input_dim, self._output_dim, self._dtype = input_dim, output_dim, dtype
         with self.name_scope():
             self.weight = self.params.get("weight", shape=(self._input_dim, self._output_dim), dtype=dtype,
                                           init=weight_initializer, allow_deferred_init=True)

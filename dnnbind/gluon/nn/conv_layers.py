@@ -18,6 +18,7 @@ from ..._lib.errors import DnnbindValueError
 from ... import nd
 from ...ops._check import as_tuple
 from ..block import Block
+from ._checks import size
 from .basic_layers import Activation
 
 __all__ = ["AvgPool1D", "AvgPool2D", "Conv1D", "Conv1DTranspose", "Conv2D", "Conv2DTranspose", "GlobalAvgPool1D",
@@ -45,12 +46,15 @@ class _Conv(Block):
     """Convolution over ``_dims`` spatial axes (1 or 2), channels first (or last, where ``_nhwc`` allows it)."""
     _dims = 2
     _nhwc = False  # whether layout='NHWC' is offered (Conv2D)
+    _array_input = True
 
     def __init__(self, channels: int, kernel_size, strides=1, padding=0, dilation=1, groups: int = 1,
                  layout: str | None = None, activation: str | None = None, use_bias: bool = True,
                  weight_initializer=None, bias_initializer=None, in_channels: int = 0, prefix=None, params=None):
         name, dims = type(self).__name__, self._dims
         self._layout = _check_layout(name, dims, layout if layout is not None else _LAYOUTS[dims], self._nhwc)
+        channels, groups = size(name, "channels", channels), size(name, "groups", groups)
+        in_channels = size(name, "in_channels", in_channels, 0)
         if in_channels and in_channels % groups:
             raise DnnbindValueError(f"{name}: in_channels {in_channels} is not divisible by groups {groups}")
         if channels % groups:
@@ -61,6 +65,9 @@ class _Conv(Block):
         self._strides = as_tuple(strides, dims, name, "strides", 1)
         self._padding = as_tuple(padding, dims, name, "padding", 0)
         self._dilation = as_tuple(dilation, dims, name, "dilation", 1)
+        for arg, t in (("kernel_size", self._kernel), ("strides", self._strides), ("padding", self._padding),
+                       ("dilation", self._dilation)):
+            size(name, arg, max(t), 0)  # at most int32's range, which cuDNN takes
         with self.name_scope():
             wshape = self._weight_shape(in_channels)
             self.weight = self.params.get("weight", shape=wshape, init=weight_initializer, allow_deferred_init=True)
@@ -69,7 +76,7 @@ class _Conv(Block):
                 self.bias = self.params.get("bias", shape=(channels,), init=bias_initializer,
                                             allow_deferred_init=True)
                 self.bias.fan_in_from = self.weight
-            self.act = Activation(activation, prefix=activation + "_") if activation is not None else None
+            self.act = Activation(activation, prefix=f"{activation}_") if activation is not None else None
 
     def _alias(self) -> str:
         return "conv"
@@ -87,6 +94,9 @@ class _Conv(Block):
                 raise DnnbindValueError(f"{self.name}: {type(self).__name__} expects {self._layout} input "
                                  f"({self._dims + 2}-D), got shape {x.shape}")
             c = x.shape[-1 if self._layout == "NHWC" else 1]
+            if not c:
+                raise DnnbindValueError(f"{self.name}: {type(self).__name__} cannot infer in_channels from an input "
+                                        f"of shape {x.shape}: it has 0 channels")
             if c % self._groups:
                 raise DnnbindValueError(f"{self.name}: input channels {c} not divisible by groups {self._groups}")
             self._in_channels = c
@@ -221,6 +231,7 @@ class _Pool(Block):
     """Max/avg pooling over ``_dims`` spatial axes (1 or 2) by ``nd.Pooling``; 2-D also channels last (NHWC)."""
     _pool_type = "max"
     _dims = 2
+    _array_input = True
 
     def __init__(self, pool_size=2, strides=None, padding=0, layout: str | None = None, ceil_mode: bool = False,
                  global_pool: bool = False, count_include_pad: bool = True, prefix=None, params=None):
@@ -323,6 +334,7 @@ class GlobalAvgPool1D(_Pool):
 class _GlobalPool3D(Block):
     """(N, C, D, H, W) -> (N, C, 1, 1, 1): a reduction over the three spatial axes (cuDNN's pooling is 2-D)."""
     _pool_type = "max"
+    _array_input = True
 
     def __init__(self, layout="NCDHW", prefix=None, params=None):
         _check_layout(type(self).__name__, 3, layout)
@@ -332,8 +344,9 @@ class _GlobalPool3D(Block):
         return "pool"
 
     def forward(self, x):
-        if x.ndim != 5:
-            raise DnnbindValueError(f"{self.name}: {type(self).__name__} expects NCDHW input (5-D), got shape {x.shape}")
+        if x.ndim != 5 or 0 in x.shape:
+            raise DnnbindValueError(f"{self.name}: {type(self).__name__} expects non-empty NCDHW input (5-D), got "
+                                    f"shape {x.shape}")
         reduce = nd.max if self._pool_type == "max" else nd.mean
         return reduce(x, axis=(2, 3, 4), keepdims=True)
 

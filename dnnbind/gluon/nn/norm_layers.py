@@ -20,7 +20,10 @@ from ..._lib.errors import DnnbindValueError
 import numpy as np
 
 from ... import nd
+from ...ops._check import scalar
 from ..block import Block
+from ._checks import axis as _axis_arg
+from ._checks import size
 
 __all__ = ["BatchNorm", "InstanceNorm", "LayerNorm"]
 
@@ -33,17 +36,20 @@ def _norm_axis(layer: str, axis: int, ndim: int) -> int:
 
 class BatchNorm(Block):
     """Batch normalization (Ioffe and Szegedy, 2014) over ``axis`` with MXNet's constructor and defaults."""
+    _array_input = True
 
     def __init__(self, axis: int = 1, momentum: float = 0.9, epsilon: float = 1e-5, center: bool = True,
                  scale: bool = True, use_global_stats: bool = False, beta_initializer="zeros",
                  gamma_initializer="ones", running_mean_initializer="zeros", running_variance_initializer="ones",
                  in_channels: int = 0, prefix=None, params=None):
+        momentum, epsilon = scalar("BatchNorm", "momentum", momentum), scalar("BatchNorm", "epsilon", epsilon)
+        in_channels = size("BatchNorm", "in_channels", in_channels, 0)
         super().__init__(prefix=prefix, params=params)
         if not 0 <= momentum <= 1:
             raise DnnbindValueError(f"BatchNorm: momentum must be in [0, 1], got {momentum}")
         if not epsilon >= 0:
             raise DnnbindValueError(f"BatchNorm: epsilon must be >= 0, got {epsilon}")
-        self._axis = int(axis)
+        self._axis = _axis_arg("BatchNorm", axis)
         # nd.BatchNorm's arguments, in MXNet's order (also what __repr__ prints)
         self._kwargs = {"axis": self._axis, "eps": float(epsilon), "momentum": float(momentum),
                         "fix_gamma": not scale, "use_global_stats": bool(use_global_stats)}
@@ -73,6 +79,9 @@ class BatchNorm(Block):
             if x.ndim < 2:
                 raise DnnbindValueError(f"{self.name}: BatchNorm expects input with at least 2 axes, got shape {x.shape}")
             c = x.shape[_norm_axis(self.name, self._axis, x.ndim)]
+            if not c:
+                raise DnnbindValueError(f"{self.name}: BatchNorm cannot infer in_channels from an input of shape "
+                                        f"{x.shape}: axis {self._axis} has size 0")
             for p in self._params4():
                 p.shape = (c,)
             self.in_channels = c
@@ -98,13 +107,17 @@ class BatchNorm(Block):
 class _AxisNorm(Block):
     """Shared by LayerNorm and InstanceNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta, the statistics
     over the axes ``_reduce_axes`` gives, gamma and beta of shape (in_channels,) along ``axis``."""
+    _array_input = True
 
     def __init__(self, axis, epsilon, center, scale, beta_initializer, gamma_initializer, in_channels, prefix,
                  params):
+        epsilon = scalar(type(self).__name__, "epsilon", epsilon)
+        in_channels = size(type(self).__name__, "in_channels", in_channels, 0)
         super().__init__(prefix=prefix, params=params)
         if not epsilon >= 0:
             raise DnnbindValueError(f"{type(self).__name__}: epsilon must be >= 0, got {epsilon}")
-        self._axis, self._eps, self._center, self._scale = int(axis), float(epsilon), center, scale
+        self._axis, self._eps = _axis_arg(type(self).__name__, axis), epsilon
+        self._center, self._scale = center, scale
         shape = (int(in_channels),)
         with self.name_scope():
             self.gamma = self.params.get("gamma", grad_req="write" if scale else "null", shape=shape,
@@ -117,8 +130,13 @@ class _AxisNorm(Block):
 
     def forward(self, x):
         axis = _norm_axis(type(self).__name__, self._axis, x.ndim)
+        if 0 in x.shape:  # (MXNet refuses empty input too)
+            raise DnnbindValueError(f"{self.name}: {type(self).__name__} got an empty input, shape {x.shape}")
         if self.gamma._data is None or self.beta._data is None:
             if not self.gamma._shape_known():
+                if not x.shape[axis]:
+                    raise DnnbindValueError(f"{self.name}: {type(self).__name__} cannot infer in_channels from an "
+                                            f"input of shape {x.shape}: axis {self._axis} has size 0")
                 self.gamma.shape = self.beta.shape = (x.shape[axis],)
             self.gamma._finish_deferred_init()
             self.beta._finish_deferred_init()

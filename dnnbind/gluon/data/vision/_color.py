@@ -20,7 +20,7 @@ so its "gray" is 0.114 * B alone; dnnbind uses the full weighted sum, which is w
 
 from __future__ import annotations
 
-from ...._lib.errors import DnnbindValueError
+from ...._lib.errors import DnnbindTypeError, DnnbindValueError
 
 import numbers
 from typing import Any
@@ -106,7 +106,9 @@ def adjust_lighting(f: np.ndarray, alpha: np.ndarray) -> np.ndarray:
 # ---- the transforms ---------------------------------------------------------------------------------------
 
 def _amount(op: str, name: str, v: Any) -> float:
-    if not isinstance(v, numbers.Real) or isinstance(v, bool) or not v >= 0:
+    if not isinstance(v, numbers.Real) or isinstance(v, bool):
+        raise DnnbindTypeError(f"{op}: {name} must be a number >= 0, got {v!r} ({type(v).__name__})")
+    if not 0 <= v < float("inf"):
         raise DnnbindValueError(f"{op}: {name} must be a number >= 0, got {v!r}")
     return float(v)
 

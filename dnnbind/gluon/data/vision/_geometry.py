@@ -28,6 +28,8 @@ _INTERP = (0, 1, 2, 3, 4, 9, 10)  # MXNet's codes (OpenCV's, plus 9 auto and 10 
 
 
 def _interp(op: str, interpolation: Any) -> int:
+    if isinstance(interpolation, bool) or not isinstance(interpolation, (int, np.integer)):
+        raise DnnbindTypeError(f"{op}: interpolation must be an int, one of {_INTERP}, got {interpolation!r}")
     if interpolation not in _INTERP:
         raise DnnbindValueError(f"{op}: unknown interpolation {interpolation!r}; expected one of {_INTERP}")
     return int(interpolation)
@@ -124,8 +126,14 @@ class RandomResizedCrop:
         self.size = size_pair("RandomResizedCrop", size)
         if isinstance(scale, numbers.Real):
             scale = (scale, 1.0)
+        for name, pair in (("scale", scale), ("ratio", ratio)):
+            if isinstance(pair, (str, bytes)) or not hasattr(pair, "__iter__") or not all(
+                    isinstance(v, numbers.Real) and not isinstance(v, bool) for v in pair):
+                raise DnnbindTypeError(f"RandomResizedCrop: {name} must be a pair of numbers, got {pair!r}")
         self.scale = tuple(float(v) for v in scale)
         self.ratio = tuple(float(v) for v in ratio)
+        if not all(math.isfinite(v) for v in self.scale + self.ratio):
+            raise DnnbindValueError(f"RandomResizedCrop: scale and ratio must be finite, got {scale!r}, {ratio!r}")
         if len(self.scale) != 2 or min(self.scale) <= 0:
             raise DnnbindValueError(f"RandomResizedCrop: scale must be (min_area, max_area) > 0, got {scale!r}")
         if len(self.ratio) != 2 or min(self.ratio) <= 0:

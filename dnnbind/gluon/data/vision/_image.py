@@ -33,10 +33,23 @@ def like_input(out: np.ndarray, x: Any) -> Any:
     return array(out, device=x.device, dtype=out.dtype)
 
 
-def check_image(op: str, x: np.ndarray, channels: tuple[int, ...] | None = None) -> None:
-    """Raise ValueError unless ``x`` is (H, W, C) or (N, H, W, C) with C in ``channels`` (if given)."""
+def check_numeric(op: str, x: np.ndarray) -> None:
+    """Raise TypeError unless ``x`` holds numbers (bool, integers or floats): not objects, strings, complex."""
+    if x.dtype.kind not in "buif":
+        raise DnnbindTypeError(f"{op}: expected an array of numbers, got dtype {x.dtype} (shape {x.shape})")
+
+
+def check_image(op: str, x: np.ndarray, channels: tuple[int, ...] | None = None, layout: str = "HWC") -> None:
+    """Raise TypeError unless ``x`` holds numbers, ValueError unless it is an image (H, W, C) or a batch
+    (N, H, W, C) (``layout="CHW"``: (C, H, W) or (N, C, H, W)) with no empty axis but N, and C in ``channels``
+    (if given)."""
+    check_numeric(op, x)
+    one, many = ("(H, W, C)", "(N, H, W, C)") if layout == "HWC" else ("(C, H, W)", "(N, C, H, W)")
     if x.ndim not in (3, 4):
-        raise DnnbindValueError(f"{op}: expected an image (H, W, C) or a batch (N, H, W, C), got shape {x.shape}")
+        raise DnnbindValueError(f"{op}: expected an image {one} or a batch {many}, got shape {x.shape}")
+    if 0 in x.shape[-3:]:
+        raise DnnbindValueError(f"{op}: the image is empty: shape {x.shape} ({one[1:-1]} = "
+                                f"{', '.join(map(str, x.shape[-3:]))})")
     if channels is not None and x.shape[-1] not in channels:
         want = " or ".join(str(c) for c in channels)
         raise DnnbindValueError(f"{op}: expected {want} channels (the last axis), got shape {x.shape}")
@@ -82,14 +95,17 @@ def resize_hwc(x: np.ndarray, oh: int, ow: int, interpolation: int = 1) -> np.nd
     return out.astype(x.dtype, copy=False)
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
 def size_pair(op: str, size: Any) -> tuple[int, int]:
     """An int or (width, height) as (width, height), both positive."""
-    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
-        size = (int(size), int(size))
-    try:
-        w, h = (int(v) for v in size)
-    except (TypeError, ValueError):
-        raise DnnbindTypeError(f"{op}: size must be an int or (width, height), got {size!r}") from None
+    pair = (size, size) if _is_int(size) else size
+    if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2 \
+            or not all(_is_int(v) for v in pair):
+        raise DnnbindTypeError(f"{op}: size must be an int or (width, height) of ints, got {size!r}")
+    w, h = (int(v) for v in pair)
     if w <= 0 or h <= 0:
         raise DnnbindValueError(f"{op}: size must be positive, got {size!r}")
     return w, h

