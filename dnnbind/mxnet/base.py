@@ -18,7 +18,8 @@ from .._lib.errors import DnnbindError as MXNetError
 from . import _unsupported
 from ._unsupported import UnsupportedFeature
 
-__all__ = ["MXNetError", "integer_types", "numeric_types", "py_str", "string_types"]
+__all__ = ["MXNetError", "data_dir", "data_dir_default", "integer_types", "numeric_types", "py_str",
+           "string_types"]
 
 string_types = (str,)
 numeric_types = (float, int, np.generic)
@@ -28,6 +29,18 @@ integer_types = (int, np.int32, np.int64)
 def py_str(x) -> str:
     """bytes from a C API as str (str passes through)."""
     return x.decode("utf-8") if isinstance(x, (bytes, bytearray)) else x
+
+
+def data_dir() -> str:
+    """$MXNET_HOME, else ~/.mxnet: where data sets (datasets/<name>) and downloads live."""
+    from ..gluon.data._home import data_dir as _data_dir  # lazy: this module loads no Gluon
+    return _data_dir()
+
+
+def data_dir_default() -> str:
+    """~/.mxnet (%APPDATA%\\mxnet on Windows): data_dir() without MXNET_HOME."""
+    from ..gluon.data._home import data_dir_default as _default
+    return _default()
 
 
 def __getattr__(name: str):
