@@ -320,3 +320,72 @@ def test_several_nodes_need_a_shared_secret(monkeypatch, capsys):
     assert distributed.SECRET_ENV in capsys.readouterr().err
     monkeypatch.setenv(distributed.SECRET_ENV, "ab" * 32)
     assert launch.parse_args(["--nnodes", "2", "--node-rank", "1", "train.py"]).secret == "ab" * 32
+
+
+# -- the launchers clusters already run ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("env, expect", [
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234",
+      "SLURM_PROCID": "0", "SLURM_NTASKS": "1"},  # torchrun inside a Slurm allocation is torchrun
+     ("torchrun", 3, 8, 3, "10.0.0.1", 1234)),
+    ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "1"},
+     ("openmpi", 5, 16, 1, "127.0.0.1", 29500)),
+    ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MASTER_ADDR": "h0"},
+     ("mpich", 2, 4, 0, "h0", 29500)),
+    ({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[03-05,9],cpu1"},
+     ("slurm", 9, 16, 1, "gpu03", 29500)),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODELIST": "n1,n2",
+      "MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "4000"},
+     ("slurm", 0, 2, 0, "10.1.1.1", 4000)),
+    ({}, ("none", 0, 1, 0, "127.0.0.1", 29500)),
+])
+def test_placement_reads_each_launchers_variables(env, expect):
+    assert tuple(distributed.placement(env)) == expect
+
+
+@pytest.mark.parametrize("nodelist, host", [("a1", "a1"), ("a1,a2", "a1"), ("node[001-004]", "node001"),
+                                            ("gpu[7,9-10],x", "gpu7"), ("rack1-n[2-3]", "rack1-n2")])
+def test_first_host_of_a_slurm_nodelist(nodelist, host):
+    assert distributed.first_host(nodelist) == host
+
+
+def test_placement_rejects_a_rank_outside_the_world():
+    with pytest.raises(ValueError, match="OMPI_COMM_WORLD_RANK=4"):
+        distributed.placement({"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "4"})
+    with pytest.raises(ValueError, match="SLURM_NTASKS='x'"):
+        distributed.placement({"SLURM_PROCID": "0", "SLURM_NTASKS": "x"})
+
+
+class _FakeComm:
+    """mpi4py's COMM_WORLD as rank 1 of 2 sees it: bcast returns what rank 0 sent."""
+
+    def __init__(self):
+        self.calls = []
+
+    def Barrier(self):
+        self.calls.append("Barrier")
+
+    def bcast(self, obj, root=0):
+        self.calls.append(("bcast", obj, root))
+        return b"i" * 128
+
+
+def test_under_mpirun_with_mpi4py_the_nccl_id_goes_through_mpi(monkeypatch):
+    import sys
+    import types
+    comm = _FakeComm()
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=types.SimpleNamespace(COMM_WORLD=comm)))
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", sys.modules["mpi4py"].MPI)
+    monkeypatch.setitem(sys.modules, "dnnbind._lib.nccl", types.SimpleNamespace(get_unique_id=lambda: b"x" * 128))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+    distributed.init()  # no TCP port is opened or dialled: it would time out here, with no rank 0
+    try:
+        assert distributed.launcher() == "openmpi" and distributed.local_rank() == 1
+        assert distributed.nccl_unique_id() == b"i" * 128
+        assert comm.calls == ["Barrier", ("bcast", None, 0)]
+    finally:
+        distributed.shutdown()

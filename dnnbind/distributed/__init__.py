@@ -4,8 +4,10 @@ Layer: distributed (below gluon); imports runtime at import. dnnbind._lib.nccl i
 nccl_unique_id() and the communicators (comm.py), so this package works (and init() works) on a machine without
 NCCL. ``communicator()`` gives this process's rank of the world's NCCL clique.
 
-The environment is torchrun's, as set by `python -m dnnbind.launch`: RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR, MASTER_PORT. With none of them set, init() makes a single-process world of size 1.
+The rank, world size and local rank come from the launcher that started the process (launchers.py): torchrun's
+variables, as `python -m dnnbind.launch` sets them, or Open MPI's, MPICH's (PMI) or Slurm's. With none of them set,
+init() makes a single-process world of size 1. Under an MPI launcher with mpi4py importable, the NCCL id and the
+barriers go through MPI; otherwise through the TCP rendezvous at MASTER_ADDR:MASTER_PORT.
 """
 
 from __future__ import annotations
@@ -16,22 +18,13 @@ import os
 
 from ._rendezvous import SECRET_ENV, RendezvousError, barrier, exchange, secret_from_env
 from .comm import Communicator, group  # imports NCCL only when a communicator is made
+from .launchers import MPI_LAUNCHERS, first_host, placement
 
 __all__ = ["SECRET_ENV", "Communicator", "RendezvousError", "barrier", "communicator", "exchange", "group", "init",
-           "is_initialized", "local_rank", "master", "nccl_unique_id", "rank", "secret_from_env", "shutdown",
-           "world_size"]
+           "is_initialized", "launcher", "local_rank", "master", "nccl_unique_id", "rank", "secret_from_env",
+           "shutdown", "world_size", "first_host", "placement"]
 
 _state: dict | None = None
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise DnnbindValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
 def init(timeout: float = 300.0, barrier_on_init: bool = True) -> None:
@@ -41,19 +34,28 @@ def init(timeout: float = 300.0, barrier_on_init: bool = True) -> None:
     so a worker that never started is reported here (naming the missing ranks) rather than as a hang later.
     """
     global _state
-    ws = _env_int("WORLD_SIZE", 1)
-    r = _env_int("RANK", 0)
-    lr = _env_int("LOCAL_RANK", r)
-    addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    port = _env_int("MASTER_PORT", 29500)
-    if ws < 1 or not 0 <= r < ws:
-        raise DnnbindValueError(f"RANK={r} must be in [0, WORLD_SIZE={ws}); start workers with python -m dnnbind.launch")
+    where = placement()
+    r, ws = where.rank, where.world_size
     secret = secret_from_env()  # python -m dnnbind.launch makes one per job: strangers can't join
-    state = {"rank": r, "world_size": ws, "local_rank": lr, "addr": addr, "port": port, "timeout": timeout,
-             "secret": secret}
+    mpi = _mpi_world() if where.launcher in MPI_LAUNCHERS and ws > 1 else None
+    state = {"rank": r, "world_size": ws, "local_rank": where.local_rank, "addr": where.addr, "port": where.port,
+             "timeout": timeout, "secret": secret, "launcher": where.launcher, "mpi": mpi}
     if ws > 1 and barrier_on_init:
-        barrier(r, ws, addr, port, timeout, secret)
+        if mpi is not None:
+            mpi.Barrier()
+        else:
+            barrier(r, ws, where.addr, where.port, timeout, secret)
     _state = state
+
+
+def _mpi_world():
+    """MPI's COMM_WORLD when mpi4py is importable (the job was started by mpirun), else None: the TCP rendezvous
+    is used instead."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    return MPI.COMM_WORLD
 
 
 def shutdown() -> None:
@@ -84,6 +86,11 @@ def local_rank() -> int:
     return _get("local_rank")
 
 
+def launcher() -> str:
+    """Which launcher started this process: torchrun, openmpi, mpich, slurm, or none."""
+    return _get("launcher")
+
+
 def master() -> tuple[str, int]:
     """(MASTER_ADDR, MASTER_PORT) as init() read them."""
     return _get("addr"), _get("port")
@@ -107,6 +114,9 @@ def nccl_unique_id(timeout: float | None = None) -> bytes:
     if r == 0:
         uid = nccl.get_unique_id()
         blob = uid if isinstance(uid, bytes) else bytes(uid)  # a ctypes struct gives its raw bytes
+    mpi = _get("mpi")
+    if mpi is not None:  # started by mpirun with mpi4py: MPI carries the id, no port to open
+        return bytes(mpi.bcast(blob, root=0))
     addr, port = master()
     return exchange(blob, r, ws, addr, port, _get("timeout") if timeout is None else timeout, _get("secret"))
 
