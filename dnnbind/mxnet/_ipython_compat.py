@@ -62,4 +62,7 @@ def install() -> None:
     if MODULE in sys.modules:
         patch(sys.modules[MODULE])
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+        # Just before the path finder, which would load IPython.display: the MXNet alias's finder stays first.
+        at = next((i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder),
+                  len(sys.meta_path))
+        sys.meta_path.insert(at, _Finder())
