@@ -93,9 +93,6 @@ class Dense(Block):
     def _infer(self, x) -> None:
         """First forward: take in_units from the input, then finish the deferred initialization."""
         if not self.weight._shape_known():
-            if x.ndim < 1:  # MXNet: "Deferred initialization failed because shape cannot be inferred"
-                raise DnnbindValueError(f"{self.name}: Dense cannot infer in_units from a 0-d input (shape "
-                                        f"{x.shape}); give it at least one axis")
             # As MXNet: flatten=True reads a 1-d (N,) input as (N, 1) (in_units 1); flatten=False as one sample.
             in_units = 1
             for d in (x.shape[1:] if self._flatten else x.shape[-1:]):
@@ -110,6 +107,8 @@ class Dense(Block):
             self.bias._finish_deferred_init()
 
     def forward(self, x):
+        if x.ndim == 0:  # MXNet: "Deferred initialization failed because shape cannot be inferred" (ValueError)
+            raise DnnbindValueError(f"{self.name}: Dense cannot take a 0-d input; give it at least one axis")
         if self.weight._data is None:
             self._infer(x)
         w = self.weight.data()
@@ -177,6 +176,9 @@ class Flatten(Block):
     _array_input = True
 
     def forward(self, x):
+        if x.ndim == 0:
+            raise DnnbindValueError(f"{self.name}: Flatten needs an input (N, ...) with at least one axis, got a 0-d "
+                                    "array")
         return nd.Flatten(x)
 
     def __repr__(self) -> str:
