@@ -11,6 +11,10 @@ graph itself keeps no activation alive. An activation lives only as long as some
 in PyTorch), so one that no gradient formula needs (BatchNorm's output feeding a ReLU that differentiates from
 its own output) is freed in the forward. backward() also drops each Node's closure once it has run, so saved
 activations are freed during the backward, not after it.
+
+While recording, in-place writes follow MXNet 1.x (``check_write``): an array with a place in the graph (a taped
+output, a variable, a constant input of a taped op, a view of one) may not be overwritten, since a saved value
+would silently change a gradient; a whole-array copy of a graph array into a fresh one is taped (``record_copy``).
 """
 
 from __future__ import annotations
@@ -86,19 +90,25 @@ def set_training(flag: bool) -> bool:
 class Node:
     """One taped op. ``inputs[i]``: the Node that made input i, the leaf array itself (a gradient goes into its
     ``_grad``), or None (input i needs no gradient). ``output``: a weak reference to the output array, whose
-    ``_node`` is cleared when the graph is freed (so the array no longer counts as taped)."""
-    __slots__ = ("backward", "inputs", "name", "scope", "output", "__weakref__")  # weak: hybrid.py
+    ``_node`` is cleared when the graph is freed (so the array no longer counts as taped). ``consts``: weak
+    references to the inputs that need no gradient, held in the graph (``in_graph``) until the node is freed."""
+    __slots__ = ("backward", "inputs", "name", "scope", "output", "consts", "__weakref__")  # weak: hybrid.py
 
     def __init__(self, backward, inputs, name, output):
         self.backward, self.inputs, self.name, self.scope = backward, inputs, name, None
         self.output = weakref.ref(output)
+        self.consts = ()
 
     def free(self) -> None:
-        """Drop the closure (and the activations it saves) and the edges; untape the output."""
+        """Drop the closure (and the activations it saves) and the edges; untape the output and the constants."""
         out = self.output()
         if out is not None and out._node is self:
             out._node = None
-        self.backward, self.inputs = None, ()
+        for ref in self.consts:
+            c = ref()
+            if c is not None and _consts.get(id(c)) is c:
+                del _consts[id(c)]
+        self.backward, self.inputs, self.consts = None, (), ()
 
 
 class Released:
@@ -123,7 +133,7 @@ def needs_grad(x) -> bool:
 def record_op(name: str, output: NDArray, inputs: tuple, backward) -> NDArray:
     """Tape ``output = op(*inputs)`` if recording and some input needs a gradient."""
     if getattr(_tls, "recording", False):
-        edges = None
+        edges = consts = None
         for i, x in enumerate(inputs):
             if x is not None:
                 n = x._node
@@ -131,11 +141,80 @@ def record_op(name: str, output: NDArray, inputs: tuple, backward) -> NDArray:
                     if edges is None:
                         edges = [None] * len(inputs)
                     edges[i] = n if n is not None else x
+                elif consts is None:
+                    consts = [x]
+                else:
+                    consts.append(x)
         if edges is not None:
             node = output._node = Node(backward, tuple(edges), name, output)
+            if consts is not None:  # MXNet gives them a place in the graph too: no in-place writes until freed
+                for c in consts:
+                    _consts[id(c)] = c
+                node.consts = tuple(weakref.ref(c) for c in consts)
             if TRACING:  # keep the Block path (net.conv1) so the backward's calls are traced under it
                 node.scope = hooks.current_path()
     return output
+
+
+# -- in-place writes while recording ---------------------------------------------------------------------------
+# MXNet 1.x refuses to write into an array that has a place in the recorded graph (imperative.cc RecordOp): a
+# recorded op's output until a backward frees it, a variable (attach_grad, any grad_req), and a constant input of
+# a recorded op until a backward frees that op. Writing into another array with a value from the graph is a
+# recorded copy when it covers the whole array (y[:] = x, x.copyto(y), out=y) and refused otherwise.
+_consts: "weakref.WeakValueDictionary[int, NDArray]" = weakref.WeakValueDictionary()
+_null_vars: "weakref.WeakValueDictionary[int, NDArray]" = weakref.WeakValueDictionary()  # attach_grad('null')
+
+ASSIGN_MSG = ("Check failed: AGInfo::IsNone(*output): Assigning to NDArrays that are already in a computational "
+              "graph will cause undefined behavior when evaluating gradients. Please call backward first to clear "
+              "the graph or do this out side of a record section. Also note that you cannot use inplace operations "
+              "like +=, *=, relu(x, out=x), y[idx]=x, etc inside a record section.")
+INPLACE_MSG = ("Check failed: AGInfo::IsNone(*output): Inplace operations (+=, -=, x[:]=, etc) are not supported "
+               "when recording with autograd.")
+
+
+class GraphWriteError(DnnbindValueError):
+    """An in-place write into an array of the recorded graph (MXNet's AGInfo::IsNone check): an MXNetError."""
+
+
+def in_graph(x) -> bool:
+    """Whether x has a place in the recorded graph (MXNet: the array has an AGInfo)."""
+    return (x._node is not None or x._grad_req != "null" or _consts.get(id(x)) is x
+            or _null_vars.get(id(x)) is x)
+
+
+def check_write(x: NDArray, value=None, covers=None) -> bool:
+    """Before writing ``value`` into x in place (``x op= value``, ``x[key] = value``, ``value.copyto(x)``), while
+    recording: raise where MXNet raises; True when the write must be taped as a copy (``record_copy``).
+    ``covers``: a callable saying whether the write replaces all of x (None: an update, x is also an input)."""
+    if not getattr(_tls, "recording", False):
+        return False
+    if in_graph(x):
+        raise GraphWriteError(ASSIGN_MSG)
+    if isinstance(value, NDArray) and in_graph(value):
+        if covers is None or not covers():
+            raise GraphWriteError(INPLACE_MSG)
+        return needs_grad(value)
+    return False
+
+
+def hold(out, inputs) -> None:
+    """While recording: the output of an op that tapes nothing (no input needs a gradient, or the op has none) but
+    reads arrays of the graph has its place in the graph too (MXNet records it), so in-place writes are refused."""
+    if any(isinstance(x, NDArray) and in_graph(x) for x in inputs):
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, NDArray):
+                _consts[id(o)] = o
+
+
+def record_copy(src: NDArray, out: NDArray, backward=None) -> NDArray:
+    """Tape ``out`` as a copy of ``src`` (copy(), copyto(), to(), a whole-array assignment): the gradient goes back
+    to src's device and dtype (``backward`` replaces that where the copy also broadcast)."""
+    if getattr(_tls, "recording", False) and needs_grad(src):
+        if backward is None:
+            dev, dtype = src._device, src._dtype
+            backward = lambda g: (g if g._device is dev and g._dtype == dtype else g.to(dev, dtype),)  # noqa: E731
+        record_op("_copyto", out, (src,), backward)
+    return out
 
 
 def attach_grad(x: NDArray, grad_req: str = "write") -> None:
@@ -144,6 +223,15 @@ def attach_grad(x: NDArray, grad_req: str = "write") -> None:
     x._grad_req = grad_req
     x._grad = None if grad_req == "null" else zeros(x.shape, x.dtype, x.device)
     x._node = None
+    _mark_null(x, grad_req)
+
+
+def _mark_null(x: NDArray, grad_req: str) -> None:
+    """A variable with grad_req 'null' still has its place in the graph (MXNet: no in-place writes while recording)."""
+    if grad_req == "null":
+        _null_vars[id(x)] = x
+    else:
+        _null_vars.pop(id(x), None)
 
 
 def mark_variables(variables, gradients, grad_reqs="write") -> None:
@@ -155,6 +243,7 @@ def mark_variables(variables, gradients, grad_reqs="write") -> None:
         if grad is not None and grad.shape != var.shape:
             raise DnnbindValueError(f"mark_variables: gradient shape {grad.shape} != variable shape {var.shape}")
         var._grad_req, var._grad, var._node = req, (grad if req != "null" else None), None
+        _null_vars.pop(id(var), None)  # NOTE: a Parameter with grad_req 'null' comes here; MXNet leaves it unmarked
 
 
 # Leaves written by the last backward and not yet consumed by a Trainer (its stale-gradient check). Weak values:
@@ -271,6 +360,8 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
                 continue
             node = x
             if g is None or node.backward is None:  # no gradient reached it, or an earlier backward freed it
+                if not retain_graph:
+                    node.free()  # MXNet clears the whole graph, the nodes no gradient reached too
                 continue
             # NOTE: the gradient is handed over, no reference kept here (a call moves its arguments into the
             # callee's frame): a backward done with dy early (a fused conv+bias+ReLU after its ReLU part) frees it
@@ -370,7 +461,12 @@ def _as_array(g, like):
 
 
 def _view(src: NDArray, out: NDArray) -> NDArray:
-    """reshape()/flatten() of a taped array is itself taped: the gradient is reshaped back."""
+    """reshape()/flatten() of a taped array is itself taped: the gradient is reshaped back. A view of an array
+    that is in the graph without a gradient is in the graph too (no in-place writes into it while recording)."""
+    if not needs_grad(src):
+        if getattr(_tls, "recording", False):
+            hold(out, (src,))
+        return out
     shape = src.shape
     return record_op("reshape", out, (src,), lambda g: (g.reshape(shape),))
 
@@ -383,4 +479,5 @@ def _backward(x, out_grad, retain_graph):
     backward(x, out_grad, retain_graph)
 
 
-register_autograd(backward=_backward, attach_grad=_attach, view=_view)
+register_autograd(backward=_backward, attach_grad=_attach, view=_view, check_write=check_write, copied=record_copy,
+                  held=_consts)

@@ -17,9 +17,10 @@ import numbers
 
 import numpy as np
 
+from .. import autograd
 from ..runtime.array import NDArray, empty, zeros
 from . import _lower
-from ._registry import as_array, call, func, norm_axes
+from ._registry import as_array, call, check_int_scalar, func, norm_axes
 
 
 class NDIndexError(IndexError, ValueError):
@@ -119,6 +120,7 @@ func("_basic_index_backward", lambda g, shape=None, key=None: basic_index("slice
 
 def slice_op(data, begin, end, step=None):
     """``nd.slice(data, begin=(..), end=(..), step=(..))``: None entries mean the whole axis."""
+    data = as_array("slice", "data", data)
     step = step or (None,) * len(begin)
     if not (len(begin) == len(end) == len(step)) or len(begin) > data.ndim:
         raise DnnbindValueError(f"slice: begin {begin}, end {end}, step {step} must have equal lengths <= ndim "
@@ -127,12 +129,14 @@ def slice_op(data, begin, end, step=None):
 
 
 def slice_axis(data, axis, begin, end):
+    data = as_array("slice_axis", "data", data)
     a = norm_axes("slice_axis", data.ndim, axis)[0]
     key = (slice(None),) * a + (slice(begin, end),)
     return call("_basic_index", data, key=key)
 
 
 def flip(data, axis):
+    data = as_array("flip", "data", data)
     axes = norm_axes("flip", data.ndim, axis)
     return call("_basic_index", data, key=tuple(slice(None, None, -1) if i in axes else slice(None)
                                                  for i in range(data.ndim)))
@@ -163,14 +167,17 @@ def _view_index(x: NDArray, k) -> NDArray:
         stop = max(stop, start)
         shape = (stop - start,) + x.shape[1:]
     row = math.prod(x.shape[1:])
-    if x._data is not None:
-        out = NDArray._from_numpy(x._data[k])
+    if x._data is not None:  # a view (x._data[i] of a 1-d array would be a numpy scalar, not a view)
+        out = NDArray._from_numpy(x._data[start:stop].reshape(shape))
     else:
         out = NDArray._from_ptr(x._ptr + start * row * x.dtype.itemsize, shape, x.dtype, x.device, x._owner)
-    from .. import autograd
-    if autograd.is_recording() and autograd.needs_grad(x):
-        xshape = x.shape
-        autograd.record_op("slice", out, (x,), lambda g: (call("_basic_index_backward", g, shape=xshape, key=k),))
+    if autograd.is_recording():
+        if autograd.needs_grad(x):
+            xshape = x.shape
+            autograd.record_op("slice", out, (x,),
+                               lambda g: (call("_basic_index_backward", g, shape=xshape, key=k),))
+        else:
+            autograd.hold(out, (x,))  # a view of an array in the graph is in the graph (MXNet)
     return out
 
 
@@ -223,6 +230,45 @@ def _drop_leading_ones(v: np.ndarray, ndim: int) -> np.ndarray:
 def setitem(x: NDArray, key, value) -> None:
     if isinstance(value, NDArray) and value.device is not x.device:
         value = value.as_in_context(x.device)
+    if autograd._tls.__dict__.get("recording") and autograd.check_write(x, value, lambda: _covers(x.shape, key)):
+        _write(x, key, value)
+        _record_assign(x, value)
+    else:
+        _write(x, key, value)
+
+
+def _covers(shape: tuple, key) -> bool:
+    """Whether ``x[key]`` is all of x, in order (x[:], x[...], x[0:n], x[:, :]): MXNet tapes such an assignment
+    as a copy; any other write with a value from the graph is refused."""
+    items = key if isinstance(key, tuple) else (key,)
+    if not all(isinstance(k, slice) or k is Ellipsis for k in items) or sum(k is Ellipsis for k in items) > 1:
+        return False
+    cut = items.index(Ellipsis) if Ellipsis in items else len(items)
+    before, after = items[:cut], items[cut + 1:]
+    if len(before) + len(after) > len(shape):
+        return False
+    pairs = list(zip(before, shape)) + list(zip(after, shape[len(shape) - len(after):]))
+    return all(k.step in (None, 1) and k.indices(d)[:2] == (0, d) for k, d in pairs)
+
+
+def _record_assign(x: NDArray, value: NDArray) -> None:
+    """Tape ``x[:] = value``: value's gradient is x's, summed over the broadcast axes (and cast back)."""
+    vshape, dtype = value.shape, value.dtype
+    src = vshape
+    while len(src) > x.ndim and src[0] == 1:
+        src = src[1:]
+
+    def backward(g):
+        from ._registry import unbroadcast
+        g = unbroadcast(g, src).reshape(vshape)
+        return (g if g.dtype == dtype else g.astype(dtype),)
+
+    autograd.record_copy(value, x, backward)
+
+
+def _write(x: NDArray, key, value) -> None:
+    if x.dtype.kind in "iu":
+        check_int_scalar("setitem", "value", value, x.dtype)
     if x._data is not None:
         k = key if is_basic(key) else _index_arrays(key)
         v = value._data if isinstance(value, NDArray) else value
@@ -335,12 +381,21 @@ func("_take_backward", _take_bwd_check, _take_bwd_cpu, _take_bwd_gpu, None, nd=(
 
 
 def one_hot(indices, depth, on_value=1.0, off_value=0.0, dtype="float32"):
-    """Composite: (expand_dims(indices, -1) == arange(depth)) scaled to on/off values."""
+    """Composite: expand_dims(indices, -1) == arange(depth), scaled to on/off values. Float indices truncate toward
+    zero (MXNet casts them; 1.7 marks 1) and are compared in float64 (a float16 arange cannot count past 2048; NaN
+    marks nothing, where a cast to an integer would give 0 on the GPU). An index outside [0, depth) marks nothing."""
     from ._creation import arange
+    from ._shape import _ints
     indices = as_array("one_hot", "indices", indices)
-    classes = arange(int(depth), ctx=indices.device, dtype=indices.dtype)
-    hit = call("equal", call("broadcast_to", indices.reshape(indices.shape + (1,)), shape=indices.shape + (int(depth),)),
-               classes)
+    depth = _ints("one_hot", "depth", depth, "int")[0]
+    if depth < 0:
+        raise DnnbindValueError(f"one_hot: depth must be >= 0, got {depth} (indices shape {indices.shape})")
+    if indices.dtype.kind == "f":
+        indices = call("trunc", call("cast", indices, dtype=np.dtype(np.float64)))
+    elif indices.dtype not in (np.int32, np.int64):
+        indices = call("cast", indices, dtype=np.dtype(np.int64))
+    classes = arange(depth, ctx=indices.device, dtype=indices.dtype)
+    hit = call("equal", indices.reshape(indices.shape + (1,)), classes)
     hit = hit.astype(dtype) if np.dtype(dtype) != hit.dtype else hit
     if on_value == 1.0 and off_value == 0.0:
         return hit
@@ -348,19 +403,104 @@ def one_hot(indices, depth, on_value=1.0, off_value=0.0, dtype="float32"):
 
 
 def pick(data, index, axis=-1, keepdims=False, mode="clip"):
-    """Composite: sum(data * one_hot(index, n), axis): data[..., index[...], ...]; the gradient comes for free."""
+    """``nd.pick``: data[..., index[...], ...] along ``axis``, a gather (never a product with a one-hot, which
+    turns an inf elsewhere in the row into NaN). Float indices truncate toward zero; 'clip' clamps them into
+    range, 'wrap' takes them modulo the axis length."""
     data = as_array("pick", "data", data)
     index = as_array("pick", "index", index, data)
+    return call("_pick", data, index, axis=axis, keepdims=keepdims, mode=mode)
+
+
+def _pick_check(data, index, axis=-1, keepdims=False, mode="clip"):
+    if axis is None:
+        raise DnnbindValueError("pick: axis=None is not supported by pick yet. Must specify an axis.")
+    if mode not in ("clip", "wrap"):
+        raise DnnbindValueError(f"pick: mode must be 'clip' or 'wrap', got {mode!r}")
     a = norm_axes("pick", data.ndim, axis)[0]
-    n = data.shape[a]
     expect = data.shape[:a] + data.shape[a + 1:]
-    if index.shape != expect and index.shape != data.shape[:a] + (1,) + data.shape[a + 1:]:
-        raise DnnbindValueError(f"pick: index shape {index.shape} must be data's shape without axis {a}: {expect}")
-    idx = index.reshape(expect)
-    idx = call("clip", idx, a_min=0, a_max=n - 1) if mode == "clip" else call("modulo", idx, n)
-    hot = one_hot(call("trunc", idx) if idx.dtype.kind == "f" else idx, n, dtype=data.dtype)
-    if a != data.ndim - 1:
-        perm = list(range(data.ndim - 1))
-        perm.insert(a, data.ndim - 1)
-        hot = call("transpose", hot, axes=tuple(perm))
-    return call("sum", data * hot, axis=a, keepdims=keepdims)
+    kept = data.shape[:a] + (1,) + data.shape[a + 1:]
+    if index.shape != expect and index.shape != kept:
+        raise DnnbindValueError(f"pick: index shape {index.shape} must be data's shape without axis {a}: {expect} "
+                                f"(data shape {data.shape})")
+    if data.shape[a] == 0 and math.prod(expect):
+        raise DnnbindValueError(f"pick: cannot pick from axis {a} of length 0 (data shape {data.shape})")
+    return a, expect, kept if keepdims else expect
+
+
+def _pick_positions(index: NDArray, expect: tuple, n: int, mode: str) -> np.ndarray:
+    idx = index._data.reshape(expect)
+    with np.errstate(invalid="ignore"):
+        idx = np.trunc(idx).astype(np.int64) if idx.dtype.kind == "f" else idx.astype(np.int64)
+    return np.clip(idx, 0, n - 1) if mode == "clip" else np.mod(idx, n)
+
+
+def pick_geometry(shape: tuple, a: int) -> tuple:
+    """A pick as the gather kernel of kernels.strided sees it (its scatter_add the same for the gradient): the
+    iteration space is ``shape`` without axis ``a``, over which the output (scatter: the gradient), the data and
+    the index advance together; the picked position is ``index * axis_stride`` from the data's offset.
+    Returns (space, [out, data, index] element strides, axis length, axis stride)."""
+    own = _lower.contiguous_strides(shape)
+    space = shape[:a] + shape[a + 1:]
+    flat = _lower.contiguous_strides(space)
+    return space, [flat, own[:a] + own[a + 1:], flat], shape[a], own[a]
+
+
+def _pick_launch(kind: str, shape: tuple, a: int, mode: str, refs: tuple, device) -> None:
+    space, strides, length, axis_stride = pick_geometry(shape, a)
+    # NOTE: the gather/scatter_add kernel variants themselves, given a pick's geometry (kernels.strided.gather
+    # spans the index over an axis of its own, which a pick's index does not).
+    from ..runtime.stream import current_stream
+    _lower.strided()._strided_index(kind, mode, space, strides, refs, length, axis_stride, current_stream(device),
+                                    device.index)
+
+
+def _pick_cpu(meta, data, index, axis=-1, keepdims=False, mode="clip"):
+    a, expect, out_shape = meta
+    idx = _pick_positions(index, expect, data.shape[a], mode)
+    got = np.take_along_axis(data._data, np.expand_dims(idx, a), axis=a) if data.size else \
+        np.zeros(out_shape, data.dtype)
+    return NDArray._from_numpy(np.array(got.reshape(out_shape), order="C"))  # (ascontiguousarray makes 0-d 1-d)
+
+
+def _pick_gpu(meta, data, index, axis=-1, keepdims=False, mode="clip"):
+    a, expect, out_shape = meta
+    out = empty(out_shape, data.dtype, data.device)
+    if out.size:
+        _pick_launch("gather", data.shape, a, mode, (_lower.ref(out), _lower.ref(data), _lower.ref(index)),
+                     data.device)
+    return out
+
+
+func("_pick", _pick_check, _pick_cpu, _pick_gpu,
+     lambda g, y, data, index, axis=-1, keepdims=False, mode="clip":
+     (call("_pick_backward", g, index, shape=data.shape, axis=axis, mode=mode), None),
+     nd=(), arity=2, params=("axis", "keepdims", "mode"))
+
+
+def _pick_bwd_check(g, index, shape=None, axis=-1, mode="clip"):
+    a = norm_axes("pick", len(shape), axis)[0]
+    return a, shape[:a] + shape[a + 1:]
+
+
+def _pick_bwd_cpu(meta, g, index, shape=None, axis=-1, mode="clip"):
+    a, expect = meta
+    out = np.zeros(shape, g.dtype)
+    if out.size:
+        idx = np.expand_dims(_pick_positions(index, expect, shape[a], mode), a)
+        np.put_along_axis(out, idx, g._data.reshape(idx.shape), axis=a)
+    return NDArray._from_numpy(out)
+
+
+def _pick_bwd_gpu(meta, g, index, shape=None, axis=-1, mode="clip"):
+    a, _ = meta
+    wide = g if g.dtype in (np.float32, np.float64, np.int32, np.int64) else g.astype(np.float32)  # no half atomicAdd
+    out = zeros(shape, wide.dtype, g.device)
+    if g.size:
+        _pick_launch("scatter_add", shape, a, mode, (_lower.ref(wide), _lower.ref(out), _lower.ref(index)), g.device)
+    return out if out.dtype == g.dtype else out.astype(g.dtype)
+
+
+func("_pick_backward", _pick_bwd_check, _pick_bwd_cpu, _pick_bwd_gpu,
+     lambda gg, y, g, index, shape=None, axis=-1, mode="clip":
+     (call("_pick", gg, index, axis=axis, keepdims=False, mode=mode).reshape(g.shape), None),
+     nd=(), arity=2, params=("shape", "axis", "mode"))

@@ -12,6 +12,7 @@ import numbers
 
 import numpy as np
 
+from .. import autograd
 from ..runtime.array import NDArray
 from ..runtime.device import Device
 from . import _indexing, _shape, _sort
@@ -40,6 +41,8 @@ def _inplace(name: str):
     op = REGISTRY[name]
 
     def method(self, other):
+        if autograd._tls.__dict__.get("recording"):
+            autograd.check_write(self, other)  # MXNet refuses x op= y on arrays of the recorded graph
         result = invoke(op, (self, other), _NO_PARAMS)
         if result.shape != self.shape:
             raise DnnbindValueError(f"{name} in place: the result's shape {result.shape} differs from the array's "
@@ -56,8 +59,31 @@ def _method(fn, nd_name):
     return method
 
 
+def _data(op: str, x) -> NDArray:
+    from ._registry import as_array
+    return x if type(x) is NDArray else as_array(op, "data", x)
+
+
+def _block_grad(op: str, data) -> NDArray:
+    """MXNet's BlockGrad: a new array (a detached view would let a write into it change ``data``), untaped; still
+    in the graph while recording when ``data`` is (writes into it are refused, as in MXNet)."""
+    data = _data(op, data)
+    out = data.detach().copy()
+    if autograd._tls.__dict__.get("recording"):
+        autograd.hold(out, (data,))
+    return out
+
+
 def _astype(self, dtype, copy: bool = True):
-    dtype = np.dtype(dtype)
+    self = _data("cast", self)
+    try:
+        dt = np.dtype(dtype) if dtype is not None else None
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in "biuf":
+        raise DnnbindTypeError(f"cast: dtype must be a numeric dtype (float16, float32, float64, uint8, int8, int32, "
+                               f"int64, bool), got {dtype!r}")
+    dtype = dt
     if dtype == self.dtype and not copy:
         return self
     return invoke(REGISTRY["cast"], (self,), {"dtype": dtype})
@@ -98,8 +124,9 @@ def install(ns: dict) -> None:
              "reverse": _indexing.flip, "one_hot": _indexing.one_hot, "pick": _indexing.pick,
              "sort": _sort.sort, "argsort": _sort.argsort, "topk": _sort.topk, "norm": norm,
              "cast": lambda data, dtype: _astype(data, dtype), "Cast": lambda data, dtype: _astype(data, dtype),
-             "identity": lambda data: data.copy(), "stop_gradient": lambda data: data.detach(),
-             "BlockGrad": lambda data: data.detach()}
+             "identity": lambda data: _data("identity", data).copy(),
+             "stop_gradient": lambda data: _block_grad("stop_gradient", data),
+             "BlockGrad": lambda data: _block_grad("BlockGrad", data)}
     for k, v in extra.items():
         ns[k] = v
     # Operators.

@@ -138,9 +138,9 @@ def norm_axes(op: str, ndim: int, axis, exclude: bool = False) -> tuple:
             if isinstance(a, (bool, np.bool_)) or not isinstance(a, (numbers.Integral, np.integer)):
                 raise DnnbindTypeError(f"{op}: axis must be an int or a tuple of ints, got {axis!r}")
             a = int(a)
-            if not -ndim <= a < max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
+            if not -ndim <= a < ndim:  # a 0-d array has no axis at all (numpy's AxisError; never an IndexError)
                 raise DnnbindValueError(f"{op}: axis {a} is out of range for an array of {ndim} dimensions")
-            a = a % ndim if ndim else 0
+            a = a % ndim
             if a in axes:
                 raise DnnbindValueError(f"{op}: axis {a} repeated in {axis!r}")
             axes.append(a)
@@ -171,14 +171,18 @@ def invoke(op: Op, args: tuple, params: dict):
         out, arrays = _reduce(op, args[0], params)
     else:
         out, arrays = _func(op, args, params)
-    if op.grad is not None and autograd._tls.__dict__.get("recording"):
-        _tape(op, out, arrays, params)
+    if autograd._tls.__dict__.get("recording"):
+        if op.grad is not None:
+            _tape(op, out, arrays, params)
+        else:
+            autograd.hold(out, arrays)
     return out
 
 
 def _tape(op: Op, out, arrays, params) -> None:
     inputs = tuple(a if isinstance(a, NDArray) else None for a in arrays)
     if not any(autograd.needs_grad(a) for a in inputs if a is not None):
+        autograd.hold(out, inputs)
         return
     shapes = tuple(a.shape if a is not None else None for a in inputs)
     outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -292,7 +296,26 @@ def _map_general(op: Op, args, params):
     return _map_run(op, tuple(norm), params, shape, out_dtype, dev), tuple(norm)
 
 
+def check_int_scalar(op: str, name: str, v, dtype: np.dtype) -> None:
+    """An integer scalar operand of an integer array must fit the array's dtype. MXNet casts it (2**40 into an
+    int32 array becomes -2**31, 200 into int8 -56) and numpy raises OverflowError; dnnbind refuses it, before any
+    kernel, on both backends."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        lo, hi = _INT_RANGE.get(dtype) or _INT_RANGE.setdefault(dtype, (int(np.iinfo(dtype).min),
+                                                                       int(np.iinfo(dtype).max)))
+        if not lo <= v <= hi:
+            raise DnnbindValueError(f"{op}: the scalar {name}={int(v)} does not fit the {dtype} array's range "
+                                    f"[{lo}, {hi}]; convert the array with .astype('int64') or 'float64' first")
+
+
+_INT_RANGE: dict = {}
+
+
 def _map_run(op: Op, args, params, shape, out_dtype, dev):
+    if out_dtype.kind in "iu":
+        for a, n in zip(args, _NAMES):
+            if type(a) is not NDArray:
+                check_int_scalar(op.name, n, a, out_dtype)
     if dev.kind == "cpu":
         if TRACING:
             from .._lib import hooks
@@ -331,6 +354,11 @@ def _reduce(op: Op, x, params):
     if not isinstance(x, NDArray):
         x = as_array(op.name, "data", x)
     axis = params.get("axis")
+    if type(axis) in (tuple, list) and not axis:  # MXNet: axis=() reduces over every axis, exclude or not
+        if op.reduce in ("argmax", "argmin"):
+            raise DnnbindValueError(f"{op.name}: axis must be an int or None, got {axis!r}")
+        axis = params["axis"] = None  # in place: the gradient rule reads the same params
+        params["exclude"] = False
     keepdims = bool(params.get("keepdims", False))
     exclude = bool(params.get("exclude", False))
     axes = norm_axes(op.name, x.ndim, axis, exclude)

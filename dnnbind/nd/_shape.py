@@ -14,9 +14,14 @@ import math
 
 import numpy as np
 
-from ..runtime.array import NDArray, empty
+from ..runtime.array import NDArray, check_size, empty
 from . import _lower
-from ._registry import broadcast_shape, call, func, norm_axes
+from ._registry import as_array, broadcast_shape, call, func, norm_axes
+
+
+def _arr(op: str, data, name: str = "data") -> NDArray:
+    """The composite ops' one check of their array argument (TypeError naming the op for None, a str, ...)."""
+    return data if type(data) is NDArray else as_array(op, name, data)
 
 # -- reshape with MXNet's special codes ----------------------------------------------------------------------------
 
@@ -97,6 +102,7 @@ def _reverse_spec(spec):
 
 
 def reshape(data, *shape, reverse=False, **kwargs):
+    data = _arr("reshape", data)
     if "shape" in kwargs:
         shape = (kwargs.pop("shape"),)
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -112,6 +118,7 @@ def _view(x: NDArray, new: tuple) -> NDArray:
 
 
 def expand_dims(data, axis):
+    data = _arr("expand_dims", data)
     nd = data.ndim + 1
     if not -nd <= int(axis) < nd:
         raise DnnbindValueError(f"expand_dims: axis {axis} out of range for a result of {nd} dimensions")
@@ -120,6 +127,7 @@ def expand_dims(data, axis):
 
 
 def squeeze(data, axis=None):
+    data = _arr("squeeze", data)
     if axis is None:
         return _view(data, tuple(d for d in data.shape if d != 1)) if data.ndim else data
     axes = norm_axes("squeeze", data.ndim, axis)
@@ -130,13 +138,18 @@ def squeeze(data, axis=None):
 
 
 def flatten(data):
+    data = _arr("flatten", data)
     return _view(data, (data.shape[0], -1) if data.ndim else (1, 1)) if data.ndim != 2 else data
 
 
 # -- cast -------------------------------------------------------------------------------------------------------------
 
-func("cast", lambda x, dtype=None: np.dtype(dtype),
-     lambda dt, x, dtype=None: NDArray._from_numpy(x._data.astype(dt)),
+def _cast_cpu(dt, x, dtype=None):
+    with np.errstate(invalid="ignore"):  # NaN/inf to an integer: whatever the cast gives, as on the GPU
+        return NDArray._from_numpy(x._data.astype(dt))
+
+
+func("cast", lambda x, dtype=None: np.dtype(dtype), _cast_cpu,
      lambda dt, x, dtype=None: _lower.copy_strided(x, _lower.contiguous_strides(x.shape), 0, x.shape, dtype=dt),
      lambda g, y, x, dtype=None: call("cast", g, dtype=x.dtype) if x.dtype.kind == "f" else None,
      nd=(), params=("dtype",))
@@ -170,6 +183,7 @@ func("transpose", _perm, lambda perm, x, axes=None: NDArray._from_numpy(np.array
 
 
 def swapaxes(data, dim1=0, dim2=0):
+    data = _arr("swapaxes", data)
     perm = list(range(data.ndim))
     a, b = norm_axes("swapaxes", data.ndim, dim1)[0], norm_axes("swapaxes", data.ndim, dim2)[0]
     perm[a], perm[b] = perm[b], perm[a]
@@ -188,6 +202,7 @@ def _bcast_check(x, shape=None):
     shape = tuple(x.shape[i - lead] if s == 0 and i >= lead else s for i, s in enumerate(shape))
     if broadcast_shape("broadcast_to", [x.shape, shape], ["data", "shape"]) != shape:
         raise DnnbindValueError(f"broadcast_to: cannot broadcast shape {x.shape} to {shape}")
+    check_size("broadcast_to", shape, x.dtype, x.device)
     return shape
 
 
@@ -198,6 +213,7 @@ func("broadcast_to", _bcast_check,
 
 
 def broadcast_like(lhs, rhs, lhs_axes=None, rhs_axes=None):
+    lhs, rhs = _arr("broadcast_like", lhs, "lhs"), _arr("broadcast_like", rhs, "rhs")
     if lhs_axes is not None or rhs_axes is not None:
         shape = list(lhs.shape)
         for la, ra in zip(norm_axes("broadcast_like", lhs.ndim, lhs_axes), norm_axes("broadcast_like", rhs.ndim,
@@ -208,6 +224,7 @@ def broadcast_like(lhs, rhs, lhs_axes=None, rhs_axes=None):
 
 
 def broadcast_axis(data, axis=(), size=()):
+    data = _arr("broadcast_axis", data)
     axes = norm_axes("broadcast_axis", data.ndim, axis)
     sizes = size if isinstance(size, (tuple, list)) else (size,)
     shape = list(data.shape)
@@ -268,11 +285,13 @@ func("concat", _concat_check,
 def stack(*data, axis=0, num_args=None):
     if not data:
         raise DnnbindValueError("stack: needs at least one array")
+    data = tuple(_arr("stack", x, f"data[{i}]") for i, x in enumerate(data))
     a = norm_axes("stack", data[0].ndim + 1, axis)[0]
     return call("concat", *[expand_dims(x, a) for x in data], dim=a)
 
 
 def split(data, num_outputs, axis=1, squeeze_axis=False):
+    data = _arr("split", data)
     a = norm_axes("split", data.ndim, axis)[0]
     n = int(num_outputs)
     if n <= 0 or data.shape[a] % n:
@@ -286,11 +305,24 @@ def split(data, num_outputs, axis=1, squeeze_axis=False):
 
 # -- tile / repeat: reshape + broadcast + reshape (no kernels or gradients of their own) --------------------------
 
+def _ints(op: str, name: str, v, kind: str) -> tuple:
+    """MXNet's parsing of an int (or tuple-of-ints) parameter: a float, a str or None is refused, not truncated."""
+    items = v if isinstance(v, (tuple, list)) and kind == "Shape(tuple)" else (v,)
+    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in items):
+        raise DnnbindTypeError(f"Invalid Parameter format for {name} expect {kind} but value={v!r}, in operator {op}")
+    return tuple(int(i) for i in items)
+
+
 def tile(data, reps):
-    reps = (int(reps),) if isinstance(reps, (int, np.integer)) else tuple(int(r) for r in reps)
+    data = _arr("tile", data)
+    reps = _ints("tile", "reps", reps, "Shape(tuple)")
     nd = max(data.ndim, len(reps))
     shape = (1,) * (nd - data.ndim) + data.shape
     reps = (1,) * (nd - len(reps)) + reps
+    if any(r < 0 for r in reps):
+        raise DnnbindValueError(f"tile: reps {reps} has a negative entry (data shape {data.shape})")
+    check_size("tile", tuple(r * s for r, s in zip(reps, shape)), data.dtype, data.device,
+               f"tiling {data.shape} by {reps}")
     inter = tuple(v for s in shape for v in (1, s))
     target = tuple(v for r, s in zip(reps, shape) for v in (r, s))
     x = call("broadcast_to", _view(data, inter), shape=target)
@@ -298,11 +330,16 @@ def tile(data, reps):
 
 
 def repeat(data, repeats, axis=None):
-    r = int(repeats)
+    data = _arr("repeat", data)
+    r = _ints("repeat", "repeats", repeats, "int")[0]
     if axis is None:
         data, a = _view(data, (data.size,)), 0
     else:
         a = norm_axes("repeat", data.ndim, axis)[0]
+    if r < 0:
+        raise DnnbindValueError(f"repeat: repeats cannot be a negative number, got {r} (data shape {data.shape})")
+    check_size("repeat", data.shape[:a] + (data.shape[a] * r,) + data.shape[a + 1:], data.dtype, data.device,
+               f"repeating {data.shape} {r} times along axis {a}")
     inter = data.shape[:a + 1] + (1,) + data.shape[a + 1:]
     target = data.shape[:a + 1] + (r,) + data.shape[a + 1:]
     x = call("broadcast_to", _view(data, inter), shape=target)

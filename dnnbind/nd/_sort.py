@@ -2,7 +2,8 @@
 
 One table op, ``_sortk``, returns the first k values or indices of each lane, stable (ties keep their order);
 on the GPU a generated rank-and-scatter kernel (kernels.strided.sort_along). The gradient of the values
-scatters g back to where each value came from (a one-hot sum, so it is itself made of table ops).
+scatters g back to where each value came from (a sum over a one-hot ``where``, so it is itself made of table
+ops, and an inf in g stays at its own position).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 
 from ..runtime.array import NDArray, empty
 from . import _lower
-from ._registry import call, func, norm_axes
+from ._registry import as_array, call, func, norm_axes
 
 
 def _check(x, axis=-1, k=0, is_ascend=True, ret="value", dtype="float32"):
@@ -21,8 +22,8 @@ def _check(x, axis=-1, k=0, is_ascend=True, ret="value", dtype="float32"):
         raise DnnbindValueError("sort/topk: needs an array of at least 1 dimension")
     a = norm_axes("topk", x.ndim, axis)[0]
     n = x.shape[a]
-    k = n if k in (0, None) else int(k)
-    if not 1 <= k <= n and n:
+    k = n if k is None or k < 1 else int(k)  # MXNet: k < 1 sorts the whole axis
+    if not 1 <= k <= n and k:
         raise DnnbindValueError(f"topk: k={k} must be in [1, {n}] for axis {a} of shape {x.shape}")
     if ret not in ("value", "indices"):
         raise DnnbindValueError(f"topk: ret_typ must be 'value', 'indices', 'both' or 'mask', got {ret!r}")
@@ -59,11 +60,12 @@ def _grad(g, y, x, axis=-1, k=0, is_ascend=True, ret="value", dtype="float32"):
         return None
     from ._indexing import one_hot
     a, k, _ = _check(x, axis, k, is_ascend, ret)
-    idx = call("_sortk", x, axis=a, k=k, is_ascend=is_ascend, ret="indices", dtype=x.dtype)
+    # int32 positions (float16 ones stop counting at 2048); a where, not a product (inf * 0 would be NaN)
+    idx = call("_sortk", x, axis=a, k=k, is_ascend=is_ascend, ret="indices", dtype=np.dtype(np.int32))
     n = x.shape[a]
     hot = one_hot(_swap_last(idx, a), n, dtype=x.dtype)                 # (..., k, n)
     gl = _swap_last(g, a)                                               # (..., k)
-    spread = call("sum", hot * gl.reshape(gl.shape + (1,)), axis=-2)   # (..., n)
+    spread = call("sum", call("where", hot, gl.reshape(gl.shape + (1,)), 0.0), axis=-2)   # (..., n)
     return _swap_last(spread, a, inverse=True)
 
 
@@ -81,18 +83,21 @@ def _swap_last(x, axis=0, inverse=False):
 
 
 def sort(data, axis=-1, is_ascend=True):
+    data = as_array("sort", "data", data)
     if axis is None:
         data, axis = data.reshape((data.size,)), 0
     return call("_sortk", data, axis=axis, k=0, is_ascend=is_ascend, ret="value")
 
 
 def argsort(data, axis=-1, is_ascend=True, dtype="float32"):
+    data = as_array("argsort", "data", data)
     if axis is None:
         data, axis = data.reshape((data.size,)), 0
     return call("_sortk", data, axis=axis, k=0, is_ascend=is_ascend, ret="indices", dtype=dtype)
 
 
 def topk(data, axis=-1, k=1, ret_typ="indices", is_ascend=False, dtype="float32"):
+    data = as_array("topk", "data", data)
     if axis is None:
         data, axis = data.reshape((data.size,)), 0
     if ret_typ == "both":

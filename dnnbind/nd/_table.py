@@ -133,7 +133,7 @@ binary("modulo", lambda a, b: np.where(np.asarray(b) == 0, 0, np.mod(a, np.where
        "(b == 0 ? 0 : a - b * floor((double)a / (double)b))",
        lambda g, y, a, b: (_b(a, lambda: g), _b(b, lambda: -(g * floor(a / b)))), nd=("broadcast_mod", "mod", "_mod"))
 binary("power", np.power, "pow((double)a, (double)b)",
-       lambda g, y, a, b: (_b(a, lambda: g * b * power(a, b - 1.0)), _b(b, lambda: g * y * log(a))),
+       lambda g, y, a, b: (_b(a, lambda: g * b * power(a, b - 1.0)), _b(b, lambda: g * y * _log_of(a))),
        nd=("broadcast_power", "pow", "_power"))
 binary("maximum", np.maximum, "a > b ? a : (b > a ? b : (a != a ? a : b))",
        lambda g, y, a, b: (_b(a, lambda: g * (a >= b)), _b(b, lambda: g * (a < b))), nd=("broadcast_maximum",),
@@ -171,6 +171,14 @@ register(Op("smooth_l1", "map", lambda x, scalar=1.0: np.where(np.abs(x) < 1 / s
             expr="(a < 0 ? -a : a) < 1 / (scalar * scalar) ? 0.5 * scalar * scalar * a * a "
                  ": (a < 0 ? -a : a) - 0.5 / (scalar * scalar)",
             grad=lambda g, y, a, scalar=1.0: g * clip(a * (scalar * scalar), -1.0, 1.0), params=("scalar",)))
+
+def _log_of(a):
+    """log(a) for an array operand or a Python scalar (the base of ``2.0 ** x``): NaN/-inf as the array op gives."""
+    if hasattr(a, "_shape"):
+        return log(a)
+    with np.errstate(all="ignore"):
+        return float(np.log(np.float64(a)))
+
 
 # -- reductions: axis (int/tuple/None), keepdims, exclude ----------------------------------------------------------
 

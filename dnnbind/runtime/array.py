@@ -12,6 +12,7 @@ from __future__ import annotations
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 import math
+import os
 
 import numpy as np
 
@@ -105,7 +106,13 @@ class NDArray:
         return bool(self.item())
 
     def to(self, device=None, dtype=None) -> "NDArray":
-        """This array on ``device`` (itself if already there and no dtype change)."""
+        """This array on ``device`` (itself if already there and no dtype change); a taped copy while recording."""
+        out = self._to(device, dtype)
+        if out is not self and (self._node is not None or self._grad_req != "null"):
+            return _autograd["copied"](self, out)
+        return out
+
+    def _to(self, device, dtype) -> "NDArray":
         device = as_device(device)
         if device is self._device and (dtype is None or np.dtype(dtype) == self._dtype):
             return self
@@ -126,8 +133,10 @@ class NDArray:
 
     def copyto(self, other) -> "NDArray":
         if isinstance(other, NDArray):
+            # While recording, MXNet refuses to overwrite an array of the graph and tapes a copy of one into another.
+            tape = _autograd["check_write"](other, self, _whole)
             other.copy_(self)
-            return other
+            return _autograd["copied"](self, other) if tape else other
         return self.to(other).copy() if as_device(other) is self._device else self.to(other)
 
     def astype(self, dtype, copy: bool = True) -> "NDArray":
@@ -140,9 +149,12 @@ class NDArray:
 
     def copy(self) -> "NDArray":
         if self._data is not None:
-            return NDArray._from_numpy(self._data.copy())
-        out = empty(self._shape, self._dtype, self._device)
-        memcpy(out._ptr, self._ptr, self.nbytes, D2D, current_stream(self._device))
+            out = NDArray._from_numpy(self._data.copy())
+        else:
+            out = empty(self._shape, self._dtype, self._device)
+            memcpy(out._ptr, self._ptr, self.nbytes, D2D, current_stream(self._device))
+        if self._node is not None or self._grad_req != "null":  # taped while recording (MXNet's copy is an op)
+            return _autograd["copied"](self, out)
         return out
 
     def copy_(self, src) -> "NDArray":
@@ -189,7 +201,9 @@ class NDArray:
             out = NDArray._from_numpy(self._data.reshape(new))
         else:
             out = NDArray._from_ptr(self._ptr, new, self._dtype, self._device, self._owner)
-        return _autograd["view"](self, out) if self._node is not None or self._grad is not None else out
+        if self._node is not None or self._grad is not None or _autograd["held"].get(id(self)) is self:
+            return _autograd["view"](self, out)  # taped (a view of a graph array is in the graph too)
+        return out
 
     def flatten(self) -> "NDArray":
         return self.reshape((self._shape[0], -1)) if self.ndim > 1 else self
@@ -274,6 +288,10 @@ class NDArray:
 _CPU = Device("cpu", 0)
 
 
+def _whole() -> bool:
+    return True  # copyto replaces the whole destination (autograd's check_write asks)
+
+
 def _order_for_consumer(device: Device, consumer_stream: int) -> None:
     """DLPack: make the consumer's stream wait for work queued on ours (an event, not a host sync)."""
     from .stream import Event
@@ -309,6 +327,39 @@ def _infer_shape(old: tuple, new: tuple) -> tuple:
     if math.prod(out) != size or any(d < 0 for d in out):
         raise DnnbindValueError(f"reshape: cannot reshape {old} (size {size}) into {tuple(new)}")
     return tuple(out)
+
+
+_MEMORY: dict = {}
+
+
+def memory_bytes(device: Device) -> int:
+    """The host's physical memory, or a GPU's total memory: the most one array could ever take there."""
+    key = (device.kind, device.index)
+    size = _MEMORY.get(key)
+    if size is None:
+        if device.kind == "cpu":
+            try:
+                size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (ValueError, OSError, AttributeError):
+                size = 1 << 50
+        else:
+            from .device import gpu_properties
+            size = gpu_properties(device.index)[3]
+        _MEMORY[key] = size
+    return size
+
+
+def check_size(op: str, shape: tuple, dtype, device: Device, what: str = "the result") -> None:
+    """Refuse, as a ValueError naming the op and the size asked for, an array no device could hold, before
+    anything is allocated (numpy's MemoryError or a CUDA out-of-memory error deep inside says neither)."""
+    if any(d < 0 for d in shape):
+        raise DnnbindValueError(f"{op}: {what} would have a negative dimension, shape {tuple(shape)}")
+    n = math.prod(shape)
+    nbytes = n * np.dtype(dtype).itemsize
+    if nbytes > memory_bytes(device):
+        raise DnnbindValueError(f"{op}: {what} would have shape {tuple(shape)}: {n} elements, "
+                                f"{nbytes / 2 ** 30:.1f} GiB of {np.dtype(dtype).name}, more than the {device.kind}'s "
+                                f"{memory_bytes(device) / 2 ** 30:.1f} GiB of memory")
 
 
 # -- factories -----------------------------------------------------------------------------------------------
