@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 
 from .. import autograd
-from ..runtime.array import NDArray, empty, zeros
+from ..runtime.array import NDArray, check_size, empty, zeros
 from . import _lower
 from ._registry import as_array, call, check_int_scalar, func, norm_axes
 
@@ -390,6 +390,8 @@ def one_hot(indices, depth, on_value=1.0, off_value=0.0, dtype="float32"):
     depth = _ints("one_hot", "depth", depth, "int")[0]
     if depth < 0:
         raise DnnbindValueError(f"one_hot: depth must be >= 0, got {depth} (indices shape {indices.shape})")
+    check_size("one_hot", indices.shape + (depth,), dtype, indices.device)
+    check_size("one_hot", (depth,), np.float64, indices.device, f"the classes of depth {depth}")
     if indices.dtype.kind == "f":
         indices = call("trunc", call("cast", indices, dtype=np.dtype(np.float64)))
     elif indices.dtype not in (np.int32, np.int64):
