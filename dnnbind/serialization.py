@@ -33,6 +33,10 @@ Choices where MXNet 1.x is silent or broken:
 - The context written is the array's own, as MXNet does (gpu arrays say gpu(i)); host copies from
   ``save_parameters`` and numpy inputs say cpu(0). On load every array is on the cpu; the caller moves it.
 - Size-0 arrays (a 0 dim) stay V2: MXNet 1.9 loads them.
+
+Also here, for checkpoints that are not MXNet files (Trainer.save_states, scripts/train.py): ``load_npz`` reads
+an ``np.savez`` archive whole and checked (each entry's header against its size, the zip CRCs), so a truncated
+or corrupt file is one CheckpointFileError naming it, never numpy's or zipfile's exception of the moment.
 """
 
 from __future__ import annotations
@@ -44,13 +48,15 @@ import math
 import os
 import struct
 import tempfile
+import zipfile
 
 import numpy as np
 
 from ._lib.errors import DnnbindError
 from .runtime.array import NDArray
 
-__all__ = ["NDArrayFileError", "load", "load_bytes", "load_frombuffer", "save", "save_bytes"]
+__all__ = ["CheckpointFileError", "NDArrayFileError", "UnsupportedStorageError", "load", "load_bytes",
+           "load_frombuffer", "load_npz", "save", "save_bytes"]
 
 LIST_MAGIC = 0x112
 V1_MAGIC, V2_MAGIC, V3_MAGIC = 0xF993FAC8, 0xF993FAC9, 0xF993FACA
@@ -75,6 +81,21 @@ class NDArrayFileError(DnnbindError, ValueError):
 
     def __reduce__(self):
         return (type(self), (self.source, self.offset, self.message))
+
+
+class UnsupportedStorageError(NDArrayFileError, NotImplementedError):
+    """A sparse array: valid in MXNet, not readable here; or a corrupt storage-type word (hence a ValueError too)."""
+
+
+class CheckpointFileError(DnnbindError, ValueError):
+    """An npz checkpoint that cannot be read back (corrupt, truncated, not npz): names the file and what is wrong."""
+
+    def __init__(self, source: str, message: str):
+        self.source, self.message = source, message
+        super().__init__(f"{source}: {message}")
+
+    def __reduce__(self):
+        return (type(self), (self.source, self.message))
 
 
 # -- reading -----------------------------------------------------------------------------------------------------
@@ -152,8 +173,9 @@ def _read_array(r: _Reader, index: int) -> np.ndarray | None:
             name = _STYPES.get(stype)
             if name is None:
                 r.fail(f"{what} has storage type {stype}; expected 0 (dense), 1 or 2", start + 4)
-            raise NotImplementedError(f"{r.source}: {what} has {name} storage (at byte {start}); dnnbind reads "
-                                      "dense arrays only. Convert it in MXNet first: arr.tostype('default')")
+            raise UnsupportedStorageError(r.source, start, f"{what} has {name} storage (at byte {start}); dnnbind "
+                                          "reads dense arrays only. Convert it in MXNet first: "
+                                          "arr.tostype('default') (or the file is corrupt)")
         shape = _read_shape(r, f"{what}'s shape")
     elif magic == V1_MAGIC:
         shape = _read_shape(r, f"{what}'s shape")
@@ -233,6 +255,69 @@ def load_bytes(buf, source: str = "<bytes>") -> list | dict:
 
 
 load_frombuffer = load_bytes
+
+
+# -- npz checkpoints ---------------------------------------------------------------------------------------------
+
+def load_npz(source, name: str | None = None) -> dict:
+    """Every array of an ``np.savez`` archive (a path or a seekable binary file), name -> numpy array, read whole.
+
+    Any damage is one CheckpointFileError naming ``name`` (default: the path, or the file object's ``name``);
+    a missing file stays FileNotFoundError. Nothing is unpickled.
+    """
+    if isinstance(source, (str, bytes, os.PathLike)):
+        name = name or os.fsdecode(source)
+        with open(source, "rb") as f:
+            return _read_npz(f, name)
+    return _read_npz(source, name or str(getattr(source, "name", "<stream>")))
+
+
+def _read_npz(f, name: str) -> dict:
+    start = f.tell()
+    head = f.read(8)
+    f.seek(start)
+    if head[:4] != b"PK\x03\x04":
+        if not head:
+            why = "the file is empty"
+        elif head.startswith(b"\x93NUMPY"):
+            why = "it is a single .npy array, not an npz archive"
+        elif len(head) == 8 and struct.unpack("<Q", head)[0] == LIST_MAGIC:
+            why = "it is an MXNet NDArray file (nd.save / save_parameters), not an npz archive"
+        else:
+            why = f"it is not an npz archive (starts with {head[:4]!r}; expected b'PK\\x03\\x04')"
+        raise CheckpointFileError(name, why)
+    try:
+        with zipfile.ZipFile(f) as z:
+            return {_npz_key(info.filename): _read_npz_entry(z, info) for info in z.infolist()}
+    except Exception as exc:  # noqa: BLE001 - damaged bytes reach zipfile, zlib, struct and numpy's header parser
+        # (ast/tokenize): each raises its own kind (BadZipFile, EOFError, OSError, SyntaxError, TokenError, ...)
+        raise CheckpointFileError(name, f"corrupt or truncated npz archive ({type(exc).__name__}: {exc})") from None
+
+
+def _npz_key(filename: str) -> str:
+    return filename[:-4] if filename.endswith(".npy") else filename
+
+
+def _read_npz_entry(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
+    from numpy.lib import format as npy
+    with z.open(info) as m:
+        version = npy.read_magic(m)
+        if version == (1, 0):
+            shape, fortran, dtype = npy.read_array_header_1_0(m)
+        elif version == (2, 0):
+            shape, fortran, dtype = npy.read_array_header_2_0(m)
+        else:
+            raise ValueError(f"entry {info.filename!r} has npy format version {version}")
+        if dtype.hasobject:
+            raise ValueError(f"entry {info.filename!r} holds Python objects (dtype {dtype}); not a checkpoint")
+        nbytes, left = math.prod(shape) * dtype.itemsize, info.file_size - m.tell()
+        if nbytes != left:  # checked before reading: a damaged shape must not allocate its size
+            raise ValueError(f"entry {info.filename!r} says {shape} {dtype} ({nbytes} bytes) but holds {left}")
+        buf = bytearray(nbytes)
+        got = m.readinto(buf)
+        if got != nbytes or m.read(1):  # reading to the end checks the entry's CRC-32
+            raise ValueError(f"entry {info.filename!r}: read {got} of {nbytes} bytes")
+    return np.frombuffer(buf, dtype).reshape(shape, order="F" if fortran else "C")
 
 
 # -- writing -----------------------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dnnbind as mx  # noqa: E402
-from dnnbind import autograd, distributed, gluon  # noqa: E402
+from dnnbind import autograd, distributed, gluon, serialization  # noqa: E402
+from dnnbind.gluon.utils import atomic_savez  # noqa: E402
 from dnnbind.gluon.data import DeviceDataLoader, DistributedSampler  # noqa: E402
 from dnnbind.gluon.data.vision import MNIST  # noqa: E402
 from models.simple_cnn import SimpleCNN  # noqa: E402
@@ -114,38 +115,48 @@ def evaluate(net, images, labels, device, batch_size):
 
 
 def save_checkpoint(path, net, trainer, epoch, step, history, args):
-    """One file, atomically: a crash mid-write leaves the previous checkpoint intact."""
+    """One npz file, atomically (temp file in the same folder, fsync, rename): a crash mid-write leaves the previous
+    checkpoint intact, and a failed write leaves no temp file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     arrays = {f"param/{k}": v.data().numpy() for k, v in net.collect_params().items()}
     states = io.BytesIO()
-    tmp_states = path + ".states.tmp"
-    trainer.save_states(tmp_states)
-    with open(tmp_states, "rb") as f:
-        states.write(f.read())
-    os.remove(tmp_states)
+    trainer.save_states(states)  # the optimizer state goes inside this file: no second file to keep in step
     meta = {"epoch": epoch, "step": step, "history": history, "args": vars(args),
             "np_rng": np.random.get_state()[1].tolist()}
     arrays["trainer_states"] = np.frombuffer(states.getvalue(), np.uint8)
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_savez(path, arrays)
 
 
-def load_checkpoint(path, net, trainer, device):
-    with np.load(path, allow_pickle=False) as z:
-        params = net.collect_params()
-        for k, v in params.items():
-            v.set_data(mx.array(z[f"param/{k}"], device=device))
-        tmp = path + ".states.tmp"
-        with open(tmp, "wb") as f:
-            f.write(z["trainer_states"].tobytes())
-        trainer.load_states(tmp)
-        os.remove(tmp)
-        meta = json.loads(z["meta"].tobytes().decode())
+def load_checkpoint(path, net, trainer, device, model=None):
+    """Restore a save_checkpoint file into net and trainer; returns its meta. Everything is checked before anything
+    changes: a corrupt or truncated file, or one for another model, is one ValueError naming the file."""
+    z = serialization.load_npz(path)  # damage of any kind: a ValueError naming the file
+    try:
+        meta = json.loads(bytes(z["meta"]).decode())
+        if not (isinstance(meta, dict) and all(isinstance(meta.get(k), int) and meta[k] >= 0 for k in ("epoch", "step"))
+                and isinstance(meta.get("history"), list) and isinstance(meta.get("args"), dict)):
+            raise ValueError("expected epoch, step, history and args")
+    except (KeyError, ValueError) as exc:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        raise ValueError(f"{path}: not a train.py checkpoint, or its meta entry is damaged ({exc})") from None
+    saved_model = meta["args"].get("model", "simplecnn")
+    if model is not None and saved_model != model:
+        raise ValueError(f"{path}: a checkpoint of --model {saved_model}, not --model {model}")
+    params = net.collect_params()
+    problems = [f"no parameter {k}" for k in params if f"param/{k}" not in z]
+    problems += [f"parameter {k[6:]} is not in this model" for k in z if k.startswith("param/") and k[6:] not in params]
+    problems += [f"{k} has shape {z[f'param/{k}'].shape} in the file, {v.shape} in the model"
+                 for k, v in params.items() if f"param/{k}" in z and z[f"param/{k}"].shape != v.shape]
+    if "trainer_states" not in z:
+        problems.append("no trainer_states entry")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ValueError(f"{path}: not a checkpoint of this model: {'; '.join(problems[:5])}{more}")
+    states = io.BytesIO(z["trainer_states"].tobytes())
+    states.name = f"{path} (its trainer_states entry)"
+    trainer.load_states(states)  # checks before it changes the Trainer
+    for k, v in params.items():
+        v.set_data(mx.array(z[f"param/{k}"], device=device))
     return meta
 
 
@@ -256,7 +267,10 @@ def main(argv=None):
     opt_params = {"learning_rate": args.lr, "wd": args.weight_decay}
     if args.optimizer == "sgd":
         opt_params["momentum"] = args.momentum
-    trainer = gluon.Trainer(net.collect_params(), args.optimizer, opt_params)
+    try:
+        trainer = gluon.Trainer(net.collect_params(), args.optimizer, opt_params)
+    except (TypeError, ValueError) as exc:  # NaN, inf or out-of-range --lr, --momentum, --weight-decay
+        raise SystemExit(f"bad optimizer setting: {exc}") from None
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     if args.trace:
@@ -264,10 +278,18 @@ def main(argv=None):
 
     start_epoch, skip_steps, history = 1, 0, []
     if args.resume:
-        meta = load_checkpoint(args.resume, net, trainer, device)
+        try:
+            meta = load_checkpoint(args.resume, net, trainer, device, args.model)
+        except (OSError, ValueError) as exc:  # one line, no traceback: the message names the file and the problem
+            raise SystemExit(f"cannot resume: {exc}") from None
         start_epoch, skip_steps, history = meta["epoch"], meta["step"], meta["history"]
         if skip_steps == 0:  # saved at an epoch end: continue with the next one
             start_epoch += 1
+        if start_epoch > args.epochs:
+            done = meta["epoch"] if skip_steps == 0 else meta["epoch"] - 1
+            print(f"nothing to do: {args.resume} has finished {done} epoch{'s' * (done != 1)} and --epochs is "
+                  f"{args.epochs}; pass --epochs {start_epoch} or more to train further")
+            return history
         print(f"resumed from {args.resume}: epoch {start_epoch}, step {skip_steps}")
 
     where = f"{world} processes, {device} each" if world > 1 else f"{device}"
@@ -275,7 +297,7 @@ def main(argv=None):
           f"{args.batch_size}{' per process' if world > 1 else ''}, {args.optimizer} lr {args.lr}")
     recorded = static_step(net, trainer, loss_fn, args, device) if args.graph or args.record else None
     state = {"epoch": start_epoch, "step": skip_steps}
-    interrupted = False
+    interrupted, png = False, None
 
     def on_sigint(signum, frame):
         nonlocal interrupted

@@ -2,16 +2,100 @@
 
 Layer: gluon; imports nd, ops, runtime. Split from gluon/optimizer.py so that the optimizers defined in
 optimizer.py and _adaptive.py both import it and neither imports the other.
+
+Hyperparameters are checked when an optimizer is made, by argument name (``HYPERPARAMETERS``), for every
+subclass: ``Optimizer.__new__`` binds the arguments to the class's ``__init__`` before it runs. A NaN, inf,
+negative or otherwise out-of-range value (or a non-number) is a DnnbindValueError (DnnbindTypeError) naming the
+optimizer, the argument and the value. MXNet 1.9.1 checks almost none of them (checked: ``create('adam',
+learning_rate=nan)`` trains to NaN weights; only SGD's fused op rejects a NaN/inf lr or wd at the first update,
+"Invalid Parameter format for lrs expect tuple of <float> but value='[nan, nan]'"). The ranges are PyTorch's
+checks (lr, wd, eps >= 0; betas in [0, 1)), with the other decay rates (momentum, gamma1, gamma2) in [0, 1) too.
+An unknown keyword is MXNet's TypeError, "__init__() got an unexpected keyword argument 'learning_rat'".
 """
 
 from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import numbers
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 from .. import nd
 from ..runtime.array import NDArray, zeros
+from .lr_scheduler import check_number
 
 _REGISTRY: dict[str, type] = {}
+
+_UNIT = {"low": 0.0, "high": 1.0, "high_open": True}  # a decay rate: [0, 1)
+# Argument name -> the range check_number enforces, for any optimizer that takes it. A new optimizer's float
+# hyperparameter needs an entry here (tests/test_optimizer_checkpoint_validation.py checks every registered one).
+HYPERPARAMETERS: dict[str, dict] = {
+    "learning_rate": {"low": 0.0, "none_ok": True},
+    "wd": {"low": 0.0},
+    "rescale_grad": {"low": 0.0, "low_open": True},
+    "clip_gradient": {"low": 0.0, "none_ok": True},  # None: no clipping (0 too, for the fused rules)
+    "clip_weights": {"low": 0.0, "none_ok": True},
+    "momentum": _UNIT, "beta1": _UNIT, "beta2": _UNIT, "gamma1": _UNIT, "gamma2": _UNIT,
+    "rho": {"low": 0.0, "high": 1.0},
+    "epsilon": {"low": 0.0}, "eps": {"low": 0.0},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(cls) -> tuple[inspect.Signature, frozenset | None]:
+    """(cls.__init__'s signature, the keywords the construction accepts). The accepted set follows ``**kwargs``
+    up the class chain to Optimizer.__init__; None when a class stops the chain (then ``bind`` itself rejects an
+    unknown keyword)."""
+    sig, accepted = inspect.signature(cls.__init__), set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters
+        accepted |= {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if klass is Optimizer:
+            return sig, frozenset(accepted - {"self"})
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            break
+    return sig, None
+
+
+def _unexpected(owner: str, key: str, accepted) -> DnnbindTypeError:
+    close = difflib.get_close_matches(key, sorted(accepted or ()), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return DnnbindTypeError(f"{owner}.__init__() got an unexpected keyword argument {key!r}{hint}")
+
+
+def check_arguments(cls, args: tuple, kwargs: dict) -> None:
+    """Reject the unknown keywords and the bad hyperparameters of ``cls(*args, **kwargs)`` (see the docstring)."""
+    sig, accepted = _signature(cls)
+    try:
+        bound = sig.bind(None, *args, **kwargs)
+    except TypeError:
+        return  # a wrong call (missing or surplus arguments): __init__ raises Python's own TypeError
+    given = {}
+    for name, value in list(bound.arguments.items())[1:]:  # after self
+        kind = sig.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            given.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            given[name] = value
+    owner = cls.__name__
+    if accepted is not None:
+        for key in given:
+            if key not in accepted:
+                raise _unexpected(owner, key, accepted)
+    for name, value in given.items():
+        rule = HYPERPARAMETERS.get(name)
+        if rule is not None:
+            check_number(owner, name, value, **rule)
+    begin = given.get("begin_num_update", 0)
+    if isinstance(begin, bool) or not isinstance(begin, numbers.Integral):
+        raise DnnbindTypeError(f"{owner}: begin_num_update must be an int, got {begin!r}")
+    if begin < 0:
+        raise DnnbindValueError(f"{owner}: begin_num_update must be >= 0, got {begin!r}")
 
 
 def register(cls):
@@ -28,10 +112,13 @@ class Optimizer:
     def __init__(self, learning_rate: float | None = None, wd: float = 0.0, rescale_grad: float = 1.0,
                  clip_gradient: float | None = None, lr_scheduler=None, multi_precision: bool = False,
                  begin_num_update: int = 0, param_dict=None, param_idx2name=None, sym=None, **kwargs):
-        if kwargs:
-            raise DnnbindTypeError(f"{type(self).__name__}: unknown arguments {sorted(kwargs)}")
-        if clip_gradient is not None and not clip_gradient >= 0:
-            raise DnnbindValueError(f"{type(self).__name__}: clip_gradient must be >= 0 or None, got {clip_gradient}")
+        owner = type(self).__name__
+        if kwargs:  # (a subclass's own __init__ passed them on: __new__ saw other arguments)
+            raise _unexpected(owner, sorted(kwargs)[0], _signature(Optimizer)[1])
+        # Checked again here (__new__ checked the caller's): a subclass may compute what it passes on.
+        for name, value in (("learning_rate", learning_rate), ("wd", wd), ("rescale_grad", rescale_grad),
+                            ("clip_gradient", clip_gradient)):
+            check_number(owner, name, value, **HYPERPARAMETERS[name])
         # MXNet: no lr and no scheduler -> 0.01; an explicit lr overrides the scheduler's base_lr.
         if learning_rate is None and lr_scheduler is None:
             learning_rate = 0.01
@@ -51,6 +138,10 @@ class Optimizer:
         self.idx2name = dict(param_idx2name or {})
         self._index_update_count: dict = {}
 
+    def __new__(cls, *args, **kwargs):
+        check_arguments(cls, args, kwargs)  # before any __init__ converts or stores them
+        return super().__new__(cls)
+
     @property
     def learning_rate(self) -> float:
         return self.lr_scheduler(self.num_update) if self.lr_scheduler is not None else self.lr
@@ -59,7 +150,7 @@ class Optimizer:
         if self.lr_scheduler is not None:
             raise RuntimeError("LRScheduler of the optimizer has already been defined; set_learning_rate would "
                                "be overridden by it. Change the scheduler instead.")
-        self.lr = float(lr)
+        self.lr = check_number(f"{type(self).__name__}.set_learning_rate", "lr", lr, 0.0)
 
     # -- the flat interface the Trainer drives -----------------------------------------------------------
     def create_state_flat(self, size: int, dtype, device) -> tuple:

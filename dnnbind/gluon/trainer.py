@@ -43,10 +43,13 @@ from . import _trainer_reduce as _reduce
 from . import optimizer as opt
 from ._trainer_pack import ALIGN, pack, same_layout
 from ._trainer_states import load_states, save_states
+from .lr_scheduler import check_number
 from .parameter import Parameter, generation
 from .parameter_dict import ParameterDict
 
 __all__ = ["ALIGN", "StaleGradientError", "Trainer"]
+
+_INF = float("inf")
 
 
 class StaleGradientError(RuntimeError, UserWarning):
@@ -176,6 +179,10 @@ class Trainer:
 
     def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         """Sum the gradients (contexts, processes), then one update with them scaled by 1/batch_size."""
+        # NOTE: MXNet takes any batch_size: nan makes every weight NaN, inf or a negative one quietly skips or
+        # reverses the update, and 0 is a bare ZeroDivisionError. Here each is a ValueError naming the value.
+        if type(batch_size) is not int or batch_size <= 0:  # (the common case costs one test)
+            batch_size = check_number("Trainer.step", "batch_size", batch_size, 0.0, low_open=True)
         self._optimizer.rescale_grad = self._scale / batch_size
         self._ensure_packed()
         fresh, partial = self._fresh(ignore_stale_grad)
@@ -306,6 +313,11 @@ class Trainer:
         if fresh:
             o.num_update = max(o.num_update, int(self._counts[fresh].max()) + 1)
         lr, wd = o.learning_rate, o.wd
+        if not (0.0 <= lr < _INF and 0.0 <= wd < _INF):  # a scheduler's output, or an attribute set by hand
+            where = f"Trainer.step ({type(o).__name__}, update {o.num_update})"
+            source = f" from {type(o.lr_scheduler).__name__}" if o.lr_scheduler is not None else ""
+            check_number(where, f"the learning rate{source}", lr, 0.0)
+            check_number(where, "wd", wd, 0.0)
         fresh_set = set(fresh)
         scaler = self._amp_loss_scaler
         if scaler is not None and bufs:  # dnnbind.amp: skip a step whose gradients overflowed
@@ -368,11 +380,14 @@ class Trainer:
     # -- checkpoints --------------------------------------------------------------------------------------
     def save_states(self, fname) -> None:
         """Optimizer state (momentum / Adam moments per Parameter, from the first context), step counts and lr;
-        atomic."""
+        atomic (temp file in the same folder, fsync, rename; a failed write leaves no temp file). ``fname`` may
+        also be a writable binary file object."""
         self._ensure_packed()
         save_states(self, fname)
 
     def load_states(self, fname) -> None:
-        """Restore what save_states wrote, into every context; the Parameters must be initialized."""
+        """Restore what save_states wrote, into every context; the Parameters must be initialized. A corrupt or
+        truncated file, or one for another model or optimizer, is one ValueError naming the file, and changes
+        nothing."""
         self._ensure_packed()
         load_states(self, fname)
