@@ -382,17 +382,29 @@ def save(fname, data) -> None:
     The file is written to a temporary file in the same folder, fsynced, then renamed over ``fname``, so a
     crash leaves either the old file or the complete new one.
     """
-    path = os.fspath(fname)
     chunks = list(_chunks(data))  # validate everything before touching the disk
+
+    def write(f):
+        for chunk in chunks:
+            f.write(chunk)
+
+    atomic_write(fname, write)
+
+
+def atomic_write(fname, write) -> None:
+    """Call ``write(f)`` on a temporary file in ``fname``'s folder, fsync it, give it the mode a plain ``open``
+    would, and rename it over ``fname``: a crash leaves the old file or the complete new one, and a failed write
+    leaves no temporary file behind. Every checkpoint writer (nd.save, save_parameters, Trainer.save_states,
+    scripts/train.py) goes through here."""
+    path = os.fspath(fname)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the mode a plain open() would
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
         os.replace(tmp, path)  # atomic on POSIX within one filesystem: hence the same folder
     except BaseException:
         if os.path.exists(tmp):

@@ -13,7 +13,6 @@ import os
 import shutil
 import socket
 import ssl
-import tempfile
 import urllib.request
 import uuid
 import warnings
@@ -26,20 +25,9 @@ __all__ = ["atomic_savez", "check_sha1", "clip_global_norm", "download", "split_
 
 
 def atomic_savez(path, arrays: dict) -> None:
-    """np.savez ``arrays`` to exactly ``path`` (no '.npz' added): temp file in the same folder, fsync, replace."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic on POSIX when both are on one filesystem: hence the same folder
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """np.savez ``arrays`` to exactly ``path`` (no '.npz' added), atomically (serialization.atomic_write)."""
+    from .. import serialization
+    serialization.atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
 def split_data(data, num_slice: int, batch_axis: int = 0, even_split: bool = True) -> list:
