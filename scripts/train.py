@@ -114,11 +114,19 @@ def evaluate(net, images, labels, device, batch_size):
     return total_loss / len(labels), correct / len(labels)
 
 
+def model_params(net) -> dict:
+    """collect_params() keyed without the model's own prefix (MXNet's ``strip_prefix``): names are given per
+    process (simplecnn0_, simplecnn1_, ...), so a model built second in a process must still read a checkpoint
+    written by one built first."""
+    n = len(net.prefix)
+    return {k[n:] if k.startswith(net.prefix) else k: v for k, v in net.collect_params().items()}
+
+
 def save_checkpoint(path, net, trainer, epoch, step, history, args):
     """One npz file, atomically (temp file in the same folder, fsync, rename): a crash mid-write leaves the previous
     checkpoint intact, and a failed write leaves no temp file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    arrays = {f"param/{k}": v.data().numpy() for k, v in net.collect_params().items()}
+    arrays = {f"param/{k}": v.data().numpy() for k, v in model_params(net).items()}
     states = io.BytesIO()
     trainer.save_states(states)  # the optimizer state goes inside this file: no second file to keep in step
     meta = {"epoch": epoch, "step": step, "history": history, "args": vars(args),
@@ -142,7 +150,7 @@ def load_checkpoint(path, net, trainer, device, model=None):
     saved_model = meta["args"].get("model", "simplecnn")
     if model is not None and saved_model != model:
         raise ValueError(f"{path}: a checkpoint of --model {saved_model}, not --model {model}")
-    params = net.collect_params()
+    params = model_params(net)
     problems = [f"no parameter {k}" for k in params if f"param/{k}" not in z]
     problems += [f"parameter {k[6:]} is not in this model" for k in z if k.startswith("param/") and k[6:] not in params]
     problems += [f"{k} has shape {z[f'param/{k}'].shape} in the file, {v.shape} in the model"
@@ -235,8 +243,9 @@ def trace_one_step(net, trainer, loss_fn, loader, args, device):
 
 def main(argv=None):
     args = parse_args(argv)
-    # Launched (WORLD_SIZE > 1): meet the other processes; rank 0 alone talks and writes files.
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    # Launched (dnnbind.launch, torchrun, mpirun or srun with more than one process): meet the other processes;
+    # rank 0 alone talks and writes files.
+    world = distributed.placement().world_size
     if world > 1:
         if args.graph or args.record or args.trace:
             raise SystemExit("--graph, --record and --trace run in a single process, not under dnnbind.launch")

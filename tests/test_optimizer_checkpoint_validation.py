@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import dnnbind
 from dnnbind import autograd, nd, serialization
 from dnnbind.gluon import Parameter, Trainer, nn
 from dnnbind.gluon import _optimizer_base as B
@@ -492,13 +493,34 @@ def test_train_checkpoint_damaged_or_foreign_is_one_value_error(tmp_path):
         _only(tmp_path, {"good.ckpt", "bad.ckpt"})  # no .states.tmp, no .tmp
     assert errors > 100
     wide, wide_trainer = _trained("sgd", units=(5, 2))
-    first = re.escape(next(iter(wide.collect_params())))  # (the key spelling is collect_params')
+    first = re.escape(next(iter(train.model_params(wide))))  # (collect_params' names less the model's prefix)
     with pytest.raises(ValueError, match=rf"good.ckpt: not a checkpoint of this model: {first} has shape "
                                          r"\(4, 3\) in the file, \(5, 3\) in the model"):
         train.load_checkpoint(str(good), wide, wide_trainer, None, "simplecnn")
     with pytest.raises(ValueError, match="good.ckpt: a checkpoint of --model simplecnn, not --model resnet18"):
         train.load_checkpoint(str(good), net2, trainer2, None, "resnet18")
     _only(tmp_path, {"good.ckpt", "bad.ckpt"})
+
+
+def test_train_checkpoint_resumes_into_a_model_named_later_in_the_process(tmp_path):
+    """Block names count up per process (simplecnn0_, simplecnn1_): the checkpoint keys leave the model's prefix
+    out, as MXNet's strip_prefix does, so the second model built in a process reads the first one's file."""
+    train = _train_module()  # (puts the checkout on sys.path, as the script does)
+    from models.simple_cnn import SimpleCNN
+    args = train.parse_args(["--model", "simplecnn"])
+    nets = []
+    for _ in range(2):
+        net = SimpleCNN()
+        net.initialize(ctx=dnnbind.cpu())
+        net(nd.array(np.random.default_rng(0).random((1, 1, 28, 28)), ctx=dnnbind.cpu()))
+        nets.append((net, Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})))
+    (first, t1), (second, t2) = nets
+    assert first.prefix != second.prefix
+    path = tmp_path / "first.ckpt"
+    train.save_checkpoint(str(path), first, t1, 1, 0, [], args)
+    train.load_checkpoint(str(path), second, t2, dnnbind.cpu(), "simplecnn")
+    for a, b in zip(first.collect_params().values(), second.collect_params().values()):
+        np.testing.assert_array_equal(a.data().numpy(), b.data().numpy())
 
 
 def _run_train(tmp_path, *args):

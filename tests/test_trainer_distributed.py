@@ -344,7 +344,7 @@ BUILD_RESNET = textwrap.dedent('''
         y = net(x)
     y.backward()
     params = net.collect_params()
-    print(type(init).__name__, y.shape, params["0.weight"].shape, len(params))
+    print(type(init).__name__, y.shape, list(params.values())[0].shape, len(params))
 ''')
 
 
