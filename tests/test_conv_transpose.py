@@ -164,7 +164,8 @@ def test_target_shape_infers_pad_and_adj_like_mxnet():
     # full size (11, 9): one too many on each axis -> pad ceil(1/2) = 1, adj 1 % 2 = 1
     assert y.shape == (1, 3, 10, 8)
     assert_close(y, loop_deconv(x, w, None, 2, 1, 1, 1, 1), 1e-5, 1e-5)
-    assert nd.Deconvolution(nd.array(x), nd.array(w), kernel=(3, 3), stride=2, target_shape=(0, 0)).shape[2:] == (11, 9)
+    assert nd.Deconvolution(nd.array(x), nd.array(w), kernel=(3, 3), stride=(2, 2), target_shape=(0, 0),
+                            num_filter=3).shape[2:] == (11, 9)
 
 
 # -- gradients (central differences, float64 on the cpu) ---------------------------------------------------------
@@ -339,16 +340,20 @@ X, W = nd.ones((2, 3, 4, 4)), nd.ones((3, 2, 3, 3))
     ({"bias": nd.ones((2,))}, ValueError, ["a bias was given but no_bias=True"]),
     ({"no_bias": False}, ValueError, ["no_bias=False needs a bias"]),
     ({"bias": nd.ones((3,)), "no_bias": False}, ValueError, ["deconv_forward: b has shape (3,)", "expected b (2,)"]),
-    ({"stride": 2, "adj": 2}, ValueError, ["adj (2, 2) must be smaller than stride (2, 2)"]),
-    ({"stride": 0}, ValueError, ["Deconvolution: stride must be >= 1"]),
-    ({"pad": 3}, ValueError, ["deconv_forward: padding (3, 3) removes the whole output"]),
+    ({"stride": (2, 2), "adj": (2, 2)}, ValueError, ["adj (2, 2) must be smaller than stride (2, 2)"]),
+    ({"stride": (0, 0)}, ValueError, ["Deconvolution: stride must be >= 1"]),
+    ({"pad": (3, 3)}, ValueError, ["deconv_forward: padding (3, 3) removes the whole output"]),
+    # MXNet's parameter rules (checked on MXNet 1.9.1): one value per spatial axis, kernel and num_filter required
+    ({"stride": 2}, ValueError, ["stride (2,) has 1 value(s) but the kernel (3, 3) has 2"]),
+    ({"kernel": None}, TypeError, ["Required parameter kernel of Shape(tuple) is not presented"]),
+    ({"num_filter": None}, TypeError, ["Required parameter num_filter of int (non-negative) is not presented"]),
     ({"target_shape": (12, 6)}, ValueError, ["target_shape (12, 6) is too big", "at most 6"]),
-    ({"stride": 1, "target_shape": (5, 5)}, ValueError, ["adj (1, 1) must be smaller than stride (1, 1)"]),
+    ({"stride": (1, 1), "target_shape": (5, 5)}, ValueError, ["adj (1, 1) must be smaller than stride (1, 1)"]),
     ({"layout": "NHWC"}, NotImplementedError, ["layout='NCHW'"]),
     ({"data": nd.ones((1, 3, 2, 2, 2))}, ValueError, ["3-D deconvolution is not supported"]),
 ])
 def test_deconvolution_errors_name_the_op_argument_and_shapes(kwargs, exc, fragments):
-    args = {"data": X, "weight": W, "kernel": (3, 3)}
+    args = {"data": X, "weight": W, "kernel": (3, 3), "num_filter": 2}
     args.update(kwargs)
     with pytest.raises(exc) as info:
         nd.Deconvolution(**args)

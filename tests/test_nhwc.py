@@ -324,7 +324,7 @@ def test_errors_name_the_op_the_argument_and_the_shapes(call, exc, fragments):
 def test_gluon_conv_nhwc_channel_mismatch_is_clear():
     conv = nn.Conv2D(4, 3, in_channels=3, layout="NHWC")
     conv.initialize(ctx=CPU)
-    with pytest.raises(ValueError, match=r"x has 5 channels but w expects 3.*layout NHWC"):
+    with pytest.raises(ValueError, match=r"data has 5 channels but weight \(4, 3, 3, 3\) expects 3.*layout NHWC"):
         conv(nd.ones((1, 6, 6, 5), ctx=CPU))
 
 

@@ -126,7 +126,7 @@ def test_summary_detaches_hooks_when_forward_fails():
     net = nn.Sequential()
     net.add(nn.Dense(3, in_units=4))
     net.initialize()
-    with pytest.raises(ValueError, match="has 5 features but w expects 4"):
+    with pytest.raises(ValueError, match=r"has 5 features \(flatten=True\) but weight \(3, 4\) expects 4"):
         net.summary(nd.ones((2, 5)))  # wrong width
     assert not net[0]._forward_hooks
 

@@ -23,12 +23,37 @@ from ._layers import (Activation, Convolution, Dropout, Flatten, FullyConnected,
 ElementWiseSum = add_n
 from ._nn_extra import Embedding, LeakyReLU  # noqa: F401,E402
 from ._registry import REGISTRY, Op, call, invoke  # noqa: F401
+from ._params import reject  # noqa: E402
 from . import random  # noqa: E402,F401
+
+def _accepted(op: Op) -> tuple:
+    """The keywords an nd table function takes: the op's declared parameters, and for a ``func`` op the keyword
+    parameters of its check (``concat``'s dim and num_args). Anything else is refused with MXNet's "Cannot find
+    argument" before the op runs (the internal ``call`` path, which passes the ops' own parameters, is unchecked)."""
+    names = list(op.params)
+    if op.kind == "func" and op.check is not None:
+        import inspect
+        skip = op.arity or 0
+        for i, p in enumerate(inspect.signature(op.check).parameters.values()):
+            if p.kind is p.KEYWORD_ONLY or (p.kind is p.POSITIONAL_OR_KEYWORD and i >= skip):
+                if p.name not in names:
+                    names.append(p.name)
+    return tuple(names)
+
+
+def _mxnet_name(op: Op) -> str:
+    """The operator name MXNet's messages use (``Concat`` for nd.concat)."""
+    return next((n for n in op.nd_names if n[:1].isupper()), op.name)
+
 
 def _make_function(op: Op, nd_name: str):
     names = op.params
+    accepted = _accepted(op)
+    allowed, mx_name = frozenset(accepted), _mxnet_name(op)
 
     def fn(*args, out=None, name=None, **params):
+        if params and not allowed.issuperset(params):  # a misspelled keyword never runs with a default
+            reject(mx_name, params, accepted)
         n = len(args) if op.arity is None else op.arity
         if len(args) == n and out is None:  # the common call: operands only, parameters by keyword
             return invoke(op, args, params)

@@ -63,14 +63,27 @@ def _check(data, addend, gamma, beta, moving_mean, moving_var, axis, act_type) -
     return ax, pdtype
 
 
-def BatchNormAddRelu(data, addend, gamma, beta, moving_mean, moving_var, eps=1e-3, momentum=0.9, fix_gamma=True,
-                     use_global_stats=False, output_mean_var=False, axis=1, cudnn_off=False, act_type="relu",
-                     **_ignored):
+# NVIDIA's BatchNormAddRelu takes BatchNorm's parameters and act_type; an unknown keyword lists these.
+DECLARED = ("eps", "momentum", "fix_gamma", "use_global_stats", "output_mean_var", "axis", "cudnn_off", "act_type")
+
+
+def BatchNormAddRelu(data=None, addend=None, gamma=None, beta=None, moving_mean=None, moving_var=None, eps=1e-3,
+                     momentum=0.9, fix_gamma=True, use_global_stats=False, output_mean_var=False, axis=1,
+                     cudnn_off=False, act_type="relu", out=None, name=None, **kwargs):
     """relu(BatchNorm(data) + addend) with MXNet BatchNorm's arguments (see the module docstring); ``addend`` has
-    data's shape and dtype. ``output_mean_var=True`` also returns BatchNorm's mean and inverse standard deviation."""
-    from ._registry import as_array, call
-    data = as_array(NAME, "data", data)
-    addend = as_array(NAME, "addend", addend, like=data)
+    data's shape and dtype. ``output_mean_var=True`` also returns BatchNorm's mean and inverse standard deviation.
+    ``name`` is ignored; ``out`` takes the output."""
+    from ._layers import _bn_args
+    from ._params import array_arg, into
+    from ._registry import call
+    data, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma, use_global_stats, output_mean_var, axis = \
+        _bn_args(NAME, kwargs, data, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma,
+                 use_global_stats, output_mean_var, axis, cudnn_off, None, None, DECLARED)
+    addend = array_arg(NAME, "addend", addend, data)
+    if out is not None:
+        res = BatchNormAddRelu(data, addend, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma,
+                               use_global_stats, output_mean_var, axis, cudnn_off, act_type)
+        return (into(out, res[0]),) + tuple(res[1:]) if output_mean_var else into(out, res)
     ax, pdtype = _check(data, addend, gamma, beta, moving_mean, moving_var, axis, act_type)
     key = (data.shape, data.dtype)
     if (is_training() and not use_global_stats and not cudnn_off and ax == 3 and data.ndim == 4

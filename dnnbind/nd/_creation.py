@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
+import math
 import numbers
 
 import numpy as np
@@ -17,6 +18,7 @@ import importlib
 _rt = importlib.import_module("dnnbind.runtime.array")  # the module (dnnbind.runtime.array is also a function)
 from ..runtime.array import NDArray
 from ..runtime.device import as_device
+from ._params import check_fits, into, reject
 
 _F32 = np.dtype(np.float32)
 
@@ -31,12 +33,12 @@ def _dtype(dtype, default=_F32) -> np.dtype:
 
 
 def _shape(op: str, shape) -> tuple:
-    if isinstance(shape, (numbers.Integral, np.integer)):
+    if isinstance(shape, (numbers.Integral, np.integer)) and not isinstance(shape, (bool, np.bool_)):
         shape = (int(shape),)
-    try:
-        shape = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise DnnbindTypeError(f"{op}: shape must be an int or a tuple of ints, got {shape!r}") from None
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(s, (numbers.Integral, np.integer)) and not isinstance(s, (bool, np.bool_)) for s in shape):
+        raise DnnbindTypeError(f"{op}: shape must be an int or a tuple of ints, got {shape!r}")
+    shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise DnnbindValueError(f"{op}: shape {shape} has a negative dimension")
     return shape
@@ -61,51 +63,121 @@ def array(source_array, ctx=None, dtype=None, device=None) -> NDArray:
     return _rt.array(host, device=_ctx(ctx, device), dtype=dt)
 
 
-def empty(shape, ctx=None, dtype=None, device=None) -> NDArray:
-    return _rt.empty(_shape("empty", shape), _dtype(dtype), _ctx(ctx, device))
+def _fits(op: str, shape: tuple, dtype: np.dtype, dev) -> tuple:
+    """``shape`` unless the array would be larger than the device's (or the host's) whole memory (a ValueError,
+    before numpy's MemoryError or a failed device allocation)."""
+    check_fits(op, dev, dtype, "the array", shape, cudnn=False)
+    return shape
 
 
-def zeros(shape, ctx=None, dtype=None, device=None, **_ignored) -> NDArray:
-    return _rt.zeros(_shape("zeros", shape), _dtype(dtype), _ctx(ctx, device))
+def _stype(op: str, stype) -> None:
+    if stype not in (None, "default"):
+        if stype in ("row_sparse", "csr"):
+            raise NotImplementedError(f"{op}: sparse storage (stype={stype!r}) is not supported by dnnbind")
+        raise DnnbindValueError(f"{op}: stype must be 'default', 'row_sparse' or 'csr', got {stype!r}")
 
 
-def ones(shape, ctx=None, dtype=None, device=None, **_ignored) -> NDArray:
-    return _rt.full(_shape("ones", shape), 1, _dtype(dtype), _ctx(ctx, device))
+def empty(shape, ctx=None, dtype=None, stype=None, device=None) -> NDArray:
+    """``nd.empty``: an uninitialized array, float32 unless ``dtype`` says otherwise (``stype`` 'default' only)."""
+    _stype("empty", stype)
+    shape, dtype, dev = _shape("empty", shape), _dtype(dtype), _ctx(ctx, device)
+    return _rt.empty(_fits("empty", shape, dtype, dev), dtype, dev)
+
+
+def zeros(shape, ctx=None, dtype=None, stype=None, device=None, out=None, name=None, **kwargs) -> NDArray:
+    """``nd.zeros`` (MXNet's operator ``_zeros``): float32 unless ``dtype`` says otherwise; ``out`` takes the
+    zeros; an unknown keyword (a misspelled ``dtype``) is refused; ``name`` is ignored."""
+    if kwargs:
+        reject("_zeros", kwargs)
+    _stype("zeros", stype)
+    shape, dtype, dev = _shape("zeros", shape), _dtype(dtype), _ctx(ctx, device)
+    return into(out, _rt.zeros(_fits("zeros", shape, dtype, dev), dtype, dev))
+
+
+def ones(shape, ctx=None, dtype=None, device=None, out=None, name=None, **kwargs) -> NDArray:
+    """``nd.ones`` (MXNet's operator ``_ones``), as ``zeros``."""
+    if kwargs:
+        reject("_ones", kwargs)
+    shape, dtype, dev = _shape("ones", shape), _dtype(dtype), _ctx(ctx, device)
+    return into(out, _rt.full(_fits("ones", shape, dtype, dev), 1, dtype, dev))
 
 
 def full(shape, val, ctx=None, dtype=None, device=None, out=None) -> NDArray:
-    r = _rt.full(_shape("full", shape), val, _dtype(dtype), _ctx(ctx, device))
-    if out is not None:
-        out[:] = r
-        return out
-    return r
+    """``nd.full``: ``val`` (a real number) everywhere, float32 unless ``dtype`` says otherwise."""
+    if not isinstance(val, (numbers.Real, np.number, np.bool_)):
+        raise DnnbindTypeError(f"full: val must be a number, got {type(val).__name__} {val!r}")
+    shape, dtype, dev = _shape("full", shape), _dtype(dtype), _ctx(ctx, device)
+    if dtype.kind in "iu":  # numpy would overflow (an OverflowError, or a wrapped value)
+        info = np.iinfo(dtype)
+        if (isinstance(val, (float, np.floating)) and not math.isfinite(val)) or not info.min <= val <= info.max:
+            raise DnnbindValueError(f"full: val {val!r} does not fit dtype {dtype.name}")
+    return into(out, _rt.full(_fits("full", shape, dtype, dev), val, dtype, dev))
+
+
+def _like(op: str, data) -> NDArray:
+    if not isinstance(data, NDArray):
+        raise DnnbindTypeError(f"{op}: data must be an NDArray, got {type(data).__name__}")
+    return data
 
 
 def zeros_like(data, ctx=None, dtype=None) -> NDArray:
+    data = _like("zeros_like", data)
     return _rt.zeros(data.shape, _dtype(dtype, data.dtype), data.device if ctx is None else as_device(ctx))
 
 
 def ones_like(data, ctx=None, dtype=None) -> NDArray:
+    data = _like("ones_like", data)
     return _rt.full(data.shape, 1, _dtype(dtype, data.dtype), data.device if ctx is None else as_device(ctx))
 
 
 def arange(start, stop=None, step=1.0, repeat=1, infer_range=None, ctx=None, dtype=None, device=None) -> NDArray:
-    """``nd.arange(start, stop, step, repeat)``: like numpy, each value repeated ``repeat`` times; float32."""
+    """``nd.arange(start, stop, step, repeat)``: like numpy, each value repeated ``repeat`` times (>= 1); float32.
+    ``infer_range`` is accepted and ignored."""
+    for name, v in (("start", start), ("stop", stop), ("step", step)):
+        if (v is not None or name != "stop") and (not isinstance(v, (numbers.Real, np.number))
+                                                  or isinstance(v, (bool, np.bool_))):
+            raise DnnbindTypeError(f"arange: {name} must be a number, got {type(v).__name__} {v!r}")
+    if not isinstance(repeat, (numbers.Integral, np.integer)) or isinstance(repeat, (bool, np.bool_)):
+        raise DnnbindTypeError(f"arange: repeat must be an int, got {type(repeat).__name__} {repeat!r}")
+    if repeat < 1:
+        raise DnnbindValueError(f"arange: repeat must be > 0, got {repeat}")
     if stop is None:
         start, stop = 0, start
     if step == 0:
         raise DnnbindValueError("arange: step must not be 0")
+    if not all(math.isfinite(float(v)) for v in (start, stop, step)):
+        raise DnnbindValueError(f"arange: start, stop and step must be finite, got {start}, {stop}, {step}")
+    dtype, dev = _dtype(dtype), _ctx(ctx, device)
+    _fits("arange", (max(0, math.ceil((stop - start) / step)) * int(repeat),), dtype, dev)
     values = np.arange(start, stop, step, dtype=np.float64)
     if int(repeat) > 1:
         values = np.repeat(values, int(repeat))
-    return _rt.array(values.astype(_dtype(dtype)), device=_ctx(ctx, device))
+    return _rt.array(values.astype(dtype), device=dev)
+
+
+def _count(op: str, name: str, value) -> int:
+    if not isinstance(value, (numbers.Integral, np.integer)) or isinstance(value, (bool, np.bool_)):
+        raise DnnbindTypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise DnnbindValueError(f"{op}: {name} must be >= 0, got {value}")
+    return int(value)
 
 
 def linspace(start, stop, num, endpoint=True, ctx=None, dtype=None, device=None) -> NDArray:
-    values = np.linspace(start, stop, int(num), endpoint=endpoint, dtype=np.float64)
-    return _rt.array(values.astype(_dtype(dtype)), device=_ctx(ctx, device))
+    for name, v in (("start", start), ("stop", stop)):
+        if not isinstance(v, (numbers.Real, np.number)) or isinstance(v, (bool, np.bool_)):
+            raise DnnbindTypeError(f"linspace: {name} must be a number, got {type(v).__name__} {v!r}")
+    num, dtype, dev = _count("linspace", "num", num), _dtype(dtype), _ctx(ctx, device)
+    _fits("linspace", (num,), dtype, dev)
+    values = np.linspace(start, stop, num, endpoint=endpoint, dtype=np.float64)
+    return _rt.array(values.astype(dtype), device=dev)
 
 
 def eye(N, M=0, k=0, ctx=None, dtype=None, device=None) -> NDArray:
-    values = np.eye(int(N), int(M) or None, int(k), dtype=_dtype(dtype))
-    return _rt.array(values, device=_ctx(ctx, device))
+    """``nd.eye``: N x M (M = 0: N) ones on diagonal ``k``, float32 unless ``dtype`` says otherwise."""
+    n, m = _count("eye", "N", N), _count("eye", "M", M)
+    if not isinstance(k, (numbers.Integral, np.integer)) or isinstance(k, (bool, np.bool_)):
+        raise DnnbindTypeError(f"eye: k must be an int, got {type(k).__name__} {k!r}")
+    dtype, dev = _dtype(dtype), _ctx(ctx, device)
+    _fits("eye", (n, m or n), dtype, dev)
+    return _rt.array(np.eye(n, m or None, int(k), dtype=dtype), device=dev)

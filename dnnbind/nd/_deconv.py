@@ -15,24 +15,59 @@ from .. import ops
 from ..autograd import grad_out, is_recording, needs_grad, record_op
 from ..ops._check import as_tuple
 from ._layers import _conv_bias_grad
+from ._params import array_arg, bool_arg, check_fits, choice_arg, int_arg, into, reject, required, shape_arg
 
 __all__ = ["Deconvolution"]
 
 _LAYOUTS = {1: "NCW", 2: "NCHW"}
 
 
-def Deconvolution(data, weight, bias=None, kernel=None, stride=None, dilate=None, pad=None, adj=None,
-                  target_shape=None, num_filter=None, num_group=1, no_bias=True, layout=None, workspace=512,
-                  cudnn_tune=None, cudnn_off=False, name=None):
+def Deconvolution(data=None, weight=None, bias=None, kernel=None, stride=None, dilate=None, pad=None, adj=None,
+                  target_shape=None, num_filter=None, num_group=1, workspace=512, no_bias=True, cudnn_tune=None,
+                  cudnn_off=False, layout=None, out=None, name=None, **kwargs):
     """MXNet's ``Deconvolution`` (src/operator/nn/deconvolution-inl.h): weight (in_channels,
     num_filter/num_group, *kernel); out = (in-1)*stride - 2*pad + dilate*(kernel-1) + 1 + adj per spatial axis,
     0 <= adj < stride. ``target_shape`` (all axes > 0) replaces pad and adj as MXNet's InferPad does: with
     t = stride*(in-1) + dilate*(kernel-1) + 1 - target, pad = ceil(t/2) and adj = t % 2.
 
-    MXNet's defaults: stride and dilate 1, pad and adj 0, no_bias=True (a bias must come with no_bias=False).
-    ``kernel`` and ``num_filter`` default to the weight's; given, they must agree with it. ``workspace``,
-    ``cudnn_tune``, ``cudnn_off`` and ``name`` are accepted and ignored (dnnbind times algorithms per shape).
+    MXNet's parameters, in its order: ``kernel`` and ``num_filter`` are required and must agree with the weight;
+    stride and dilate 1, pad and adj 0 by default (an int is a 1-tuple, as in MXNet: one value per spatial axis);
+    no_bias=True (a bias must come with no_bias=False). ``workspace``, ``cudnn_tune``, ``cudnn_off`` and ``name`` are
+    checked and ignored (dnnbind times algorithms per shape); ``out`` takes the result.
     """
+    op = "Deconvolution"
+    if kwargs:
+        reject(op, kwargs)
+    kernel = shape_arg(op, "kernel", kernel)
+    if kernel is None:
+        raise required(op, "kernel", "Shape(tuple)")
+    if num_filter is None:
+        raise required(op, "num_filter", "int (non-negative)")
+    num_filter = int_arg(op, "num_filter", num_filter, 1, "int (non-negative)")
+    num_group = int_arg(op, "num_group", num_group, 1, "int (non-negative)")
+    int_arg(op, "workspace", workspace, None, "long (non-negative)")
+    no_bias = bool_arg(op, "no_bias", no_bias)
+    choice_arg(op, "cudnn_tune", cudnn_tune, ("fastest", "limited_workspace", "off"), none_ok=True)
+    bool_arg(op, "cudnn_off", cudnn_off)
+    data = array_arg(op, "data", data)
+    weight = array_arg(op, "weight", weight, data)
+    if bias is not None:
+        bias = array_arg(op, "bias", bias, data)
+    if len(kernel) != data.ndim - 2 and data.ndim - 2 in _LAYOUTS:
+        raise DnnbindValueError(f"Deconvolution: kernel {kernel} has {len(kernel)} spatial axes but data {data.shape} "
+                                f"has {data.ndim - 2}")
+    for name_, v in (("stride", stride), ("dilate", dilate), ("pad", pad), ("adj", adj),
+                     ("target_shape", target_shape)):
+        v = shape_arg(op, name_, v)
+        if v is not None and len(v) != len(kernel):
+            raise DnnbindValueError(f"Deconvolution: {name_} {v} has {len(v)} value(s) but the kernel {kernel} has "
+                                    f"{len(kernel)}; give one per spatial axis")
+    return into(out, _deconvolution(data, weight, bias, kernel, stride, dilate, pad, adj, target_shape, num_filter,
+                                     num_group, no_bias, layout))
+
+
+def _deconvolution(data, weight, bias, kernel, stride, dilate, pad, adj, target_shape, num_filter, num_group,
+                   no_bias, layout):
     dims = data.ndim - 2
     if dims not in _LAYOUTS:
         raise DnnbindValueError(f"Deconvolution: data must be 3-D (N, C, W) or 4-D (N, C, H, W), got shape {data.shape}"
@@ -52,6 +87,10 @@ def Deconvolution(data, weight, bias=None, kernel=None, stride=None, dilate=None
         pad, adj = _infer_pad(data.shape[2:], kernel, stride, dilate, target_shape, dims)
     if any(a >= s for a, s in zip(adj, stride)):
         raise DnnbindValueError(f"Deconvolution: adj {adj} must be smaller than stride {stride} (MXNet's rule)")
+    spatial_out = tuple((i - 1) * s - 2 * p + d * (k - 1) + 1 + a
+                        for i, s, p, d, k, a in zip(data.shape[2:], stride, pad, dilate, kernel, adj))
+    check_fits("Deconvolution", data._device, data.dtype, "the output", (data.shape[0], num_filter) + spatial_out,
+               f" (data {data.shape}, weight {weight.shape}, stride {stride}, pad {pad}, dilate {dilate}, adj {adj})")
     x, w = data, weight
     if dims == 1:  # (N, C, W) as (N, C, 1, W); the weight (C, F/g, k) as (C, F/g, 1, k)
         x = data.reshape((data.shape[0], data.shape[1], 1, data.shape[2]))

@@ -10,7 +10,9 @@ element-wise, reduction and shape ops are table entries (_table.py and siblings)
 
 from __future__ import annotations
 
-from .._lib.errors import DnnbindValueError
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+
+import math
 
 import numpy as np
 
@@ -24,13 +26,11 @@ from ..ops.bias_relu import wgrad_fits
 from ..ops.conv import conv_backward_bias_gemv
 from ..ops._common import blas
 from ..runtime.array import empty
+from ._params import (ParsedCalls, array_arg, bool_arg, check_fits, choice_arg, dtype_name, float_arg, int_arg, into,
+                      reject, required, shape_arg, spatial)
 
 __all__ = ["Activation", "Convolution", "Dropout", "Flatten", "FullyConnected", "Pooling", "add_n", "log_softmax",
            "pick_nll", "reshape_like", "softmax", "softmax_cross_entropy", "waitall"]
-
-
-def _pair(v):
-    return tuple(v) if isinstance(v, (tuple, list)) else (int(v), int(v))
 
 
 # -- convolution and dense ------------------------------------------------------------------------------------
@@ -47,27 +47,140 @@ def _layout(opname: str, layout, data) -> str:
         return "NCHW"
     if isinstance(layout, str) and layout in ("NCHW", "NHWC"):
         return layout
-    kind = ValueError if isinstance(layout, str) else TypeError
+    kind = DnnbindValueError if isinstance(layout, str) else DnnbindTypeError
     raise kind(f"{opname}: layout must be 'NCHW' or 'NHWC' (data {tuple(data.shape)}), got {layout!r}")
 
 
-def Convolution(data, weight, bias=None, kernel=None, stride=(1, 1), pad=(0, 0), dilate=(1, 1), num_filter=None,
-                num_group=1, no_bias=False, act_type=None, layout=None, **_ignored):
-    """y = conv(x, w) + b (cudnnConvolutionForward + cudnnAddTensor).
+_CONV_TUNE = ("fastest", "limited_workspace", "off")
+_CONV_ARGS = ParsedCalls()  # a call's arrays' shapes and its parameters -> the parsed geometry
+
+
+def Convolution(data=None, weight=None, bias=None, kernel=None, stride=None, dilate=None, pad=None, num_filter=None,
+                num_group=1, workspace=1024, no_bias=False, cudnn_tune=None, cudnn_off=False, layout=None, out=None,
+                name=None, act_type=None, **kwargs):
+    """y = conv(x, w) + b (cudnnConvolutionForward + cudnnAddTensor), with MXNet 1.x's parameters (kernel and
+    num_filter required; stride, dilate 1 and pad 0 by default; weight (num_filter, C/num_group, *kernel); a bias
+    (num_filter,) unless ``no_bias=True``). 1-D data (N, C, W) with a 1-tuple kernel runs the 2-D path on an
+    (N, C, 1, W) view; 3-D convolution is not supported. ``workspace``, ``cudnn_tune`` and ``cudnn_off`` are
+    checked and ignored (dnnbind picks and caches algorithms per shape, ops.algos); ``name`` is ignored.
 
     ``layout='NHWC'`` (MXNet's): data (N, H, W, C), weight (num_filter, kh, kw, C/num_group), y (N, H', W',
-    num_filter), run by cuDNN on channels-last descriptors (no transposes). ``act_type="relu"`` fuses the ReLU:
-    one cudnnConvolutionBiasActivationForward (or backend-API plan) on the GPU (float32 or float16, with a bias);
-    its backward is the ReLU's on the output (with the bias gradient in the same kernel pass on the GPU:
-    ops.bias_relu_backward), then the convolution's backward; where the data needs no gradient and the filter has at
-    most 32 taps (a first layer), dw and db come from one kernel on the GPU instead (ops.bias_relu_wgrad).
+    num_filter), run by cuDNN on channels-last descriptors (no transposes). ``act_type="relu"`` (dnnbind's, what
+    Gluon's Conv2D(activation='relu') passes) fuses the ReLU: one cudnnConvolutionBiasActivationForward (or backend-API
+    plan) on the GPU (float32 or float16, with a bias); its backward is the ReLU's on the output (with the bias
+    gradient in the same kernel pass on the GPU: ops.bias_relu_backward), then the convolution's backward; where the
+    data needs no gradient and the filter has at most 32 taps (a first layer), dw and db come from one kernel on the
+    GPU instead (ops.bias_relu_wgrad).
     """
+    if kwargs:
+        reject("Convolution", kwargs)
+    try:  # the hot path: a call seen before (ParsedCalls says how it is keyed)
+        key = (data._shape, weight._shape, data._dtype, data._device, None if bias is None else bias._shape,
+               id(kernel), id(stride), id(dilate), id(pad), id(num_filter), id(num_group), id(workspace), id(no_bias),
+               id(cudnn_off), layout, act_type, cudnn_tune)
+        geo = _CONV_ARGS.get(key)
+    except (AttributeError, TypeError):  # not NDArrays (numpy arrays, bad arguments), or an unhashable layout
+        key = geo = None
+    if geo is None:
+        data, weight, bias, geo = _conv_args(data, weight, bias, kernel, stride, dilate, pad, num_filter, num_group,
+                                             workspace, no_bias, cudnn_tune, cudnn_off, layout, act_type)
+        if key is not None:
+            _CONV_ARGS.put(key, geo, (kernel, stride, dilate, pad, num_filter, num_group, workspace, no_bias,
+                                      cudnn_off))
+    one_d, stride, pad, dilate, layout, fused = geo
     b = None if no_bias else bias
-    stride, pad, dilate = _pair(stride), _pair(pad), _pair(dilate)
-    layout = _layout("Convolution", layout, data)
-    fused = act_type == "relu"
+    if one_d:  # (N, C, W) as (N, C, 1, W), the weight (F, C/g, k) as (F, C/g, 1, k): recorded views
+        n, c, w = data.shape
+        y = _conv2d(data.reshape((n, c, 1, w)), weight.reshape(weight.shape[:2] + (1,) + weight.shape[2:]), b,
+                    stride, pad, dilate, num_group, layout, fused)
+        return into(out, y.reshape((n, y.shape[1], y.shape[3])))
+    return into(out, _conv2d(data, weight, b, stride, pad, dilate, num_group, layout, fused))
+
+
+def _conv_args(data, weight, bias, kernel, stride, dilate, pad, num_filter, num_group, workspace, no_bias,
+               cudnn_tune, cudnn_off, layout, act_type):
+    """Every check of nd.Convolution's arguments, in MXNet's order (parameters, then the arrays against them);
+    returns the arrays and (one_d, stride, pad, dilate, layout, fused) for the 2-D path."""
+    op = "Convolution"
+    kernel = shape_arg(op, "kernel", kernel)
+    if kernel is None:
+        raise required(op, "kernel", "Shape(tuple)")
+    if num_filter is None:
+        raise required(op, "num_filter", "int (non-negative)")
+    num_filter = int_arg(op, "num_filter", num_filter, 1, "int (non-negative)")
+    num_group = int_arg(op, "num_group", num_group, 1, "int (non-negative)")
+    int_arg(op, "workspace", workspace, None, "long (non-negative)")
+    no_bias = bool_arg(op, "no_bias", no_bias)
+    choice_arg(op, "cudnn_tune", cudnn_tune, _CONV_TUNE, none_ok=True)
+    bool_arg(op, "cudnn_off", cudnn_off)
     if act_type not in (None, "relu"):
         raise DnnbindValueError(f"Convolution: act_type must be None or 'relu', got {act_type!r}")
+    data = array_arg(op, "data", data)
+    weight = array_arg(op, "weight", weight, data)
+    if bias is not None:
+        bias = array_arg(op, "bias", bias, data)
+    dims = len(kernel)
+    if dims == 3:
+        raise NotImplementedError(f"Convolution: 3-D convolution (kernel {kernel}, data {data.shape}) is not "
+                                  "supported by dnnbind")
+    if dims not in (1, 2) or data.ndim != dims + 2:
+        raise DnnbindValueError(f"Convolution: kernel {kernel} has {dims} spatial axes, so data must be "
+                                f"{dims + 2}-D (N, C, {'W' if dims == 1 else 'H, W'}); got data {data.shape}")
+    if dims == 1:
+        if layout not in (None, "NCW"):
+            kind = NotImplementedError if layout == "NWC" else DnnbindValueError
+            raise kind(f"Convolution: layout must be 'NCW' for 3-D data {data.shape}, got {layout!r}")
+        layout = "NCHW"
+    else:
+        layout = _layout(op, layout, data)
+    if min(kernel) < 1:
+        raise DnnbindValueError(f"Convolution: kernel must be >= 1 on every axis, got {kernel} (data {data.shape})")
+    stride = spatial(op, "stride", shape_arg(op, "stride", stride), dims, 1, 1, data.shape)
+    dilate = spatial(op, "dilate", shape_arg(op, "dilate", dilate), dims, 1, 1, data.shape)
+    pad = spatial(op, "pad", shape_arg(op, "pad", pad), dims, 0, 0, data.shape)
+    if no_bias and bias is not None:
+        raise DnnbindValueError(f"Convolution: a bias {bias.shape} was given but no_bias=True; pass no_bias=False "
+                                "or drop the bias")
+    if not no_bias and bias is None:
+        raise DnnbindValueError(f"Convolution: no_bias=False (the default) needs a bias of shape ({num_filter},); "
+                                "pass it, or no_bias=True")
+    nhwc = layout == "NHWC"
+    c = data.shape[-1] if nhwc else data.shape[1]
+    if c % num_group or num_filter % num_group:
+        raise DnnbindValueError(f"Convolution: num_group {num_group} must divide the data's {c} channels and "
+                                f"num_filter {num_filter} (data {data.shape})")
+    want = (num_filter,) + kernel + (c // num_group,) if nhwc else (num_filter, c // num_group) + kernel
+    wc = (weight.shape[-1] if nhwc else weight.shape[1]) if weight.ndim == dims + 2 else None
+    if wc is not None and wc * num_group != c:
+        raise DnnbindValueError(f"Convolution: data has {c} channels but weight {weight.shape} expects "
+                                f"{wc * num_group} (num_group {num_group}, layout {layout}): data {data.shape}; "
+                                f"expected weight {want}")
+    if weight.shape != want:
+        raise DnnbindValueError(f"Convolution: weight has shape {weight.shape} but data {data.shape} with kernel "
+                                f"{kernel}, num_filter {num_filter}, num_group {num_group} (layout {layout}) needs "
+                                f"{want}")
+    if bias is not None and bias.shape != (num_filter,):
+        raise DnnbindValueError(f"Convolution: bias has shape {bias.shape}; expected ({num_filter},) (num_filter)")
+    size = data.shape[1:-1] if nhwc else data.shape[2:]
+    padded = tuple(s + 2 * p for s, p in zip(size, pad))
+    span = tuple(d * (k - 1) + 1 for d, k in zip(dilate, kernel))
+    if any(e > s for e, s in zip(span, padded)):
+        raise DnnbindValueError(f"Convolution: kernel {kernel} with dilate {dilate} spans {span}, more than the "
+                                f"padded input {padded} (data {data.shape}, pad {pad})")
+    spatial_out = tuple((s - e) // st + 1 for s, e, st in zip(padded, span, stride))
+    y_shape = (data.shape[0],) + (spatial_out + (num_filter,) if nhwc else (num_filter,) + spatial_out)
+    context = f" (data {data.shape}, weight {weight.shape}, stride {stride}, pad {pad}, dilate {dilate})"
+    check_fits(op, data._device, data.dtype, "the output", y_shape, context)
+    n = data.shape[0]
+    check_fits(op, data._device, data.dtype, "the padded input", (n,) + padded + (c,) if nhwc else (n, c) + padded,
+               context)
+    if dims == 1:
+        stride, pad, dilate = (1,) + stride, (0,) + pad, (1,) + dilate
+    return data, weight, bias, (dims == 1, stride, pad, dilate, layout, act_type == "relu")
+
+
+def _conv2d(data, weight, b, stride, pad, dilate, num_group, layout, fused):
+    """The 2-D convolution of parsed arguments (b None: no bias), taped."""
     y = None
     if fused and b is not None and data._data is None and data.dtype in _FUSED_DTYPES:
         key = (data.shape, weight.shape, data.dtype, stride, pad, dilate, num_group, layout)
@@ -134,14 +247,71 @@ def _conv_bias_grad(dy, b, layout="NCHW"):
     return ops.conv_backward_bias(dy, layout=layout)
 
 
-def FullyConnected(data, weight, bias=None, num_hidden=None, no_bias=False, flatten=True, **_ignored):
-    """y = x w^T + b (cublasSgemm_v2); flatten=True views (N, ...) input as (N, -1) like MXNet."""
-    x = data.reshape((data.shape[0], -1)) if (flatten and data.ndim != 2) else data
+def FullyConnected(data=None, weight=None, bias=None, num_hidden=None, no_bias=False, flatten=True, out=None,
+                   name=None, **kwargs):
+    """y = x w^T + b (cublasSgemm_v2), MXNet's arguments: ``num_hidden`` required, weight (num_hidden, in), a bias
+    (num_hidden,) unless ``no_bias=True``. ``flatten=True`` views (N, ...) data as (N, -1); ``flatten=False`` applies
+    the layer to the last axis, (..., in) -> (..., num_hidden). ``name`` is ignored."""
+    if kwargs:
+        reject("FullyConnected", kwargs)
+    try:  # the hot path: a call seen before (ParsedCalls says how it is keyed)
+        key = (data._shape, weight._shape, None if bias is None else bias._shape, data._dtype, data._device,
+               id(num_hidden), id(no_bias), id(flatten))
+        shapes = _FC_ARGS.get(key)
+    except AttributeError:  # not NDArrays
+        key = shapes = None
+    if shapes is None:
+        data, weight, bias, shapes = _fc_args(data, weight, bias, num_hidden, no_bias, flatten)
+        if key is not None:
+            _FC_ARGS.put(key, shapes, (num_hidden, no_bias, flatten))
+    x_shape, y_shape, no_bias = shapes
+    x = data.reshape(x_shape) if data._shape != x_shape else data
     b = None if no_bias else bias
     y = ops.linear_forward(x, weight, b)
     if is_recording():
         record_op("FullyConnected", y, (x, weight, b), lambda dy: _linear_backward(x, weight, b, dy))
-    return y
+    return into(out, y.reshape(y_shape) if y.shape != y_shape else y)
+
+
+_FC_ARGS = ParsedCalls()  # a call's arrays' shapes and its parameters -> (x's 2-D shape, y's shape, no_bias)
+
+
+def _fc_args(data, weight, bias, num_hidden, no_bias, flatten):
+    """Every check of nd.FullyConnected's arguments; returns the arrays and (x_shape, y_shape, no_bias)."""
+    op = "FullyConnected"
+    if num_hidden is None:
+        raise required(op, "num_hidden", "int")
+    num_hidden = int_arg(op, "num_hidden", num_hidden, 1)
+    no_bias, flatten = bool_arg(op, "no_bias", no_bias), bool_arg(op, "flatten", flatten)
+    data = array_arg(op, "data", data)
+    weight = array_arg(op, "weight", weight, data)
+    if bias is not None:
+        bias = array_arg(op, "bias", bias, data)
+    if no_bias and bias is not None:
+        raise DnnbindValueError(f"{op}: a bias {bias.shape} was given but no_bias=True; pass no_bias=False or drop "
+                                "the bias")
+    if not no_bias and bias is None:
+        raise DnnbindValueError(f"{op}: no_bias=False (the default) needs a bias of shape ({num_hidden},); pass it, "
+                                "or no_bias=True")
+    if data.ndim == 0:
+        raise DnnbindValueError(f"{op}: data must have at least one axis, got a 0-d array")
+    shape = data.shape
+    if flatten:
+        in_units = math.prod(shape[1:]) if data.ndim > 1 else 1
+        x_shape, y_shape = (shape[0], in_units), (shape[0], num_hidden)
+    else:
+        in_units = shape[-1]
+        x_shape, y_shape = (math.prod(shape[:-1]), in_units), shape[:-1] + (num_hidden,)
+    if weight.ndim == 2 and weight.shape[0] == num_hidden and weight.shape[1] != in_units:
+        raise DnnbindValueError(f"{op}: data {shape} has {in_units} features (flatten={flatten}) but weight "
+                                f"{weight.shape} expects {weight.shape[1]}")
+    if weight.shape != (num_hidden, in_units):
+        raise DnnbindValueError(f"{op}: weight has shape {weight.shape} but data {shape} (flatten={flatten}) with "
+                                f"num_hidden {num_hidden} needs ({num_hidden}, {in_units})")
+    if bias is not None and bias.shape != (num_hidden,):
+        raise DnnbindValueError(f"{op}: bias has shape {bias.shape}; expected ({num_hidden},) (num_hidden)")
+    check_fits(op, data._device, data.dtype, "the output", y_shape, f" (data {shape}, weight {weight.shape})")
+    return data, weight, bias, (x_shape, y_shape, no_bias)
 
 
 def _linear_backward(x, w, b, dy):
@@ -170,46 +340,146 @@ def _linear_backward(x, w, b, dy):
 
 # -- activations, pooling, softmax ----------------------------------------------------------------------------
 
-_ACT = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "elu": "elu", "clipped_relu": "clipped_relu"}
+_TABLE_ACT = ("relu", "sigmoid", "softrelu", "softsign", "tanh")  # MXNet's act_type values, each a table op
 
 
-_TABLE_ACT = ("relu", "sigmoid", "tanh", "softrelu", "softsign")
+def Activation(data=None, act_type=None, out=None, name=None, **kwargs):
+    """MXNet's Activation: ``act_type`` (required) relu, sigmoid, tanh (cudnnActivationForward/Backward through the
+    table's entries), softrelu, softsign (generated kernels); float data only. ``name`` is ignored."""
+    if kwargs:
+        reject("Activation", kwargs)
+    if act_type is None:
+        raise required("Activation", "act_type", "int")
+    choice_arg("Activation", "act_type", act_type, _TABLE_ACT)
+    data = array_arg("Activation", "data", data)
+    if data.dtype.kind != "f":
+        raise DnnbindTypeError(f"Activation: data must be a floating-point array, got {data.dtype} (shape "
+                               f"{data.shape}); use .astype('float32')")
+    from ._registry import call
+    return into(out, call(act_type, data))
 
 
-def Activation(data, act_type="relu", coef=0.0, **_ignored):
-    """MXNet's Activation: relu, sigmoid, tanh (cudnnActivationForward/Backward through the table's entries),
-    softrelu, softsign (generated kernels); elu and clipped_relu (with ``coef``) call cuDNN directly."""
-    if act_type in _TABLE_ACT and not coef:
-        from ._registry import call
-        return call(act_type, data)
-    mode = _ACT.get(act_type)
-    if mode is None:
-        raise DnnbindValueError(f"Activation: unknown act_type {act_type!r}; expected one of "
-                         f"{', '.join(_TABLE_ACT + ('elu', 'clipped_relu'))}")
-    y = ops.activation_forward(data, mode, coef)
-    if is_recording():
-        record_op("Activation", y, (data,), lambda dy: (ops.activation_backward(y, dy, data, mode, coef),))
-    return y
+_POOL_TYPES = ("avg", "lp", "max", "sum")
+_POOL_CONVENTIONS = ("full", "same", "valid")
 
 
-def Pooling(data, kernel=(1, 1), pool_type="max", stride=None, pad=(0, 0), global_pool=False,
-            pooling_convention="valid", count_include_pad=True, layout=None, **_ignored):
-    """cudnnPoolingForward; backward cudnnPoolingBackward. MXNet arguments; ``layout='NHWC'``: 4-D data
-    (N, H, W, C) pooled over H and W by cuDNN on channels-last descriptors. 1-D input and
-    ``pooling_convention='full'`` (ceil) go through ``_nn_extra.pooling_ext``, which calls back here."""
-    if data.ndim == 4:
-        layout = _layout("Pooling", layout, data)
-    if pooling_convention != "valid" or data.ndim != 4:
-        from ._nn_extra import pooling_ext
-        return pooling_ext(Pooling, data, kernel, pool_type, stride, pad, global_pool, pooling_convention,
-                           count_include_pad, layout)
-    if global_pool:
-        kernel = stride = data.shape[2:] if layout == "NCHW" else data.shape[1:3]
-        pad = (0, 0)
-    mode = {"max": "max", "avg": "avg" if count_include_pad else "avg_exclude_pad"}.get(pool_type)
-    if mode is None:
-        raise DnnbindValueError(f"Pooling: pool_type must be 'max' or 'avg', got {pool_type!r}")
-    window, stride, pad = _pair(kernel), _pair(stride if stride is not None else kernel), _pair(pad)
+def Pooling(data=None, kernel=None, pool_type="max", global_pool=False, cudnn_off=False, pooling_convention="valid",
+            stride=None, pad=None, p_value=None, count_include_pad=None, layout=None, out=None, name=None, **kwargs):
+    """MXNet's Pooling over the spatial axes of 3-D (N, C, W) or 4-D data: cudnnPoolingForward, backward
+    cudnnPoolingBackward. MXNet's defaults: stride 1 and pad 0 on every axis; ``kernel`` required unless
+    ``global_pool`` (the whole input, pad 0); ``count_include_pad`` None means True (avg divides by the whole window,
+    padding included). ``pool_type`` 'max', 'avg', 'sum' (avg times the window) or 'lp' (``p_value`` p:
+    (sum x^p)^(1/p) over the window, signed for odd p). ``pooling_convention`` 'valid' (floor) or 'full' (ceil:
+    ``_nn_extra.pool_full``); 'same' is not supported. ``layout='NHWC'``: 4-D data (N, H, W, C) pooled over H and W
+    by cuDNN on channels-last descriptors. 1-D data runs the 2-D path on an (N, C, 1, W) view; 3-D pooling is not
+    supported. ``cudnn_off`` is checked and ignored, as is ``name``."""
+    if kwargs:
+        reject("Pooling", kwargs)
+    try:  # the hot path: a call seen before (ParsedCalls says how it is keyed)
+        key = (data._shape, data._dtype, data._device, id(kernel), id(stride), id(pad), id(global_pool),
+               id(cudnn_off), id(count_include_pad), id(p_value), pool_type, pooling_convention, layout)
+        parsed = _POOL_ARGS.get(key)
+    except (AttributeError, TypeError):  # not an NDArray, or an unhashable string argument
+        key = parsed = None
+    if parsed is None:
+        data, parsed = _pool_args(data, kernel, pool_type, global_pool, cudnn_off, pooling_convention, stride, pad,
+                                  p_value, count_include_pad, layout)
+        if key is not None:
+            _POOL_ARGS.put(key, parsed, (kernel, stride, pad, global_pool, cudnn_off, count_include_pad, p_value))
+    one_d, kernel, stride, pad, pool_type, convention, cip, layout, p_value = parsed
+    if one_d:  # (N, C, W) as (N, C, 1, W): a recorded view
+        n, c, w = data.shape
+        y = _pool(data.reshape((n, c, 1, w)), kernel, stride, pad, pool_type, convention, cip, layout, p_value)
+        return into(out, y.reshape((n, c, y.shape[3])))
+    return into(out, _pool(data, kernel, stride, pad, pool_type, convention, cip, layout, p_value))
+
+
+_POOL_ARGS = ParsedCalls()  # a call's data shape and its parameters -> the parsed arguments
+
+
+def _pool_args(data, kernel, pool_type, global_pool, cudnn_off, pooling_convention, stride, pad, p_value,
+               count_include_pad, layout):
+    """Every check of nd.Pooling's arguments; returns the data and (one_d, kernel, stride, pad, pool_type,
+    convention, count_include_pad, layout, p_value) for the 2-D path."""
+    op = "Pooling"
+    pool_type = choice_arg(op, "pool_type", pool_type, _POOL_TYPES)
+    convention = choice_arg(op, "pooling_convention", pooling_convention, _POOL_CONVENTIONS)
+    global_pool, _ = bool_arg(op, "global_pool", global_pool), bool_arg(op, "cudnn_off", cudnn_off)
+    cip = True if count_include_pad is None else bool_arg(op, "count_include_pad", count_include_pad)
+    kernel, stride, pad = shape_arg(op, "kernel", kernel), shape_arg(op, "stride", stride), shape_arg(op, "pad", pad)
+    if p_value is not None:
+        p_value = int_arg(op, "p_value", p_value, 1)
+    data = array_arg(op, "data", data)
+    dims = data.ndim - 2
+    if dims == 3:
+        raise NotImplementedError(f"Pooling: 3-D pooling (data {data.shape}) is not supported by dnnbind")
+    if dims not in (1, 2):
+        raise DnnbindValueError(f"Pooling: data must be 3-D (N, C, W) or 4-D (N, C, H, W), got shape {data.shape}")
+    if dims == 1:
+        if layout not in (None, "NCW"):
+            raise DnnbindValueError(f"Pooling: layout must be 'NCW' for 3-D data {data.shape} (channels-last 1-D "
+                                    f"pooling is not supported), got {layout!r}")
+        layout = "NCHW"
+    else:
+        layout = _layout(op, layout, data)
+    if convention == "same":  # MXNet 1.9.1 has it for 1-D max pooling only
+        if dims != 1 or pool_type != "max":
+            raise DnnbindValueError(f"Pooling: pooling_convention='same' is for 1-D max pooling only (3-D data "
+                                    f"(N, C, W)); got pool_type {pool_type!r}, data {data.shape}")
+        raise NotImplementedError(f"Pooling: pooling_convention='same' is not supported by dnnbind (data "
+                                  f"{data.shape})")
+    if pool_type == "lp" and p_value is None:
+        raise DnnbindValueError(f"Pooling: pool_type='lp' needs p_value (data {data.shape})")
+    size = data.shape[1:3] if layout == "NHWC" else data.shape[2:]
+    if global_pool:  # MXNet: the kernel is the whole input, stride 1, no padding; the convention does not matter
+        kernel, stride, pad, convention = tuple(size), (1,) * dims, (0,) * dims, "valid"
+    elif kernel is None:
+        raise DnnbindValueError(f"Pooling: kernel is required unless global_pool=True (data {data.shape})")
+    elif len(kernel) != dims:
+        raise DnnbindValueError(f"Pooling: kernel {kernel} has {len(kernel)} axes but data {data.shape} has {dims} "
+                                "spatial axes")
+    elif min(kernel) < 1:
+        raise DnnbindValueError(f"Pooling: kernel must be >= 1 on every axis, got {kernel} (data {data.shape})")
+    stride = spatial(op, "stride", stride, dims, 1, 1, data.shape)
+    pad = spatial(op, "pad", pad, dims, 0, 0, data.shape)
+    spatial(op, "kernel", kernel, dims, 1, 1, data.shape)
+    if any(p >= k for p, k in zip(pad, kernel)):
+        raise DnnbindValueError(f"Pooling: pad {pad} must be smaller than kernel {kernel} on every axis (data "
+                                f"{data.shape})")
+    padded = tuple(s + 2 * p for s, p in zip(size, pad))
+    if any(k > s for k, s in zip(kernel, padded)):
+        raise DnnbindValueError(f"Pooling: kernel {kernel} is larger than the padded input {padded} (data "
+                                f"{data.shape}, pad {pad})")
+    check_fits(op, data._device, data.dtype, "the padded input", data.shape[:-dims] + padded if layout == "NCHW"
+               else (data.shape[0],) + padded + (data.shape[3],), f" (data {data.shape}, pad {pad})")
+    if dims == 1:
+        kernel, stride, pad = (1,) + kernel, (1,) + stride, (0,) + pad
+    return data, (dims == 1, kernel, stride, pad, pool_type, convention, cip, layout, p_value)
+
+
+def _pool(data, window, stride, pad, pool_type, convention, cip, layout, p_value=None):
+    """4-D pooling of parsed arguments: sum and lp composed of avg pooling and table ops (their gradients come
+    with them), 'full' through _nn_extra.pool_full, the rest one cuDNN call."""
+    if pool_type == "lp":
+        powered = data if p_value == 1 else _call("power", data, float(p_value))
+        s = _pool(powered, window, stride, pad, "sum", convention, cip, layout)
+        if p_value == 1:
+            return s
+        if p_value == 2:
+            return _call("sqrt", s)
+        root = _call("power", _call("abs", s), 1.0 / p_value)
+        return root * _call("sign", s) if p_value % 2 else root
+    if convention == "full":
+        from ._nn_extra import pool_full
+        return pool_full(data, window, stride, pad, pool_type, cip, layout)
+    if pool_type == "sum":  # the window's sum, padding counted as zeros: the padded average times the window
+        return _pool_valid(data, window, stride, pad, "avg", layout) * float(window[0] * window[1])
+    return _pool_valid(data, window, stride, pad, "avg" if pool_type == "avg" and cip else
+                       "avg_exclude_pad" if pool_type == "avg" else "max", layout)
+
+
+def _pool_valid(data, window, stride, pad, mode, layout):
+    """cudnnPoolingForward ('valid': floor) with mode 'max', 'avg' or 'avg_exclude_pad', taped."""
     y = ops.pooling_forward(data, mode, window, stride, pad, layout=layout)
     if is_recording():
         record_op("Pooling", y, (data,),
@@ -247,14 +517,44 @@ def _call(name, *args, **params):
     return call(name, *args, **params)
 
 
-def softmax(data, axis=-1, temperature=None, **_ignored):
-    """cudnnSoftmaxForward(ACCURATE) over the last axis or axis 1 of NCHW; other axes compose table ops."""
-    return _softmax(data, axis, "accurate", temperature)
+_SOFTMAX_DTYPES = ("float16", "float32", "float64")
 
 
-def log_softmax(data, axis=-1, temperature=None, **_ignored):
-    """cudnnSoftmaxForward(LOG)."""
-    return _softmax(data, axis, "log", temperature)
+def _softmax_args(op, data, length, axis, temperature, dtype, use_length, kwargs):
+    """MXNet's softmax parameters: an int axis, a number or None temperature, the output dtype (None: data's)."""
+    if kwargs:
+        reject(op, kwargs)
+    if bool_arg(op, "use_length", use_length) or length is not None:
+        raise NotImplementedError(f"{op}: use_length/length (masking by per-row lengths) is not supported by dnnbind")
+    axis = int_arg(op, "axis", axis)
+    if temperature is not None:
+        temperature = float_arg(op, "temperature", temperature)
+    dtype = dtype_name(op, dtype, _SOFTMAX_DTYPES)
+    data = array_arg(op, "data", data)
+    if data.dtype.kind != "f":
+        raise DnnbindTypeError(f"{op}: data must be a floating-point array, got {data.dtype} (shape {data.shape}); "
+                               "use .astype('float32')")
+    return data, axis, temperature, dtype
+
+
+def softmax(data=None, length=None, axis=-1, temperature=None, dtype=None, use_length=False, out=None, name=None,
+            **kwargs):
+    """MXNet's softmax over ``axis``: cudnnSoftmaxForward(ACCURATE) over the last axis or axis 1 of NCHW; other
+    axes compose table ops. ``temperature`` divides the data first; ``dtype`` (float16/32/64) is the output's
+    dtype; ``length``/``use_length`` are not supported. ``name`` is ignored."""
+    data, axis, temperature, dtype = _softmax_args("softmax", data, length, axis, temperature, dtype, use_length,
+                                                   kwargs)
+    y = _softmax(data, axis, "accurate", temperature)
+    return into(out, y if dtype is None or y.dtype == dtype else _call("cast", y, dtype=np.dtype(dtype)))
+
+
+def log_softmax(data=None, length=None, axis=-1, temperature=None, dtype=None, use_length=False, out=None,
+                name=None, **kwargs):
+    """MXNet's log_softmax: cudnnSoftmaxForward(LOG); the arguments are softmax's."""
+    data, axis, temperature, dtype = _softmax_args("log_softmax", data, length, axis, temperature, dtype, use_length,
+                                                   kwargs)
+    y = _softmax(data, axis, "log", temperature)
+    return into(out, y if dtype is None or y.dtype == dtype else _call("cast", y, dtype=np.dtype(dtype)))
 
 
 def softmax_cross_entropy(logits, labels):
@@ -278,25 +578,43 @@ def pick_nll(logp, labels):
     return loss
 
 
-def add_n(*args, **_ignored):
-    """Sum of several same-shape arrays (MXNet's add_n / ElementWiseSum): a chain of table adds."""
+def add_n(*args, num_args=None, out=None, name=None, **kwargs):
+    """Sum of several arrays of one shape and dtype (MXNet's add_n / ElementWiseSum): a chain of table adds.
+    ``num_args``, if given, must be the number of arrays (MXNet sets it itself). ``name`` is ignored."""
+    if kwargs:
+        reject("add_n", kwargs)
+    if num_args is not None and int_arg("add_n", "num_args", num_args, 1) != len(args):
+        raise DnnbindValueError(f"add_n: num_args={num_args} but {len(args)} array(s) were given")
     if not args:
-        raise DnnbindValueError("add_n: needs at least one array")
-    out = args[0]
-    for a in args[1:]:
-        out = out + a
-    return out
+        raise DnnbindValueError("add_n: needs at least one array (value 0 for Parameter num_args should be greater "
+                                "equal to 1)")
+    arrays = [array_arg("add_n", f"args[{i}]", a, None) for i, a in enumerate(args)]
+    first = arrays[0]
+    for i, a in enumerate(arrays[1:], 1):
+        if a.shape != first.shape or a.dtype != first.dtype:
+            raise DnnbindValueError(f"add_n: args[{i}] is {a.shape} {a.dtype} but args[0] is {first.shape} "
+                                    f"{first.dtype}; every array must have the same shape and dtype")
+    total = first if len(arrays) > 1 or out is not None else first.copy()  # always a new array, like MXNet
+    for a in arrays[1:]:
+        total = total + a
+    return into(out, total)
 
 
 def reshape_like(lhs, rhs):
     return lhs.reshape(rhs.shape)
 
 
-def Flatten(data):
-    return data.reshape((data.shape[0], -1))
+def Flatten(data=None, out=None, name=None, **kwargs):
+    """MXNet's Flatten: (N, ...) -> (N, prod(...)) as a view; 1-D (N,) -> (N, 1). ``name`` is ignored."""
+    if kwargs:
+        reject("Flatten", kwargs)
+    data = array_arg("Flatten", "data", data)
+    if data.ndim == 0:
+        raise DnnbindValueError("Flatten: data must have at least one axis, got a 0-d array")
+    return into(out, data.reshape((data.shape[0], math.prod(data.shape[1:]))))
 
 
-def Dropout(data, p=0.5, mode="training", axes=(), cudnn_off=None, **_ignored):
+def Dropout(data=None, p=0.5, mode="training", axes=(), cudnn_off=False, out=None, name=None, **kwargs):
     """MXNet's Dropout: inverted dropout (keep with probability 1 - p, scale by 1/(1-p)) inside
     ``autograd.train_mode()``/``record()`` or with ``mode="always"``; the identity otherwise, and for p = 0.
 
@@ -304,16 +622,27 @@ def Dropout(data, p=0.5, mode="training", axes=(), cudnn_off=None, **_ignored):
     cpu numpy. ``axes`` (variational dropout): one mask of the shape of ``data`` with those axes set to 1, drawn
     the same way (dropout of ones) and broadcast-multiplied, so the mask is shared along ``axes`` (MXNet's
     BernoulliKernel + broadcast mul); its gradient is the table's multiply. Seeds come from dnnbind's one random
-    state (nd.random), so ``mx.random.seed(n)`` makes runs repeatable. ``cudnn_off`` is accepted and ignored.
+    state (nd.random), so ``mx.random.seed(n)`` makes runs repeatable. ``cudnn_off`` (None, a bool) and ``name``
+    are accepted and ignored. Unlike MXNet, p = 1 is refused (it would drop everything).
     """
-    from ._registry import as_array, norm_axes
+    from ._registry import norm_axes
     from .random import generation, next_seed
-    if mode not in ("training", "always"):
-        raise DnnbindValueError(f"Dropout: mode must be 'training' or 'always', got {mode!r}")
+    if kwargs:
+        reject("Dropout", kwargs)
+    if not (isinstance(mode, str) and mode in ("training", "always")):
+        raise (DnnbindValueError if isinstance(mode, str) else DnnbindTypeError)(
+            f"Dropout: mode must be 'training' or 'always', got {mode!r}")
     p = dropout_p("Dropout", p)
-    data = as_array("Dropout", "data", data)
+    if cudnn_off is not None:
+        bool_arg("Dropout", "cudnn_off", cudnn_off)
+    data = array_arg("Dropout", "data", data)
+    if out is not None:
+        return into(out, Dropout(data, p, mode, axes))
     if p == 0 or not (mode == "always" or is_training()):
         return data
+    if data.dtype.kind != "f":
+        raise DnnbindTypeError(f"Dropout: data must be a floating-point array, got {data.dtype} (shape "
+                               f"{data.shape})")
     if axes is not None and not isinstance(axes, (tuple, list)):
         axes = (axes,)
     if axes:
@@ -355,8 +684,9 @@ def _nhwc_ex(data, gamma, layout: str) -> bool:
             and _bn_ex.fusable(data.shape, data.dtype, gamma.dtype) and (data.shape, data.dtype) not in _NO_EX)
 
 
-def BatchNorm(data, gamma, beta, moving_mean, moving_var, eps=1e-3, momentum=0.9, fix_gamma=True,
-              use_global_stats=False, output_mean_var=False, axis=1, cudnn_off=False, **_ignored):
+def BatchNorm(data=None, gamma=None, beta=None, moving_mean=None, moving_var=None, eps=1e-3, momentum=0.9,
+              fix_gamma=True, use_global_stats=False, output_mean_var=False, axis=1, cudnn_off=False,
+              min_calib_range=None, max_calib_range=None, out=None, name=None, **kwargs):
     """MXNet 1.x's ``BatchNorm`` operator (defaults from src/operator/nn/batch_norm-inl.h: eps 1e-3,
     momentum 0.9, fix_gamma True). Spatial batch norm over ``axis``: 1, or the last axis of 4-D data (MXNet's
     channels-last ``axis=3``/``-1``, run by cuDNN on an NHWC descriptor); any other axis goes through a transpose.
@@ -372,10 +702,17 @@ def BatchNorm(data, gamma, beta, moving_mean, moving_var, eps=1e-3, momentum=0.9
     - ``fix_gamma``: gamma is set to 1 IN PLACE (as MXNet does) and its gradient is 0.
     - ``output_mean_var``: also returns the mean and the INVERSE standard deviation used (MXNet's outputs).
     Needs > 1 value per channel for batch statistics (MXNet would then normalize with variance 0).
-    ``cudnn_off`` is accepted and ignored.
+    ``cudnn_off``, ``name`` and the quantization calibration ``min_calib_range``/``max_calib_range`` are accepted
+    and ignored. ``out`` takes the normalized output.
     """
-    from ._registry import as_array, call, norm_axes
-    data = as_array("BatchNorm", "data", data)
+    from ._registry import call, norm_axes
+    data, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma, use_global_stats, output_mean_var, axis = \
+        _bn_args("BatchNorm", kwargs, data, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma,
+                 use_global_stats, output_mean_var, axis, cudnn_off, min_calib_range, max_calib_range)
+    if out is not None:
+        res = BatchNorm(data, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma, use_global_stats,
+                        output_mean_var, axis)
+        return (into(out, res[0]),) + tuple(res[1:]) if output_mean_var else into(out, res)
     ax = norm_axes("BatchNorm", data.ndim, axis)[0] if data.ndim else axis
     perm, layout = None, "NHWC" if ax == 3 and data.ndim == 4 else "NCHW"
     if ax != 1 and data.ndim >= 2 and layout == "NCHW":  # channels to axis 1, and back (the transposes have grads)
@@ -428,6 +765,29 @@ def BatchNorm(data, gamma, beta, moving_mean, moving_var, eps=1e-3, momentum=0.9
     if perm is not None:
         y = call("transpose", y, axes=tuple(int(i) for i in np.argsort(perm)))
     return (y, mean, inv_std) if output_mean_var else y
+
+
+def _bn_args(op, kwargs, data, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma, use_global_stats,
+             output_mean_var, axis, cudnn_off, min_calib_range, max_calib_range, declared=None) -> tuple:
+    """BatchNorm's (and BatchNormAddRelu's) arguments checked as MXNet parses them: the arrays (gamma and the moving
+    statistics are updated in place, so they must be NDArrays), the numbers, the flags."""
+    if kwargs:
+        reject(op, kwargs, declared)
+    data = array_arg(op, "data", data)
+    gamma, beta, moving_mean, moving_var = (array_arg(op, n, a, data, numpy_ok=False) for n, a in (
+        ("gamma", gamma), ("beta", beta), ("moving_mean", moving_mean), ("moving_var", moving_var)))
+    eps, momentum = float_arg(op, "eps", eps), float_arg(op, "momentum", momentum)
+    fix_gamma, use_global_stats, output_mean_var = (bool_arg(op, n, v) for n, v in (
+        ("fix_gamma", fix_gamma), ("use_global_stats", use_global_stats), ("output_mean_var", output_mean_var)))
+    bool_arg(op, "cudnn_off", cudnn_off)
+    axis = int_arg(op, "axis", axis)
+    for n, v in (("min_calib_range", min_calib_range), ("max_calib_range", max_calib_range)):
+        if v is not None:
+            float_arg(op, n, v)
+    if data.dtype.kind != "f":
+        raise DnnbindTypeError(f"{op}: data must be a floating-point array, got {data.dtype} (shape {data.shape})")
+    return data, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma, use_global_stats, output_mean_var, \
+        axis
 
 
 __all__.append("BatchNorm")

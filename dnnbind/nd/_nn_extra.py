@@ -1,5 +1,5 @@
-"""Layer nd: MXNet's ``LeakyReLU`` family, ``Embedding`` and the pooling cases cuDNN has no mode for (1-D input,
-``pooling_convention='full'``). Imports numpy, autograd, runtime and nd's own modules.
+"""Layer nd: MXNet's ``LeakyReLU`` family, ``Embedding`` and the pooling convention cuDNN has no mode for
+(``pooling_convention='full'``). Imports numpy, autograd, runtime and nd's own modules.
 
 Everything here is a composition of registered ops (where, expm1, erf, take, concat, multiply), so each gets
 its gradient and its GPU lowering from the table; nothing has hand-written backward code.
@@ -7,7 +7,7 @@ its gradient and its GPU lowering from the table; nothing has hand-written backw
 
 from __future__ import annotations
 
-from .._lib.errors import DnnbindValueError
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 import math
 
@@ -15,9 +15,10 @@ import numpy as np
 
 from .. import autograd
 from ..runtime.array import NDArray, array
+from ._params import array_arg, bool_arg, choice_arg, dtype_name, float_arg, int_arg, into, reject, required
 from ._registry import as_array, call
 
-__all__ = ["Embedding", "LeakyReLU", "pooling_ext"]
+__all__ = ["Embedding", "LeakyReLU", "pool_full"]
 
 # MXNet's constants (src/operator/mshadow_op.h).
 SELU_ALPHA = 1.6732632423543772848170429916717
@@ -31,12 +32,29 @@ def _neg_expm1(x: NDArray, scale: float) -> NDArray:
     return call("expm1", call("minimum", x, 0.0)) * scale
 
 
-def LeakyReLU(data, gamma=None, act_type: str = "leaky", slope: float = 0.25, lower_bound: float = 0.125,
-              upper_bound: float = 0.334, **_ignored) -> NDArray:
+_LEAKY_TYPES = ("elu", "gelu", "leaky", "prelu", "rrelu", "selu")
+
+
+def LeakyReLU(data=None, gamma=None, act_type: str = "leaky", slope: float = 0.25, lower_bound: float = 0.125,
+              upper_bound: float = 0.334, out=None, name=None, **kwargs) -> NDArray:
     """MXNet's ``nd.LeakyReLU``: act_type 'leaky' (x or slope*x), 'prelu' (learned ``gamma`` per channel, axis 1),
     'elu' (slope*(exp(x)-1) below 0), 'selu', 'gelu' (erf form), 'rrelu' (random slope in [lower, upper] while
-    training, their mean otherwise)."""
-    data = as_array("LeakyReLU", "data", data)
+    training, their mean otherwise). ``name`` is ignored."""
+    if kwargs:
+        reject("LeakyReLU", kwargs)
+    choice_arg("LeakyReLU", "act_type", act_type, _LEAKY_TYPES)
+    slope, lower_bound, upper_bound = (float_arg("LeakyReLU", n, v) for n, v in (
+        ("slope", slope), ("lower_bound", lower_bound), ("upper_bound", upper_bound)))
+    data = array_arg("LeakyReLU", "data", data)
+    if data.dtype.kind != "f":
+        raise DnnbindTypeError(f"LeakyReLU: data must be a floating-point array, got {data.dtype} (shape "
+                               f"{data.shape})")
+    if gamma is not None:
+        gamma = array_arg("LeakyReLU", "gamma", gamma, data)
+    return into(out, _leaky_relu(data, gamma, act_type, slope, lower_bound, upper_bound))
+
+
+def _leaky_relu(data, gamma, act_type, slope, lower_bound, upper_bound) -> NDArray:
     pos = data > 0
     if act_type == "leaky":
         return call("_leaky_relu", data, slope=float(slope))
@@ -66,20 +84,32 @@ def LeakyReLU(data, gamma=None, act_type: str = "leaky", slope: float = 0.25, lo
                      "rrelu")
 
 
-def Embedding(data, weight, input_dim: int | None = None, output_dim: int | None = None, dtype=None,
-              sparse_grad: bool = False, **_ignored) -> NDArray:
+_EMBED_DTYPES = ("bfloat16", "float16", "float32", "float64", "int32", "int64", "int8", "uint8")
+
+
+def Embedding(data=None, weight=None, input_dim: int | None = None, output_dim: int | None = None,
+              dtype="float32", sparse_grad: bool = False, out=None, name=None, **kwargs) -> NDArray:
     """weight[data]: (d0, ..., dk) indices -> (d0, ..., dk, output_dim); indices are clipped to the table like
-    MXNet. The gradient reaches ``weight`` through ``take``'s backward (a scatter-add); ``sparse_grad`` is
-    accepted and gives a dense gradient."""
-    weight = as_array("Embedding", "weight", weight)
-    if weight.ndim != 2:
-        raise DnnbindValueError(f"Embedding: weight must be 2-D (input_dim, output_dim), got shape {weight.shape}")
-    if input_dim is not None and weight.shape[0] != int(input_dim) or \
-            output_dim is not None and weight.shape[1] != int(output_dim):
-        raise DnnbindValueError(f"Embedding: weight shape {weight.shape} does not match input_dim={input_dim}, "
-                         f"output_dim={output_dim}")
-    data = as_array("Embedding", "data", data, weight)
-    return call("take", weight, data, axis=0, mode="clip")
+    MXNet. ``input_dim`` and ``output_dim`` are required (MXNet's) and must match the weight (input_dim,
+    output_dim). The gradient reaches ``weight`` through ``take``'s backward (a scatter-add). ``dtype`` (MXNet's
+    type of the weight) is checked and the weight's own dtype used; ``sparse_grad`` is accepted and gives a dense
+    gradient; ``name`` is ignored."""
+    if kwargs:
+        reject("Embedding", kwargs)
+    op = "Embedding"
+    if input_dim is None:
+        raise required(op, "input_dim", "int")
+    if output_dim is None:
+        raise required(op, "output_dim", "int")
+    input_dim, output_dim = int_arg(op, "input_dim", input_dim, 1), int_arg(op, "output_dim", output_dim, 1)
+    dtype_name(op, dtype, _EMBED_DTYPES, none_ok=False)
+    bool_arg(op, "sparse_grad", sparse_grad)
+    data = array_arg(op, "data", data)
+    weight = array_arg(op, "weight", weight, data)
+    if weight.shape != (input_dim, output_dim):
+        raise DnnbindValueError(f"Embedding: weight has shape {weight.shape} but input_dim={input_dim}, "
+                                f"output_dim={output_dim} need ({input_dim}, {output_dim}) (data {data.shape})")
+    return into(out, call("take", weight, data, axis=0, mode="clip"))
 
 
 # -- pooling beyond cuDNN's modes ------------------------------------------------------------------------------
@@ -109,53 +139,23 @@ def _full_divisor_scale(size, window, stride, pad, out, include_pad: bool, dtype
     return scale
 
 
-def _tuple(v, n: int, name: str, arg: str) -> tuple:
-    t = tuple(int(i) for i in v) if isinstance(v, (tuple, list)) else (int(v),) * n
-    if len(t) != n:
-        raise DnnbindValueError(f"{name}: {arg} must have {n} entries for this input, got {v!r}")
-    return t
-
-
-def pooling_ext(pool, data, kernel, pool_type, stride, pad, global_pool, convention, count_include_pad,
-                layout=None):
-    """``nd.Pooling`` for 1-D input (N, C, W) through the 2-d path (H = 1) and for ``pooling_convention='full'``
-    (output 1 + ceil((H + 2p - k) / s)): cuDNN pools with floor, so the input gets extra rows/columns on the
-    high side (the lowest finite value for max, zeros for avg) and avg is rescaled to MXNet's divisor.
-    ``pool`` is nd.Pooling itself, called back for the plain 4-D 'valid' case. ``layout``: None, 'NCW' for
-    3-D data; None, 'NCHW' or 'NHWC' for 4-D data."""
-    if convention not in ("valid", "full"):
-        raise DnnbindValueError(f"Pooling: pooling_convention must be 'valid' or 'full', got {convention!r}")
-    if data.ndim == 3:
-        if layout not in (None, "NCW"):
-            raise DnnbindValueError(f"Pooling: layout must be 'NCW' for 3-D data {data.shape} (channels-last 1-D pooling "
-                             f"is not supported), got {layout!r}")
-        n, c, w = data.shape
-        # nd.Pooling's signature defaults are 2-D: read them as their 1-D equivalents.
-        kernel, pad = (1 if kernel == (1, 1) else kernel), (0 if pad == (0, 0) else pad)
-        k1 = _tuple(kernel, 1, "Pooling", "kernel") if not global_pool else (w,)
-        s1 = _tuple(stride if stride is not None else k1, 1, "Pooling", "stride")
-        p1 = _tuple(pad, 1, "Pooling", "pad")
-        y = pool(data.reshape((n, c, 1, w)), kernel=(1,) + k1, pool_type=pool_type, stride=(1,) + s1,
-                 pad=(0,) + p1, global_pool=global_pool, pooling_convention=convention,
-                 count_include_pad=count_include_pad)
-        return y.reshape((n, c, y.shape[3]))
-    if data.ndim != 4:
-        raise DnnbindValueError(f"Pooling: data must be 3-D (N, C, W) or 4-D (N, C, H, W), got shape {data.shape}")
-    if global_pool:
-        return pool(data, kernel, pool_type, stride, pad, True, "valid", count_include_pad, layout)
+def pool_full(data, window, strides, pads, pool_type, count_include_pad, layout):
+    """4-D ``nd.Pooling`` with ``pooling_convention='full'`` (output 1 + ceil((H + 2p - k) / s)), its arguments
+    parsed by nd.Pooling: cuDNN pools with floor, so the input gets extra rows/columns on the high side (the lowest
+    finite value for max, zeros for avg and sum) and avg is rescaled to MXNet's divisor. ``pool_type`` 'max', 'avg'
+    or 'sum'; ``layout`` 'NCHW' or 'NHWC'."""
+    from ._layers import _pool_valid
     nhwc = layout == "NHWC"
-    window = _tuple(kernel, 2, "Pooling", "kernel")
-    strides = _tuple(stride if stride is not None else window, 2, "Pooling", "stride")
-    pads = _tuple(pad, 2, "Pooling", "pad")
     h_axis = 1 if nhwc else 2  # H, then W
     size = data.shape[h_axis:h_axis + 2]
-    if any(size[d] + 2 * pads[d] < window[d] for d in range(2)) or min(strides) < 1:
-        raise DnnbindValueError(f"Pooling: kernel {window} with pad {pads} and stride {strides} does not fit input "
-                         f"{data.shape}")
     out = tuple(1 + -(-(size[d] + 2 * pads[d] - window[d]) // strides[d]) for d in range(2))
     extra = [max(0, (out[d] - 1) * strides[d] + window[d] - size[d] - 2 * pads[d]) for d in range(2)]
+    avg_mode = "avg" if count_include_pad or pool_type == "sum" else "avg_exclude_pad"
     if not any(extra):
-        return pool(data, window, pool_type, strides, pads, False, "valid", count_include_pad, layout)
+        if pool_type == "max":
+            return _pool_valid(data, window, strides, pads, "max", layout)
+        y = _pool_valid(data, window, strides, pads, avg_mode, layout)
+        return y * float(window[0] * window[1]) if pool_type == "sum" else y
     fill = float(np.finfo(data.dtype).min) if pool_type == "max" else 0.0
     x = data
     for d in range(2):  # extra rows (d = 0), then columns, on the high side
@@ -164,12 +164,12 @@ def pooling_ext(pool, data, kernel, pool_type, stride, pad, global_pool, convent
             shape[h_axis + d] = extra[d]
             x = call("concat", x, _const(tuple(shape), fill, data), dim=h_axis + d)
     if pool_type == "max":
-        return pool(x, window, "max", strides, pads, False, "valid", True, layout)
-    if pool_type != "avg":
-        raise DnnbindValueError(f"Pooling: pool_type must be 'max' or 'avg', got {pool_type!r}")
-    y = pool(x, window, "avg", strides, pads, False, "valid", True, layout)
+        return _pool_valid(x, window, strides, pads, "max", layout)
+    y = _pool_valid(x, window, strides, pads, "avg", layout)
+    if pool_type == "sum":  # the extra rows are zeros: the padded average times the window is the sum
+        return y * float(window[0] * window[1])
     return y * _full_divisor_scale(size, window, strides, pads, out, count_include_pad, data.dtype, data.device,
-                                   "NHWC" if nhwc else "NCHW")
+                                   layout)
 
 
 def _const(shape, value: float, like: NDArray) -> NDArray:

@@ -20,6 +20,7 @@ from .._lib.hooks import RECORDING
 from ..runtime.array import NDArray, empty
 from ..runtime.device import as_device
 from ._creation import _dtype, _shape
+from ._params import check_fits, dtype_name, float_arg, int_arg, into, reject
 
 __all__ = ["seed", "uniform", "normal", "randn", "randint", "shuffle", "exponential", "poisson", "multinomial",
            "next_seed"]
@@ -72,9 +73,39 @@ def _host_rng() -> np.random.Generator:
         return _state["rng"]
 
 
+_FLOAT_DTYPES = ("float16", "float32", "float64")
+_OPS = {"uniform": "_random_uniform", "normal": "_random_normal", "randint": "_random_randint"}
+
+
+def _params(dist: str, kwargs: dict, p0, p1, dtype, names: tuple) -> None:
+    """MXNet's checks of a draw's parameters: known keywords only, numbers (per-element NDArray parameters, MXNet's
+    _sample_* ops, are not supported), the dtypes the op declares."""
+    op = _OPS[dist]
+    if kwargs:
+        reject(op, kwargs)
+    for n, v in zip(names, (p0, p1)):
+        if isinstance(v, NDArray):
+            raise NotImplementedError(f"nd.random.{dist}: {n} as an NDArray (one draw per element) is not "
+                                      "supported by dnnbind; pass a number")
+        if dist == "randint":
+            int_arg(op, n, v, kind="long")
+        elif not np.isfinite(float_arg(op, n, v)):
+            raise DnnbindValueError(f"nd.random.{dist}: {n} must be finite, got {v}")
+    dtype_name(op, dtype, ("int32", "int64") if dist == "randint" else _FLOAT_DTYPES)
+
+
 def _draw(dist: str, p0, p1, shape, dtype, ctx, out) -> NDArray:
-    shape = _shape(f"random.{dist}", (1,) if shape is None or shape == () else shape)
+    if out is not None and not isinstance(out, NDArray):
+        raise DnnbindTypeError(f"random.{dist}: out must be an NDArray, got {type(out).__name__}")
+    unset = shape is None or (type(shape) is tuple and not shape)
+    if out is not None and unset:  # MXNet fills ``out``: its shape and dtype
+        shape, dtype, unset = out.shape, out.dtype if dtype is None else dtype, False
+    shape = _shape(f"random.{dist}", (1,) if unset else shape)
+    if out is not None and shape != out.shape:
+        raise DnnbindValueError(f"random.{dist}: shape {shape} differs from out's shape {out.shape}")
     dtype = _dtype(dtype)
+    check_fits(f"random.{dist}", out.device if out is not None else as_device(ctx), dtype, "the draw", shape,
+               cudnn=False)
     dev = out.device if out is not None else as_device(ctx)
     if dev.kind == "cpu":
         rng = _host_rng()
@@ -107,32 +138,45 @@ def _check_range(op, low, high):
         raise DnnbindValueError(f"random.{op}: low ({low}) must be less than high ({high})")
 
 
-def uniform(low=0.0, high=1.0, shape=None, dtype=None, ctx=None, out=None, **_ignored) -> NDArray:
+def uniform(low=0.0, high=1.0, shape=None, dtype=None, ctx=None, out=None, name=None, **kwargs) -> NDArray:
+    """Uniform numbers in [low, high) (MXNet's ``_random_uniform``), float32 unless ``dtype`` says otherwise."""
+    _params("uniform", kwargs, low, high, dtype, ("low", "high"))
     _check_range("uniform", low, high)
     return _draw("uniform", low, high, shape, dtype, ctx, out)
 
 
-def normal(loc=0.0, scale=1.0, shape=None, dtype=None, ctx=None, out=None, **_ignored) -> NDArray:
+def normal(loc=0.0, scale=1.0, shape=None, dtype=None, ctx=None, out=None, name=None, **kwargs) -> NDArray:
+    """Normal numbers of mean ``loc`` and standard deviation ``scale`` (MXNet's ``_random_normal``)."""
+    _params("normal", kwargs, loc, scale, dtype, ("loc", "scale"))
     if scale < 0:
         raise DnnbindValueError(f"random.normal: scale must be >= 0, got {scale}")
     return _draw("normal", loc, scale, shape, dtype, ctx, out)
 
 
-def randn(*shape, loc=0.0, scale=1.0, dtype=None, ctx=None, **_ignored) -> NDArray:
-    return normal(loc, scale, shape or None, dtype, ctx)
+def randn(*shape, loc=0.0, scale=1.0, dtype=None, ctx=None, out=None, name=None, **kwargs) -> NDArray:
+    """``randn(2, 3)``: normal numbers of that shape (MXNet's ``_random_normal``)."""
+    _params("normal", kwargs, loc, scale, dtype, ("loc", "scale"))
+    return normal(loc, scale, shape or None, dtype, ctx, out)
 
 
-def randint(low, high, shape=None, dtype=None, ctx=None, out=None, **_ignored) -> NDArray:
+def randint(low, high, shape=None, dtype=None, ctx=None, out=None, name=None, **kwargs) -> NDArray:
+    """Integers in [low, high) (MXNet's ``_random_randint``), int32 unless ``dtype`` is 'int64'."""
+    _params("randint", kwargs, low, high, dtype, ("low", "high"))
     _check_range("randint", low, high)
     return _draw("randint", low, high, shape, dtype or "int32", ctx, out)
 
 
-def shuffle(data, **_ignored) -> NDArray:
-    """A copy of ``data`` with its first axis permuted (the permutation drawn from the shared state)."""
-    from ._registry import as_array
-    data = as_array("random.shuffle", "data", data)
+def shuffle(data, out=None, name=None, **kwargs) -> NDArray:
+    """A copy of ``data`` with its first axis permuted (the permutation drawn from the shared state); ``out`` takes
+    it, ``name`` is ignored."""
+    from ._params import array_arg
+    if kwargs:
+        reject("_shuffle", kwargs)
+    data = array_arg("random.shuffle", "data", data)
     if data.ndim == 0:
-        return data.copy()
+        raise DnnbindValueError("random.shuffle: data must have at least one axis, got a 0-d array")
+    if out is not None:
+        return into(out, shuffle(data))
     perm = _host_rng().permutation(data.shape[0]).astype(np.int64)
     from ._registry import call
     from ..runtime.array import array

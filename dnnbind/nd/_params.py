@@ -1,0 +1,239 @@
+"""Layer nd: MXNet 1.x's argument parsing for the hand-written nd functions (layers, creation, nd.random).
+Imports numpy, runtime and _lib.errors.
+
+MXNet parses every operator's keywords against the parameters the op declares (dmlc-core's parameter manager): a
+name the op does not declare is refused with "Cannot find argument 'x', Possible Arguments: ...", a required
+parameter left out with "Required parameter kernel of Shape(tuple) is not presented", a value of the wrong kind with
+"Invalid Parameter format for ...". The helpers here give the same refusals as DnnbindTypeError/DnnbindValueError
+(so ``except mx.base.MXNetError`` and ``except TypeError``/``ValueError`` both catch them), each naming the op and the
+argument, before any allocation or library call. ``DECLARED`` lists each op's parameters as MXNet 1.9.1 declares them
+(checked against its "Possible Arguments" listing), in its order.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+import numpy as np
+
+from .._lib.errors import DnnbindTypeError, DnnbindValueError, UnknownArgumentError
+from ..runtime.array import NDArray
+
+# MXNet 1.9.1's declared parameters (the arrays, ``out`` and ``name`` are not parameters). Keys are MXNet's operator
+# names, as its messages spell them ("_zeros" for nd.zeros, "_random_normal" for nd.random.normal and randn).
+DECLARED: dict[str, tuple[str, ...]] = {
+    "Convolution": ("kernel", "stride", "dilate", "pad", "num_filter", "num_group", "workspace", "no_bias",
+                    "cudnn_tune", "cudnn_off", "layout"),
+    "Deconvolution": ("kernel", "stride", "dilate", "pad", "adj", "target_shape", "num_filter", "num_group",
+                      "workspace", "no_bias", "cudnn_tune", "cudnn_off", "layout"),
+    "FullyConnected": ("num_hidden", "no_bias", "flatten"),
+    "Activation": ("act_type",),
+    "Pooling": ("kernel", "pool_type", "global_pool", "cudnn_off", "pooling_convention", "stride", "pad", "p_value",
+                "count_include_pad", "layout"),
+    "softmax": ("axis", "temperature", "dtype", "use_length"),
+    "log_softmax": ("axis", "temperature", "dtype", "use_length"),
+    "add_n": ("num_args",),
+    "Dropout": ("p", "mode", "axes", "cudnn_off"),
+    "BatchNorm": ("eps", "momentum", "fix_gamma", "use_global_stats", "output_mean_var", "axis", "cudnn_off",
+                  "min_calib_range", "max_calib_range"),
+    "LeakyReLU": ("act_type", "slope", "lower_bound", "upper_bound"),
+    "Embedding": ("input_dim", "output_dim", "dtype", "sparse_grad"),
+    "Flatten": (),
+    "_zeros": ("shape", "ctx", "dtype"),
+    "_ones": ("shape", "ctx", "dtype"),
+    "_random_uniform": ("low", "high", "shape", "ctx", "dtype"),
+    "_random_normal": ("loc", "scale", "shape", "ctx", "dtype"),
+    "_random_randint": ("low", "high", "shape", "ctx", "dtype"),
+    "_shuffle": (),
+}
+
+INT32_MAX = 2 ** 31 - 1  # cuDNN's descriptors take int dims and strides
+
+
+def reject(op: str, kwargs: dict, declared: tuple | None = None) -> None:
+    """MXNet's "Cannot find argument" for the first keyword in ``kwargs`` (the names a function did not bind)."""
+    if kwargs:
+        raise UnknownArgumentError(op, next(iter(kwargs)), DECLARED[op] if declared is None else declared)
+
+
+def required(op: str, name: str, kind: str):
+    """MXNet's text for a required parameter left out (a TypeError, as Python's own missing argument is)."""
+    return DnnbindTypeError(f"Required parameter {name} of {kind} is not presented, in operator {op}")
+
+
+def _bad_format(op: str, name: str, kind: str, value) -> DnnbindTypeError:
+    return DnnbindTypeError(f"Invalid Parameter format for {name} expect {kind} but value={value!r}, in operator {op}")
+
+
+def _is_int(v) -> bool:
+    return type(v) is int or (isinstance(v, (numbers.Integral, np.integer)) and not isinstance(v, (bool, np.bool_)))
+
+
+def array_arg(op: str, name: str, value, like: NDArray | None = None, numpy_ok: bool = True) -> NDArray:
+    """An NDArray input of a layer op; a numpy array is taken too (on ``like``'s device) unless ``numpy_ok`` is
+    False (an array the op updates in place). Anything else (None, a number, a string, a list) is a TypeError, as
+    MXNet's "Argument data must have NDArray type"."""
+    if isinstance(value, NDArray):
+        return value
+    if numpy_ok and isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        from ..runtime.array import array
+        from ..runtime.device import default_device
+        return array(value, device=like._device if like is not None else default_device())
+    raise DnnbindTypeError(f"{op}: argument {name} must be an NDArray, got {type(value).__name__}"
+                           + (f" {value!r}" if isinstance(value, (str, numbers.Number)) else ""))
+
+
+def shape_arg(op: str, name: str, value) -> tuple[int, ...] | None:
+    """An MXNet ``Shape(tuple)`` parameter: None or () (MXNet's empty default) is None, an int is a 1-tuple, a
+    tuple or list of ints a tuple. Floats, bools, strings are the TypeError "Invalid Parameter format"."""
+    if type(value) is tuple:  # the hot path: a tuple of ints
+        for v in value:
+            if type(v) is not int:
+                break
+        else:
+            return value or None
+    if value is None:
+        return None
+    if _is_int(value):
+        return (int(value),)
+    if isinstance(value, (tuple, list)) and all(_is_int(v) for v in value):
+        return tuple(int(v) for v in value) or None
+    raise _bad_format(op, name, "Shape(tuple)", value)
+
+
+def int_arg(op: str, name: str, value, minimum: int | None = None, kind: str = "int") -> int:
+    """An int parameter; below ``minimum`` is MXNet's "should be greater equal to" (a ValueError)."""
+    if type(value) is not int:
+        if not _is_int(value):
+            raise _bad_format(op, name, kind, value)
+        value = int(value)
+    if minimum is not None and value < minimum:
+        raise DnnbindValueError(f"value {value} for Parameter {name} should be greater equal to {minimum}, in operator "
+                                f"{op}")
+    return value
+
+
+def float_arg(op: str, name: str, value) -> float:
+    if not isinstance(value, (numbers.Real, np.floating, np.integer)) or isinstance(value, (bool, np.bool_)):
+        raise _bad_format(op, name, "float", value)
+    return float(value)
+
+
+def bool_arg(op: str, name: str, value) -> bool:
+    """A boolean parameter: a bool, or the ints 0 and 1 (MXNet's "0"/"1")."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, np.bool_) or (_is_int(value) and int(value) in (0, 1)):
+        return bool(value)
+    raise _bad_format(op, name, "boolean", value)
+
+
+def choice_arg(op: str, name: str, value, choices: tuple, none_ok: bool = False):
+    """One of ``choices`` (strings; None too with ``none_ok``): MXNet's "Invalid Input: 'x', valid values are"."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, str) and value in choices:
+        return value
+    listed = ", ".join(([] if not none_ok else ["None"]) + [repr(c) for c in sorted(choices)])
+    kind = DnnbindValueError if isinstance(value, str) else DnnbindTypeError
+    raise kind(f"Invalid Input: {value!r} for {name}, valid values are: {{{listed}}}, in operator {op}")
+
+
+def dtype_name(op: str, value, choices: tuple, none_ok: bool = True):
+    """A dtype parameter as MXNet's name ('float32'): a string, a numpy type or dtype; one of ``choices``."""
+    if value is not None and not isinstance(value, str):
+        try:
+            value = np.dtype(value).name
+        except TypeError:
+            raise DnnbindTypeError(f"{op}: dtype must be a dtype name or numpy type, got {value!r}") from None
+    return choice_arg(op, "dtype", value, choices, none_ok)
+
+
+def spatial(op: str, name: str, value: tuple | None, dims: int, default: int, minimum: int, data_shape) -> tuple:
+    """A per-spatial-axis parameter (stride, dilate, pad): unset is ``default`` on every axis; otherwise exactly
+    ``dims`` values (MXNet: "must have the same number of dimensions with kernel"), each at least ``minimum``."""
+    if value is None:
+        return (default,) * dims
+    if len(value) != dims:
+        raise DnnbindValueError(f"{op}: {name} {value} has {len(value)} value(s) but the kernel has {dims} "
+                                f"(data {tuple(data_shape)}); give one per spatial axis")
+    if min(value) < minimum:
+        raise DnnbindValueError(f"{op}: {name} must be >= {minimum} on every axis, got {value} (data "
+                                f"{tuple(data_shape)})")
+    if max(value) > INT32_MAX:
+        raise DnnbindValueError(f"{op}: {name} {value} is beyond the int32 range cuDNN takes (data "
+                                f"{tuple(data_shape)})")
+    return value
+
+
+class ParsedCalls:
+    """The parsed arguments of recent calls of one op, so the same call (a Gluon layer's, every step) is parsed
+    once. Keys hold shapes, dtypes, devices and strings by value and every other argument by identity: the entry
+    keeps those objects alive, so an id is never reused while cached, and 3.0 == 3 or True == 1 never finds a
+    valid call's entry. Lists (mutable) are never cached; only valid calls are (parsing raises first)."""
+
+    __slots__ = ("entries",)
+    LIMIT = 4096
+
+    def __init__(self):
+        self.entries: dict = {}
+
+    def get(self, key):
+        hit = self.entries.get(key)
+        return None if hit is None else hit[0]
+
+    def put(self, key, parsed, refs: tuple):
+        if list in map(type, refs):
+            return
+        if len(self.entries) >= self.LIMIT:
+            self.entries.clear()
+        self.entries[key] = (parsed, refs)
+
+
+_MEMORY: dict = {}
+
+
+def _memory_bytes(device) -> int:
+    """Physical memory of the host, or the GPU's total memory: the most one array could ever take there."""
+    key = (device.kind, device.index)
+    size = _MEMORY.get(key)
+    if size is None:
+        if device.kind == "cpu":
+            try:
+                size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (ValueError, OSError, AttributeError):
+                size = 1 << 50
+        else:
+            from ..runtime.device import gpu_properties
+            size = gpu_properties(device.index)[3]
+        _MEMORY[key] = size
+    return size
+
+
+def check_fits(op: str, device, dtype, what: str, shape: tuple, context: str = "", cudnn: bool = True) -> None:
+    """Refuse, as a ValueError naming the op and the shapes, an array no device could hold or (``cudnn``) cuDNN
+    describe: a dimension or a stride (the product of the dimensions after the first) beyond int32, or more bytes
+    than the device's (or the host's) whole memory. Checked before anything is allocated."""
+    tail = math.prod(shape[1:])
+    if cudnn and (tail > INT32_MAX or (shape and max(shape) > INT32_MAX)):
+        raise DnnbindValueError(f"{op}: {what} would have shape {shape}, beyond the int32 dimensions and strides "
+                                f"cuDNN takes{context}")
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes > _memory_bytes(device):
+        raise DnnbindValueError(f"{op}: {what} would have shape {shape} ({nbytes / 2 ** 30:.1f} GiB of "
+                                f"{np.dtype(dtype).name}), more than the {device.kind}'s "
+                                f"{_memory_bytes(device) / 2 ** 30:.1f} GiB of memory{context}")
+
+
+def into(out, y):
+    """MXNet's ``out=``: the result written into ``out`` (which is returned), or ``y`` itself."""
+    if out is None:
+        return y
+    if not isinstance(out, NDArray):
+        raise DnnbindTypeError(f"out must be an NDArray, got {type(out).__name__}")
+    if out.shape != y.shape:
+        raise DnnbindValueError(f"out has shape {out.shape} but the result has shape {y.shape}")
+    out[:] = y
+    return out
