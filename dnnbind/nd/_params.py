@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 
 import numpy as np
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError, UnknownArgumentError
-from ..runtime.array import NDArray
+from ..runtime.array import NDArray, memory_bytes
 
 # MXNet 1.9.1's declared parameters (the arrays, ``out`` and ``name`` are not parameters). Keys are MXNet's operator
 # names, as its messages spell them ("_zeros" for nd.zeros, "_random_normal" for nd.random.normal and randn).
@@ -192,26 +191,6 @@ class ParsedCalls:
         self.entries[key] = (parsed, refs)
 
 
-_MEMORY: dict = {}
-
-
-def _memory_bytes(device) -> int:
-    """Physical memory of the host, or the GPU's total memory: the most one array could ever take there."""
-    key = (device.kind, device.index)
-    size = _MEMORY.get(key)
-    if size is None:
-        if device.kind == "cpu":
-            try:
-                size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            except (ValueError, OSError, AttributeError):
-                size = 1 << 50
-        else:
-            from ..runtime.device import gpu_properties
-            size = gpu_properties(device.index)[3]
-        _MEMORY[key] = size
-    return size
-
-
 def check_fits(op: str, device, dtype, what: str, shape: tuple, context: str = "", cudnn: bool = True) -> None:
     """Refuse, as a ValueError naming the op and the shapes, an array no device could hold or (``cudnn``) cuDNN
     describe: a dimension or a stride (the product of the dimensions after the first) beyond int32, or more bytes
@@ -221,10 +200,10 @@ def check_fits(op: str, device, dtype, what: str, shape: tuple, context: str = "
         raise DnnbindValueError(f"{op}: {what} would have shape {shape}, beyond the int32 dimensions and strides "
                                 f"cuDNN takes{context}")
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    if nbytes > _memory_bytes(device):
+    if nbytes > memory_bytes(device):
         raise DnnbindValueError(f"{op}: {what} would have shape {shape} ({nbytes / 2 ** 30:.1f} GiB of "
                                 f"{np.dtype(dtype).name}), more than the {device.kind}'s "
-                                f"{_memory_bytes(device) / 2 ** 30:.1f} GiB of memory{context}")
+                                f"{memory_bytes(device) / 2 ** 30:.1f} GiB of memory{context}")
 
 
 def into(out, y):

@@ -8,7 +8,7 @@ broadcast_like) need no gradient code of their own.
 
 from __future__ import annotations
 
-from .._lib.errors import DnnbindTypeError, DnnbindValueError
+from .._lib.errors import DnnbindTypeError, DnnbindValueError, reject_unknown
 
 import math
 
@@ -103,6 +103,10 @@ def _reverse_spec(spec):
 
 def reshape(data, *shape, reverse=False, **kwargs):
     data = _arr("reshape", data)
+    reject_unknown("Reshape", kwargs, ("shape", "reverse", "target_shape", "keep_highest"))
+    if "target_shape" in kwargs or "keep_highest" in kwargs:
+        raise DnnbindValueError("Reshape: target_shape and keep_highest are deprecated in MXNet 1.x and not "
+                                "supported; use shape=")
     if "shape" in kwargs:
         shape = (kwargs.pop("shape"),)
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
