@@ -312,6 +312,8 @@ def _write(x: NDArray, key, value) -> None:
 # -- take / pick / one_hot ------------------------------------------------------------------------------------------
 
 def _take_check(a, indices, axis=0, mode="clip"):
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):  # MXNet: "expect int"
+        raise DnnbindTypeError(f"take: axis must be an int, got {axis!r} (data {a.shape}, indices {indices.shape})")
     if mode not in ("clip", "wrap", "raise"):
         raise DnnbindValueError(f"take: mode must be 'clip', 'wrap' or 'raise', got {mode!r}")
     ax = norm_axes("take", a.ndim, axis)[0]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
+import inspect
 import math
 import numbers
 from typing import Callable
@@ -241,7 +242,28 @@ def _func(op: Op, args, params):
 _NAMES = ("a", "b", "c", "d", "e")
 
 
+_REQUIRED: dict = {}  # map op name -> its parameters without a default (clip's a_min and a_max)
+
+
+def _map_params(op: Op, params) -> None:
+    """A map op's parameters become scalars of its kernel: each must be a real number, and the ones its numpy
+    twin gives no default are required (MXNet's "Required parameter a_min of float is not presented")."""
+    required = _REQUIRED.get(op.name)
+    if required is None:
+        sig = inspect.signature(op.numpy)
+        required = _REQUIRED[op.name] = tuple(p for p in op.params if p in sig.parameters
+                                              and sig.parameters[p].default is inspect.Parameter.empty)
+    for k in required:
+        if k not in params:
+            raise DnnbindTypeError(f"{op.name}: Required parameter {k} of float is not presented")
+    for k, v in params.items():
+        if not isinstance(v, numbers.Real):
+            raise DnnbindTypeError(f"{op.name}: {k} must be a number, got {type(v).__name__} {v!r}")
+
+
 def _map(op: Op, args, params):
+    if op.params:
+        _map_params(op, params)
     if len(args) != op.arity:
         raise DnnbindTypeError(f"{op.name}: takes {op.arity} operand(s), got {len(args)}"
                         + (f"; pass {', '.join(op.params)} by keyword" if op.params else ""))

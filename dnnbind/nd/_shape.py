@@ -16,6 +16,7 @@ import numpy as np
 
 from ..runtime.array import NDArray, check_size, empty
 from . import _lower
+from ._params import shape_arg
 from ._registry import as_array, broadcast_shape, call, func, norm_axes
 
 
@@ -162,9 +163,9 @@ func("cast", lambda x, dtype=None: np.dtype(dtype), _cast_cpu,
 # -- transpose ------------------------------------------------------------------------------------------------------
 
 def _perm(x, axes=None):
-    if axes is None or axes == ():
+    axes = shape_arg("transpose", "axes", axes)  # MXNet's Shape(tuple): None or () reverse the axes
+    if axes is None:
         return tuple(reversed(range(x.ndim)))
-    axes = tuple(int(a) for a in axes)
     if sorted(a % max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
         raise DnnbindValueError(f"transpose: axes {axes} are not a permutation of {x.ndim} dims (shape {x.shape})")
     return tuple(a % x.ndim for a in axes)
@@ -197,9 +198,9 @@ def swapaxes(data, dim1=0, dim2=0):
 # -- broadcast ------------------------------------------------------------------------------------------------------
 
 def _bcast_check(x, shape=None):
+    shape = shape_arg("broadcast_to", "shape", shape)
     if shape is None:
-        raise DnnbindTypeError("broadcast_to: shape is required")
-    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        raise DnnbindTypeError(f"broadcast_to: shape is required (data {x.shape})")
     if len(shape) < x.ndim:
         raise DnnbindValueError(f"broadcast_to: cannot broadcast shape {x.shape} to fewer dims {shape}")
     lead = len(shape) - x.ndim

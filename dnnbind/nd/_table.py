@@ -166,8 +166,11 @@ register(Op("clip", "map", lambda x, a_min, a_max: np.clip(x, a_min, a_max),
 # LeakyReLU's 'leaky' mode (nd.LeakyReLU, gluon.nn.LeakyReLU) in one kernel; the other modes compose ops.
 register(Op("_leaky_relu", "map", lambda x, slope=0.25: np.where(x > 0, x, x * slope), expr="a > 0 ? a : slope * a",
             grad=lambda g, y, a, slope=0.25: g * ((a > 0) * (1.0 - slope) + slope), params=("slope",), nd=()))
-register(Op("smooth_l1", "map", lambda x, scalar=1.0: np.where(np.abs(x) < 1 / scalar ** 2, 0.5 * (scalar * x) ** 2,
-                                                                  np.abs(x) - 0.5 / scalar ** 2),
+# (sigma = scalar = 0, as in MXNet: every |x| is below 1/sigma^2 = inf, so the loss is 0; numpy's float64 division
+# gives that inf where Python's would raise ZeroDivisionError.)
+register(Op("smooth_l1", "map", lambda x, scalar=1.0: np.where(np.abs(x) < np.float64(1) / scalar ** 2,
+                                                                  0.5 * (scalar * x) ** 2,
+                                                                  np.abs(x) - np.float64(0.5) / scalar ** 2),
             expr="(a < 0 ? -a : a) < 1 / (scalar * scalar) ? 0.5 * scalar * scalar * a * a "
                  ": (a < 0 ? -a : a) - 0.5 / (scalar * scalar)",
             grad=lambda g, y, a, scalar=1.0: g * clip(a * (scalar * scalar), -1.0, 1.0), params=("scalar",)))
