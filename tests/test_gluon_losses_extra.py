@@ -240,7 +240,7 @@ def test_bad_inputs_raise():
     x3 = A(np.zeros((3, 4)))
     with pytest.raises(ValueError, match=r"TripletLoss: positive shape \(3, 5\) does not match pred shape \(3, 4\)"):
         gloss.TripletLoss()(x3, A(np.zeros((3, 5))), x3)
-    with pytest.raises(TypeError, match="TripletLoss: pred must be an NDArray, got ndarray"):
+    with pytest.raises(TypeError, match=r"\(TripletLoss\): the input x must be an NDArray, got ndarray"):
         gloss.TripletLoss()(np.zeros((3, 4)), x3, x3)
     with pytest.raises(ValueError, match=r"PoissonNLLLoss: target shape \(2,\) does not match pred shape \(3, 4\)"):
         gloss.PoissonNLLLoss()(x3, A([1, 2]))

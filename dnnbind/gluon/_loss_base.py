@@ -15,13 +15,27 @@ from .. import nd
 from ..runtime.array import NDArray, array
 from .block import Block
 
-__all__ = ["Loss"]
+__all__ = ["Loss", "integer", "number"]
+
+
+def _host(v, what: str, dtype=None) -> np.ndarray:
+    """A label or weight given as numbers (a numpy array, a list, a number) on the host; anything else, None
+    included, is a TypeError naming the argument (was numpy's "could not convert string to float")."""
+    if v is None:
+        raise DnnbindTypeError(f"{what} is required: an NDArray, got None")
+    try:
+        host = np.asarray(v, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise DnnbindTypeError(f"{what} must be an NDArray or numbers, got {type(v).__name__} {v!r:.40}") from exc
+    if host.dtype.kind not in "biuf":
+        raise DnnbindTypeError(f"{what} must be an NDArray or numbers, got {type(v).__name__} {v!r:.40}")
+    return host
 
 
 def _as_nd(v, like: NDArray, what: str, dtype=None) -> NDArray:
     """``v`` as an NDArray on ``like``'s device (numpy arrays, lists and numbers are uploaded)."""
     if not isinstance(v, NDArray):
-        v = array(np.asarray(v, dtype=dtype or like.dtype), device=like.device)
+        v = array(_host(v, what, dtype or like.dtype), device=like.device)
     elif v.device is not like.device:
         v = v.as_in_context(like.device)
     if dtype is not None and v.dtype != np.dtype(dtype):
@@ -31,7 +45,7 @@ def _as_nd(v, like: NDArray, what: str, dtype=None) -> NDArray:
 
 def _reshape_like(label, pred: NDArray, op: str, what: str = "label", like: str = "pred") -> NDArray:
     """The label viewed in pred's shape and dtype (MXNet's ``_reshape_like``)."""
-    label = _as_nd(label, pred, what, pred.dtype)
+    label = _as_nd(label, pred, f"{op}: {what}", pred.dtype)
     if label.size != pred.size:
         raise DnnbindValueError(f"{op}: {what} shape {label.shape} does not match {like} shape {pred.shape}")
     return label if label.shape == pred.shape else label.reshape(pred.shape)
@@ -40,7 +54,7 @@ def _reshape_like(label, pred: NDArray, op: str, what: str = "label", like: str 
 def _as_labels(label, n: int, device) -> NDArray:
     """Class ids as an (N,) int32 NDArray on ``device``; (N, 1) labels are flattened."""
     if not isinstance(label, NDArray):
-        host = np.asarray(label)
+        host = _host(label, "loss: label")
         if host.size != n:
             raise DnnbindValueError(f"loss: expected {n} class labels (shape ({n},) or ({n}, 1)), got shape {host.shape}")
         return array(host.reshape(n).astype(np.int32, copy=False), device=device)
@@ -57,21 +71,35 @@ def _as_labels(label, n: int, device) -> NDArray:
     return label
 
 
+def number(op: str, name: str, v) -> float:
+    """A loss's real-valued setting (rho, margin, ...): a finite-or-not Python number, never None or a string."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise DnnbindTypeError(f"{op}: {name} must be a number, got {type(v).__name__} {v!r}")
+    return float(v)
+
+
+def integer(op: str, name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise DnnbindTypeError(f"{op}: {name} must be an int, got {type(v).__name__} {v!r}")
+    return int(v)
+
+
 class Loss(Block):
     """Base class: ``weight`` (a number) scales the loss; the result has one value per ``batch_axis`` entry."""
 
+    _array_input = True  # pred must be an NDArray: Block's call says so by name (BlockInputError)
+
     def __init__(self, weight=None, batch_axis: int = 0, prefix=None, params=None):
-        if weight is not None and not isinstance(weight, numbers.Number):
-            raise DnnbindTypeError(f"{type(self).__name__}: weight must be a number, got {type(weight).__name__}")
-        if not isinstance(batch_axis, numbers.Integral):
-            raise DnnbindTypeError(f"{type(self).__name__}: batch_axis must be an int, got {batch_axis!r}")
+        if weight is not None:
+            number(type(self).__name__, "weight", weight)
+        integer(type(self).__name__, "batch_axis", batch_axis)
         super().__init__(prefix=prefix, params=params)
         self._weight, self._batch_axis = weight, int(batch_axis)
 
     def _weighting(self, loss: NDArray, sample_weight=None, weight=None) -> NDArray:
         """loss * sample_weight (broadcast) * weight, MXNet's ``_apply_weighting``."""
         if sample_weight is not None:
-            loss = loss * _as_nd(sample_weight, loss, "sample_weight", loss.dtype)
+            loss = loss * _as_nd(sample_weight, loss, f"{type(self).__name__}: sample_weight", loss.dtype)
         weight = self._weight if weight is None else weight
         if weight is not None:
             loss = loss * float(weight)

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import nd
 from ..runtime.array import NDArray, array
-from ._loss_base import Loss, _as_nd, _reshape_like
+from ._loss_base import Loss, _as_nd, _reshape_like, number
 
 __all__ = ["CTCLoss", "CosineEmbeddingLoss", "PoissonNLLLoss", "TripletLoss"]
 
@@ -35,7 +35,7 @@ class TripletLoss(Loss):
 
     def __init__(self, margin: float = 1, weight=None, batch_axis: int = 0, prefix=None, params=None):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
-        self._margin = float(margin)
+        self._margin = number(type(self).__name__, "margin", margin)
 
     def forward(self, pred: NDArray, positive, negative, sample_weight=None) -> NDArray:
         _check_pred("TripletLoss", pred)
@@ -62,7 +62,7 @@ class PoissonNLLLoss(Loss):
         if self._from_logits:
             loss = nd.exp(pred) - target * pred
         else:
-            loss = pred - target * nd.log(pred + float(epsilon))
+            loss = pred - target * nd.log(pred + number("PoissonNLLLoss", "epsilon", epsilon))
         if self._compute_full:
             t = nd.maximum(target, 1.0)  # the formula's value where target > 1; a finite stand-in elsewhere
             stirling = t * nd.log(t) - t + 0.5 * nd.log(t * (2 * math.pi))
@@ -77,7 +77,7 @@ class CosineEmbeddingLoss(Loss):
 
     def __init__(self, weight=None, batch_axis: int = 0, margin: float = 0, prefix=None, params=None):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
-        self._margin = float(margin)
+        self._margin = number(type(self).__name__, "margin", margin)
 
     def forward(self, input1, input2: NDArray, label, sample_weight=None) -> NDArray:
         _check_pred("CosineEmbeddingLoss", input2, "input2")

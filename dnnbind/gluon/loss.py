@@ -19,7 +19,7 @@ from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 from .. import nd
 from ..runtime.array import NDArray
-from ._loss_base import Loss, _as_labels, _as_nd, _reshape_like
+from ._loss_base import Loss, _as_labels, _as_nd, _reshape_like, integer, number
 from ._loss_extra import CosineEmbeddingLoss, CTCLoss, PoissonNLLLoss, TripletLoss
 
 __all__ = ["CTCLoss", "CosineEmbeddingLoss", "HingeLoss", "HuberLoss", "KLDivLoss", "L1Loss", "L2Loss",
@@ -95,7 +95,8 @@ class SoftmaxCrossEntropyLoss(Loss):
     def __init__(self, axis: int = -1, sparse_label: bool = True, from_logits: bool = False, weight=None,
                  batch_axis: int = 0, prefix=None, params=None):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
-        self._axis, self._sparse_label, self._from_logits = axis, sparse_label, from_logits
+        self._axis = integer(type(self).__name__, "axis", axis)
+        self._sparse_label, self._from_logits = sparse_label, from_logits
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
         name = type(self).__name__
@@ -137,7 +138,7 @@ class KLDivLoss(Loss):
     def __init__(self, from_logits: bool = True, axis: int = -1, weight=None, batch_axis: int = 0, prefix=None,
                  params=None):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
-        self._from_logits, self._axis = from_logits, axis
+        self._from_logits, self._axis = from_logits, integer(type(self).__name__, "axis", axis)
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
         if not self._from_logits:
@@ -152,9 +153,9 @@ class HuberLoss(Loss):
 
     def __init__(self, rho: float = 1, weight=None, batch_axis: int = 0, prefix=None, params=None):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
-        if rho <= 0:
+        self._rho = number(type(self).__name__, "rho", rho)
+        if not self._rho > 0:  # (nan too)
             raise DnnbindValueError(f"HuberLoss: rho must be positive, got {rho}")
-        self._rho = float(rho)
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
         d = nd.abs(_reshape_like(label, pred, "HuberLoss") - pred)
@@ -167,7 +168,7 @@ class HingeLoss(Loss):
 
     def __init__(self, margin: float = 1, weight=None, batch_axis: int = 0, prefix=None, params=None):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
-        self._margin = float(margin)
+        self._margin = number(type(self).__name__, "margin", margin)
 
     def _hinge(self, pred, label):
         return nd.relu(self._margin - pred * _reshape_like(label, pred, type(self).__name__))
