@@ -45,7 +45,8 @@ def to_torch(net: SimpleCNN, device: str = "cuda"):
         torch.nn.Conv2d(1, 32, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
         torch.nn.Conv2d(32, 64, 3, 1, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
         torch.nn.Linear(3136, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
-    params = net.collect_params()
+    # By path (save_parameters' names): collect_params() keys are full names that count up per process (MXNet's).
+    params = net._collect_params_with_prefix()
     names = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight",
              "fc2.bias"]
     with torch.no_grad():

@@ -180,7 +180,7 @@ def train_pair(ctx, tdev, lockstep: bool, steps: int = STEPS, batch: int = BATCH
         # feed a BatchNorm (the stem's and the residuals' conv1/conv2): BN subtracts the mean, so their gradient is
         # zero in exact arithmetic and both frameworks' updates there are rounding noise.
         assert _kind(pairs[1][0]) == "bias", pairs[:2]
-        bn_fed = {pairs[1][0]} | {n for n, _, _ in pairs if n.endswith(("conv1.bias", "conv2.bias"))}
+        bn_fed = {pairs[1][0]} | {n for n, tn, _ in pairs if tn.endswith(("conv1.bias", "conv2.bias"))}  # torch: paths
         trained = [n for n, _, _ in pairs if _kind(n) not in ("running_mean", "running_var") and n not in bn_fed]
         stats = [n for n, _, _ in pairs if _kind(n) in ("running_mean", "running_var")]
 
