@@ -260,6 +260,9 @@ def _at_exit() -> None:
 
 def memcpy(dst: int, src: int, nbytes: int, kind: int, stream: Stream) -> None:
     if nbytes:
+        # NOTE: CUDA refuses (cudaErrorInvalidValue) an async copy or memset on a stream of a device that is not
+        # the current one; after an allocation on gpu(1), gpu(0)'s copies failed (ctx=[gpu(0), gpu(1)]).
+        stream.device.activate()
         cudart.call("cudaMemcpyAsync", dst, src, nbytes, kind, stream.handle)
         if RECORDING:
             RECORDING[-1].runtime("cudaMemcpyAsync", (dst, src, nbytes, kind, stream.handle))
@@ -267,6 +270,7 @@ def memcpy(dst: int, src: int, nbytes: int, kind: int, stream: Stream) -> None:
 
 def memset(ptr: int, value: int, nbytes: int, stream: Stream) -> None:
     if nbytes:
+        stream.device.activate()  # (see memcpy)
         cudart.call("cudaMemsetAsync", ptr, value, nbytes, stream.handle)
         if RECORDING:
             RECORDING[-1].runtime("cudaMemsetAsync", (ptr, value, nbytes, stream.handle))
