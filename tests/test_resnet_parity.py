@@ -341,16 +341,18 @@ def test_each_step_gives_the_same_update(lockstep):
     framework and not in the other, which changes that one element's gradient by its whole value; BatchNorm spreads
     it over the channel and the layers below. A step with such a flip in the 3x3 layers differs by ~1e-3 overall and
     by up to ~1e-2 in a tensor of that layer (measured on the CPU, dnnbind against torch; torch's FP32 against its
-    float64 flips alike); a step without one by ~1e-5. Hence three bounds: most steps (the median) within 1e-3 overall,
+    float64 flips alike); a step without one by ~1e-5. Hence three bounds: most steps (the median) within 2e-3 overall,
     which a systematic error (a wrong scale, learning rate or gradient term) breaks at every step; every step within
-    2e-2 overall; every tensor at every step within 0.1."""
+    2e-2 overall; every tensor at every step within 0.1. (The median sits near 1e-3 on an H100 and moves with the
+    convolution algorithms timed in that process: 9.9e-4, 1.0e-3 and 1.03e-3 in three runs of unchanged numerics,
+    2026-11-27; the bound was 1e-3.)"""
     overall = np.array(lockstep.update_err_all)
     per_tensor = [max((e, k) for k, e in errs.items()) for errs in lockstep.update_err]
     worst = max(range(len(per_tensor)), key=lambda i: per_tensor[i][0])
     print(f"\nlockstep: |update difference| / |update| overall: median {np.median(overall):.1e}, max "
           f"{overall.max():.1e} (step {overall.argmax()}); per tensor: max {per_tensor[worst][0]:.1e} "
           f"({per_tensor[worst][1]}, step {worst})")
-    assert np.median(overall) < 1e-3, overall
+    assert np.median(overall) < 2e-3, overall
     assert overall.max() < 2e-2, f"step {overall.argmax()}: {overall.max()}; all steps: {overall}"
     assert per_tensor[worst][0] < 0.1, f"step {worst}: {per_tensor[worst][1]}: {per_tensor[worst][0]}"
 
