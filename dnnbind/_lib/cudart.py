@@ -99,8 +99,7 @@ def explain_no_gpu(driver: int, runtime: int, bindings: str, err: int, err_text:
     cuda-python package, ``err``/``err_text`` are cudaGetDeviceCount's status (0 when it counted no device).
     A pure function: tests feed it each case on a machine without a GPU."""
     if driver == 0:
-        return ("no NVIDIA driver found (libcuda.so.1 could not be loaded): install the NVIDIA driver to use a "
-                "GPU; until then ops run on the numpy (cpu) backend")
+        return "no NVIDIA driver found (libcuda.so.1 could not be loaded; install one to use a GPU)"
     if runtime and driver // 1000 < runtime // 1000:
         return (f"the NVIDIA driver supports CUDA {_cuda(driver)}, older than the CUDA {_cuda(runtime)} runtime "
                 f"of the installed {bindings}, which needs a CUDA {runtime // 1000} driver. Fix: {FIX_OLD_DRIVER} "
