@@ -17,7 +17,8 @@ from ._creation import (arange, array, empty, eye, full, linspace, ones, ones_li
 from ._layers import BatchNorm  # noqa: F401
 from ._bn_fused import BatchNormAddRelu  # noqa: F401
 from ._deconv import Deconvolution  # noqa: F401
-from ._layers import (Activation, Convolution, Dropout, Flatten, FullyConnected, Pooling, add_n,  # noqa: F401
+from ._pooling import Pooling  # noqa: F401
+from ._layers import (Activation, Convolution, Dropout, Flatten, FullyConnected, add_n,  # noqa: F401
                       log_softmax, pick_nll, reshape_like, softmax, softmax_cross_entropy, waitall)
 
 ElementWiseSum = add_n

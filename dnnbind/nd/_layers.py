@@ -1,10 +1,10 @@
-"""Layer nd: the hand-written ops (convolution, dense, activation, pooling, softmax, losses, dropout) as
-forward/backward pairs. Imports ops, autograd, runtime.
+"""Layer nd: the hand-written ops (convolution, dense, activation, softmax, losses, dropout, BatchNorm) as
+forward/backward pairs. Imports ops, autograd, runtime. (Pooling is in _pooling.py.)
 
 Each function runs the functional op (cuDNN/cuBLAS on a GPU, numpy on the cpu) and, inside
 ``autograd.record()``, tapes a closure that calls the op's library backward (cudnnConvolutionBackwardData/
-Filter/Bias, cudnnActivationBackward, cudnnPoolingBackward, cudnnSoftmaxBackward, cublasSgemm_v2, or an op's
-NVRTC kernel: ops.bias_relu_backward, 2x2 max pooling): the backward sits right beside its forward. The
+Filter/Bias, cudnnActivationBackward, cudnnSoftmaxBackward, cublasSgemm_v2, or an op's NVRTC kernel:
+ops.bias_relu_backward): the backward sits right beside its forward. The
 element-wise, reduction and shape ops are table entries (_table.py and siblings), not functions here.
 """
 
@@ -27,9 +27,9 @@ from ..ops.conv import conv_backward_bias_gemv
 from ..ops._common import blas
 from ..runtime.array import empty
 from ._params import (ParsedCalls, array_arg, bool_arg, check_fits, choice_arg, dtype_name, float_arg, int_arg, into,
-                      reject, required, shape_arg, spatial)
+                      layout_arg, reject, required, shape_arg, spatial)
 
-__all__ = ["Activation", "Convolution", "Dropout", "Flatten", "FullyConnected", "Pooling", "add_n", "log_softmax",
+__all__ = ["Activation", "Convolution", "Dropout", "Flatten", "FullyConnected", "add_n", "log_softmax",
            "pick_nll", "reshape_like", "softmax", "softmax_cross_entropy", "waitall"]
 
 
@@ -39,16 +39,6 @@ _FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 RELU_BIAS_KERNEL = True  # False: a fused conv's backward takes cudnnActivationBackward + gemv (tests compare)
 SMALL_WGRAD_KERNEL = True  # False: a first layer's dw, db take bias_relu_backward + cuDNN as well (tests compare)
 _UNFUSED: set = set()  # float16 or NHWC shapes cuDNN could not fuse (the legacy call refused, no backend plan)
-
-
-def _layout(opname: str, layout, data) -> str:
-    """MXNet's ``layout`` argument of Convolution/Pooling on 4-D data: None (NCHW), 'NCHW' or 'NHWC'."""
-    if layout is None:
-        return "NCHW"
-    if isinstance(layout, str) and layout in ("NCHW", "NHWC"):
-        return layout
-    kind = DnnbindValueError if isinstance(layout, str) else DnnbindTypeError
-    raise kind(f"{opname}: layout must be 'NCHW' or 'NHWC' (data {tuple(data.shape)}), got {layout!r}")
 
 
 _CONV_TUNE = ("fastest", "limited_workspace", "off")
@@ -132,7 +122,7 @@ def _conv_args(data, weight, bias, kernel, stride, dilate, pad, num_filter, num_
             raise kind(f"Convolution: layout must be 'NCW' for 3-D data {data.shape}, got {layout!r}")
         layout = "NCHW"
     else:
-        layout = _layout(op, layout, data)
+        layout = layout_arg(op, layout, data)
     if min(kernel) < 1:
         raise DnnbindValueError(f"Convolution: kernel must be >= 1 on every axis, got {kernel} (data {data.shape})")
     stride = spatial(op, "stride", shape_arg(op, "stride", stride), dims, 1, 1, data.shape)
@@ -357,134 +347,6 @@ def Activation(data=None, act_type=None, out=None, name=None, **kwargs):
                                f"{data.shape}); use .astype('float32')")
     from ._registry import call
     return into(out, call(act_type, data))
-
-
-_POOL_TYPES = ("avg", "lp", "max", "sum")
-_POOL_CONVENTIONS = ("full", "same", "valid")
-
-
-def Pooling(data=None, kernel=None, pool_type="max", global_pool=False, cudnn_off=False, pooling_convention="valid",
-            stride=None, pad=None, p_value=None, count_include_pad=None, layout=None, out=None, name=None, **kwargs):
-    """MXNet's Pooling over the spatial axes of 3-D (N, C, W) or 4-D data: cudnnPoolingForward, backward
-    cudnnPoolingBackward. MXNet's defaults: stride 1 and pad 0 on every axis; ``kernel`` required unless
-    ``global_pool`` (the whole input, pad 0); ``count_include_pad`` None means True (avg divides by the whole window,
-    padding included). ``pool_type`` 'max', 'avg', 'sum' (avg times the window) or 'lp' (``p_value`` p:
-    (sum x^p)^(1/p) over the window, signed for odd p). ``pooling_convention`` 'valid' (floor) or 'full' (ceil:
-    ``_nn_extra.pool_full``); 'same' is not supported. ``layout='NHWC'``: 4-D data (N, H, W, C) pooled over H and W
-    by cuDNN on channels-last descriptors. 1-D data runs the 2-D path on an (N, C, 1, W) view; 3-D pooling is not
-    supported. ``cudnn_off`` is checked and ignored, as is ``name``."""
-    if kwargs:
-        reject("Pooling", kwargs)
-    try:  # the hot path: a call seen before (ParsedCalls says how it is keyed)
-        key = (data._shape, data._dtype, data._device, id(kernel), id(stride), id(pad), id(global_pool),
-               id(cudnn_off), id(count_include_pad), id(p_value), pool_type, pooling_convention, layout)
-        parsed = _POOL_ARGS.get(key)
-    except (AttributeError, TypeError):  # not an NDArray, or an unhashable string argument
-        key = parsed = None
-    if parsed is None:
-        data, parsed = _pool_args(data, kernel, pool_type, global_pool, cudnn_off, pooling_convention, stride, pad,
-                                  p_value, count_include_pad, layout)
-        if key is not None:
-            _POOL_ARGS.put(key, parsed, (kernel, stride, pad, global_pool, cudnn_off, count_include_pad, p_value))
-    one_d, kernel, stride, pad, pool_type, convention, cip, layout, p_value = parsed
-    if one_d:  # (N, C, W) as (N, C, 1, W): a recorded view
-        n, c, w = data.shape
-        y = _pool(data.reshape((n, c, 1, w)), kernel, stride, pad, pool_type, convention, cip, layout, p_value)
-        return into(out, y.reshape((n, c, y.shape[3])))
-    return into(out, _pool(data, kernel, stride, pad, pool_type, convention, cip, layout, p_value))
-
-
-_POOL_ARGS = ParsedCalls()  # a call's data shape and its parameters -> the parsed arguments
-
-
-def _pool_args(data, kernel, pool_type, global_pool, cudnn_off, pooling_convention, stride, pad, p_value,
-               count_include_pad, layout):
-    """Every check of nd.Pooling's arguments; returns the data and (one_d, kernel, stride, pad, pool_type,
-    convention, count_include_pad, layout, p_value) for the 2-D path."""
-    op = "Pooling"
-    pool_type = choice_arg(op, "pool_type", pool_type, _POOL_TYPES)
-    convention = choice_arg(op, "pooling_convention", pooling_convention, _POOL_CONVENTIONS)
-    global_pool, _ = bool_arg(op, "global_pool", global_pool), bool_arg(op, "cudnn_off", cudnn_off)
-    cip = True if count_include_pad is None else bool_arg(op, "count_include_pad", count_include_pad)
-    kernel, stride, pad = shape_arg(op, "kernel", kernel), shape_arg(op, "stride", stride), shape_arg(op, "pad", pad)
-    if p_value is not None:
-        p_value = int_arg(op, "p_value", p_value, 1)
-    data = array_arg(op, "data", data)
-    dims = data.ndim - 2
-    if dims == 3:
-        raise NotImplementedError(f"Pooling: 3-D pooling (data {data.shape}) is not supported by dnnbind")
-    if dims not in (1, 2):
-        raise DnnbindValueError(f"Pooling: data must be 3-D (N, C, W) or 4-D (N, C, H, W), got shape {data.shape}")
-    if dims == 1:
-        if layout not in (None, "NCW"):
-            raise DnnbindValueError(f"Pooling: layout must be 'NCW' for 3-D data {data.shape} (channels-last 1-D "
-                                    f"pooling is not supported), got {layout!r}")
-        layout = "NCHW"
-    else:
-        layout = _layout(op, layout, data)
-    if convention == "same":  # MXNet 1.9.1 has it for 1-D max pooling only
-        if dims != 1 or pool_type != "max":
-            raise DnnbindValueError(f"Pooling: pooling_convention='same' is for 1-D max pooling only (3-D data "
-                                    f"(N, C, W)); got pool_type {pool_type!r}, data {data.shape}")
-        raise NotImplementedError(f"Pooling: pooling_convention='same' is not supported by dnnbind (data "
-                                  f"{data.shape})")
-    if pool_type == "lp" and p_value is None:
-        raise DnnbindValueError(f"Pooling: pool_type='lp' needs p_value (data {data.shape})")
-    size = data.shape[1:3] if layout == "NHWC" else data.shape[2:]
-    if global_pool:  # MXNet: the kernel is the whole input, stride 1, no padding; the convention does not matter
-        kernel, stride, pad, convention = tuple(size), (1,) * dims, (0,) * dims, "valid"
-    elif kernel is None:
-        raise DnnbindValueError(f"Pooling: kernel is required unless global_pool=True (data {data.shape})")
-    elif len(kernel) != dims:
-        raise DnnbindValueError(f"Pooling: kernel {kernel} has {len(kernel)} axes but data {data.shape} has {dims} "
-                                "spatial axes")
-    elif min(kernel) < 1:
-        raise DnnbindValueError(f"Pooling: kernel must be >= 1 on every axis, got {kernel} (data {data.shape})")
-    stride = spatial(op, "stride", stride, dims, 1, 1, data.shape)
-    pad = spatial(op, "pad", pad, dims, 0, 0, data.shape)
-    spatial(op, "kernel", kernel, dims, 1, 1, data.shape)
-    if any(p >= k for p, k in zip(pad, kernel)):
-        raise DnnbindValueError(f"Pooling: pad {pad} must be smaller than kernel {kernel} on every axis (data "
-                                f"{data.shape})")
-    padded = tuple(s + 2 * p for s, p in zip(size, pad))
-    if any(k > s for k, s in zip(kernel, padded)):
-        raise DnnbindValueError(f"Pooling: kernel {kernel} is larger than the padded input {padded} (data "
-                                f"{data.shape}, pad {pad})")
-    check_fits(op, data._device, data.dtype, "the padded input", data.shape[:-dims] + padded if layout == "NCHW"
-               else (data.shape[0],) + padded + (data.shape[3],), f" (data {data.shape}, pad {pad})")
-    if dims == 1:
-        kernel, stride, pad = (1,) + kernel, (1,) + stride, (0,) + pad
-    return data, (dims == 1, kernel, stride, pad, pool_type, convention, cip, layout, p_value)
-
-
-def _pool(data, window, stride, pad, pool_type, convention, cip, layout, p_value=None):
-    """4-D pooling of parsed arguments: sum and lp composed of avg pooling and table ops (their gradients come
-    with them), 'full' through _nn_extra.pool_full, the rest one cuDNN call."""
-    if pool_type == "lp":
-        powered = data if p_value == 1 else _call("power", data, float(p_value))
-        s = _pool(powered, window, stride, pad, "sum", convention, cip, layout)
-        if p_value == 1:
-            return s
-        if p_value == 2:
-            return _call("sqrt", s)
-        root = _call("power", _call("abs", s), 1.0 / p_value)
-        return root * _call("sign", s) if p_value % 2 else root
-    if convention == "full":
-        from ._nn_extra import pool_full
-        return pool_full(data, window, stride, pad, pool_type, cip, layout)
-    if pool_type == "sum":  # the window's sum, padding counted as zeros: the padded average times the window
-        return _pool_valid(data, window, stride, pad, "avg", layout) * float(window[0] * window[1])
-    return _pool_valid(data, window, stride, pad, "avg" if pool_type == "avg" and cip else
-                       "avg_exclude_pad" if pool_type == "avg" else "max", layout)
-
-
-def _pool_valid(data, window, stride, pad, mode, layout):
-    """cudnnPoolingForward ('valid': floor) with mode 'max', 'avg' or 'avg_exclude_pad', taped."""
-    y = ops.pooling_forward(data, mode, window, stride, pad, layout=layout)
-    if is_recording():
-        record_op("Pooling", y, (data,),
-                  lambda dy: (ops.pooling_backward(y, dy, data, mode, window, stride, pad, layout=layout),))
-    return y
 
 
 def _softmax(data, axis, algorithm, temperature=None):

@@ -11,14 +11,12 @@ from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 import math
 
-import numpy as np
-
 from .. import autograd
-from ..runtime.array import NDArray, array
+from ..runtime.array import NDArray
 from ._params import array_arg, bool_arg, choice_arg, dtype_name, float_arg, int_arg, into, reject, required
 from ._registry import as_array, call
 
-__all__ = ["Embedding", "LeakyReLU", "pool_full"]
+__all__ = ["Embedding", "LeakyReLU"]
 
 # MXNet's constants (src/operator/mshadow_op.h).
 SELU_ALPHA = 1.6732632423543772848170429916717
@@ -110,68 +108,3 @@ def Embedding(data=None, weight=None, input_dim: int | None = None, output_dim: 
         raise DnnbindValueError(f"Embedding: weight has shape {weight.shape} but input_dim={input_dim}, "
                                 f"output_dim={output_dim} need ({input_dim}, {output_dim}) (data {data.shape})")
     return into(out, call("take", weight, data, axis=0, mode="clip"))
-
-
-# -- pooling beyond cuDNN's modes ------------------------------------------------------------------------------
-
-_scales: dict = {}
-
-
-def _full_divisor_scale(size, window, stride, pad, out, include_pad: bool, dtype, device,
-                        layout: str = "NCHW") -> NDArray:
-    """(1, 1, P, Q) factors ((1, P, Q, 1) for NHWC) turning cuDNN's sum/(kh*kw) into MXNet's average in 'full' mode
-    (pool.h): the divisor of a window counting padding stops at H + pad, so the extra high-side rows ceil mode
-    adds never count; without padding only real elements count."""
-    key = (tuple(size), window, stride, pad, out, include_pad, np.dtype(dtype).str, device, layout)
-    scale = _scales.get(key)
-    if scale is None:
-        counts = []
-        for d in range(2):
-            start = np.arange(out[d]) * stride[d] - pad[d]
-            if include_pad:
-                cnt = np.minimum(start + window[d], size[d] + pad[d]) - start
-            else:
-                cnt = np.minimum(start + window[d], size[d]) - np.maximum(start, 0)
-            counts.append(np.maximum(cnt, 1).astype(np.float64))
-        host = (window[0] * window[1]) / np.outer(counts[0], counts[1])
-        shape = (1, 1) + host.shape if layout == "NCHW" else (1,) + host.shape + (1,)
-        scale = _scales[key] = array(host.reshape(shape).astype(dtype), device=device)
-    return scale
-
-
-def pool_full(data, window, strides, pads, pool_type, count_include_pad, layout):
-    """4-D ``nd.Pooling`` with ``pooling_convention='full'`` (output 1 + ceil((H + 2p - k) / s)), its arguments
-    parsed by nd.Pooling: cuDNN pools with floor, so the input gets extra rows/columns on the high side (the lowest
-    finite value for max, zeros for avg and sum) and avg is rescaled to MXNet's divisor. ``pool_type`` 'max', 'avg'
-    or 'sum'; ``layout`` 'NCHW' or 'NHWC'."""
-    from ._layers import _pool_valid
-    nhwc = layout == "NHWC"
-    h_axis = 1 if nhwc else 2  # H, then W
-    size = data.shape[h_axis:h_axis + 2]
-    out = tuple(1 + -(-(size[d] + 2 * pads[d] - window[d]) // strides[d]) for d in range(2))
-    extra = [max(0, (out[d] - 1) * strides[d] + window[d] - size[d] - 2 * pads[d]) for d in range(2)]
-    avg_mode = "avg" if count_include_pad or pool_type == "sum" else "avg_exclude_pad"
-    if not any(extra):
-        if pool_type == "max":
-            return _pool_valid(data, window, strides, pads, "max", layout)
-        y = _pool_valid(data, window, strides, pads, avg_mode, layout)
-        return y * float(window[0] * window[1]) if pool_type == "sum" else y
-    fill = float(np.finfo(data.dtype).min) if pool_type == "max" else 0.0
-    x = data
-    for d in range(2):  # extra rows (d = 0), then columns, on the high side
-        if extra[d]:
-            shape = list(x.shape)
-            shape[h_axis + d] = extra[d]
-            x = call("concat", x, _const(tuple(shape), fill, data), dim=h_axis + d)
-    if pool_type == "max":
-        return _pool_valid(x, window, strides, pads, "max", layout)
-    y = _pool_valid(x, window, strides, pads, "avg", layout)
-    if pool_type == "sum":  # the extra rows are zeros: the padded average times the window is the sum
-        return y * float(window[0] * window[1])
-    return y * _full_divisor_scale(size, window, strides, pads, out, count_include_pad, data.dtype, data.device,
-                                   layout)
-
-
-def _const(shape, value: float, like: NDArray) -> NDArray:
-    from ._creation import full
-    return full(shape, value, ctx=like.device, dtype=like.dtype)

@@ -216,3 +216,13 @@ def into(out, y):
         raise DnnbindValueError(f"out has shape {out.shape} but the result has shape {y.shape}")
     out[:] = y
     return out
+
+
+def layout_arg(opname: str, layout, data) -> str:
+    """MXNet's ``layout`` argument of Convolution/Pooling on 4-D data: None (NCHW), 'NCHW' or 'NHWC'."""
+    if layout is None:
+        return "NCHW"
+    if isinstance(layout, str) and layout in ("NCHW", "NHWC"):
+        return layout
+    kind = DnnbindValueError if isinstance(layout, str) else DnnbindTypeError
+    raise kind(f"{opname}: layout must be 'NCHW' or 'NHWC' (data {tuple(data.shape)}), got {layout!r}")
