@@ -35,7 +35,7 @@ from dnnbind import nd
 from dnnbind.gluon import block as block_module
 from dnnbind.gluon import nn
 from dnnbind.mxnet import _finder
-from dnnbind.mxnet._mxnet_names import NAMES
+from dnnbind.features import NAMES
 from dnnbind.mxnet._unsupported import UnsupportedFeature
 
 ROOT = Path(__file__).resolve().parents[1]

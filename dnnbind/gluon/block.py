@@ -23,7 +23,7 @@ import re
 import threading
 from collections import OrderedDict
 
-from .. import nd, serialization
+from .. import features, nd, serialization
 from .._lib import hooks
 from .._lib.hooks import TRACING
 from ..runtime.array import NDArray
@@ -180,9 +180,8 @@ class Block:
         if name.startswith("_") or name == "hybrid_forward" or hasattr(type(self), name):
             # hybrid_forward: a subclass's to define; a class attribute: a property failed (before __init__)
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
-        from ..mxnet import _unsupported  # lazily: the MXNet alias is a layer above gluon
-        ns = "Block" if name in _unsupported.NAMES["Block"] else "HybridBlock"
-        raise _unsupported.missing(ns, name, _UNSUPPORTED_HINTS.get(name, ""), obj=self)
+        ns = "Block" if name in features.NAMES["Block"] else "HybridBlock"
+        raise features.missing(ns, name, _UNSUPPORTED_HINTS.get(name, ""), obj=self)
 
     def __delattr__(self, name: str) -> None:
         self._children.pop(name, None)

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from .. import autograd
+from .. import autograd, features
 from .. import initializer as _init
 from ..runtime.array import NDArray, array, empty, zeros
 from ..runtime.device import Device, as_device
@@ -92,9 +92,8 @@ class Parameter:
         ``row_sparse_data``) raise UnsupportedFeature naming them, anything else a plain AttributeError."""
         if name.startswith("_") or hasattr(type(self), name):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
-        from ..mxnet import _unsupported  # lazily: the MXNet alias is a layer above gluon
         hint = "symbolic graphs" if name == "var" else "sparse storage" if "sparse" in name else ""
-        raise _unsupported.missing("Parameter", name, hint, obj=self)
+        raise features.missing("Parameter", name, hint, obj=self)
 
     # -- naming and shape ---------------------------------------------------------------------------------
     @property

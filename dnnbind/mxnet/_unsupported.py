@@ -9,7 +9,7 @@ message, never with a stand-in that computes something different. ``NAMESPACES``
 out by the alias only while dnnbind has no module of that name.
 
 Single names follow the same rule wherever they are read: ``missing(ns, name)`` is the error for a name dnnbind
-lacks, ``UnsupportedFeature`` when MXNet 1.9.1 has that name (``_mxnet_names``: ``mx.gluon.nn.Conv3D``,
+lacks, ``UnsupportedFeature`` when MXNet 1.9.1 has that name (``dnnbind.features.NAMES``: ``mx.gluon.nn.Conv3D``,
 ``net.export``), a plain AttributeError for a typo. The modules of the alias and Gluon's Block, Parameter and
 nn raise it from their ``__getattr__``; ``dnnbind.gluon`` and ``dnnbind.nd`` get one from ``attach()`` while the
 alias is installed (they are served as ``mxnet.gluon`` and ``mxnet.nd`` themselves).
@@ -22,7 +22,7 @@ import importlib.machinery
 import sys
 import types
 
-from ._mxnet_names import NAMES
+from ..features import NAMES, PATHS, UnsupportedFeature, missing  # noqa: F401  (the alias modules read them here)
 
 # MXNet 1.9's namespaces without a dnnbind implementation (dotted below ``mxnet``), with a hint where useful.
 NAMESPACES: dict[str, str] = {
@@ -95,12 +95,6 @@ CHILDREN: dict[str, str] = {
 _children: dict[str, types.ModuleType] = {}
 
 
-class UnsupportedFeature(NotImplementedError, AttributeError):
-    """The first use of an MXNet name dnnbind does not back. A NotImplementedError, as the alias promises, and
-    an AttributeError, because it comes from a module's ``__getattr__``: ``hasattr``, ``getattr(m, n, default)``
-    and pickle's ``whichmodule`` (which torch.compile runs over every loaded module) expect one."""
-
-
 class UnsupportedModule(types.ModuleType):
     """A namespace whose every public attribute raises NotImplementedError (its listed children excepted)."""
 
@@ -118,27 +112,6 @@ class UnsupportedModule(types.ModuleType):
         hint = NAMESPACES.get(ns, "") or CHILDREN.get(ns, "")
         raise UnsupportedFeature(f"mxnet.{ns} is not supported by dnnbind yet (mxnet.{ns}.{attr} was used)"
                                   + (f": {hint}" if hint else ""))
-
-
-# Where each key of NAMES lives in MXNet, for messages.
-PATHS = {"mx": "mxnet", "gluon": "mxnet.gluon", "nn": "mxnet.gluon.nn", "nd": "mxnet.nd", "base": "mxnet.base",
-         "image": "mxnet.image", "test_utils": "mxnet.test_utils", "Block": "mxnet.gluon.Block",
-         "HybridBlock": "mxnet.gluon.HybridBlock", "Parameter": "mxnet.gluon.Parameter",
-         "ParameterDict": "mxnet.gluon.ParameterDict"}
-
-
-def missing(ns: str, name: str, hint: str = "", obj=None) -> AttributeError:
-    """The error for ``name``, which dnnbind's counterpart of ``ns`` (a key of NAMES) lacks: UnsupportedFeature
-    naming the feature when MXNet 1.9.1 has it, else a plain AttributeError (a typo). ``obj``: the object read,
-    for the message and Python's "Did you mean" suggestion. Returned, for the caller to raise."""
-    if name in NAMES[ns]:
-        used = f" ({type(obj).__name__}.{name} was used)" if obj is not None and \
-            not isinstance(obj, (type, types.ModuleType)) else ""
-        return UnsupportedFeature(f"{PATHS[ns]}.{name} is not supported by dnnbind yet{used}"
-                                  + (f": {hint}" if hint else ""))
-    if obj is None or isinstance(obj, types.ModuleType):
-        return AttributeError(f"module {PATHS[ns]!r} (dnnbind) has no attribute {name!r}", name=name, obj=obj)
-    return AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}", name=name, obj=obj)
 
 
 # dnnbind modules served as MXNet's, which get a __getattr__ from attach() while the alias is installed.

@@ -6,6 +6,7 @@ AttributeError (``__getattr__`` below).
 
 import sys
 
+from ... import features
 from ..block import Block, HybridBlock, SymbolBlock
 from .activations import ELU, GELU, SELU, LeakyReLU, PReLU, Swish
 from .basic_layers import (
@@ -81,5 +82,4 @@ __all__ = [
 def __getattr__(name: str):
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
-    from ...mxnet import _unsupported  # lazily: the MXNet alias is a layer above gluon
-    raise _unsupported.missing("nn", name, obj=sys.modules[__name__])
+    raise features.missing("nn", name, obj=sys.modules[__name__])

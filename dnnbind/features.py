@@ -1,10 +1,15 @@
-"""The public names of MXNet 1.9.1's namespaces and Gluon classes (``dir()`` without ``_`` names, read from the
-real MXNet; tests/fixtures/mxnet_gluon/names.json holds the same lists and a test keeps both equal). Layer: top
-(the MXNet alias); imports nothing.
+"""MXNet 1.9.1's public names, and the error for one that dnnbind does not back. Layer: bottom (stdlib only, imports
+nothing of dnnbind), so Gluon's Block, Parameter and nn and the MXNet alias above them raise the same error.
 
-A name listed here that dnnbind lacks is an MXNet feature dnnbind does not back: using it raises
-``UnsupportedFeature`` naming it. A name listed nowhere is a typo: a plain AttributeError.
+``NAMES``: the public names of MXNet 1.9.1's namespaces and Gluon classes (``dir()`` without ``_`` names, read from
+the real MXNet; tests/fixtures/mxnet_gluon/names.json holds the same lists and a test keeps both equal). A name
+listed here that dnnbind lacks is an MXNet feature dnnbind does not back: ``missing()`` gives ``UnsupportedFeature``
+naming it. A name listed nowhere is a typo: a plain AttributeError.
 """
+
+from __future__ import annotations
+
+import types
 
 NAMES: dict[str, frozenset] = {
     "mx": frozenset("""
@@ -129,3 +134,30 @@ NAMES: dict[str, frozenset] = {
         values zero_grad
     """.split()),
 }
+
+
+class UnsupportedFeature(NotImplementedError, AttributeError):
+    """The first use of an MXNet name dnnbind does not back. A NotImplementedError, as the alias promises, and
+    an AttributeError, because it comes from a module's ``__getattr__``: ``hasattr``, ``getattr(m, n, default)``
+    and pickle's ``whichmodule`` (which torch.compile runs over every loaded module) expect one."""
+
+
+# Where each key of NAMES lives in MXNet, for messages.
+PATHS = {"mx": "mxnet", "gluon": "mxnet.gluon", "nn": "mxnet.gluon.nn", "nd": "mxnet.nd", "base": "mxnet.base",
+         "image": "mxnet.image", "test_utils": "mxnet.test_utils", "Block": "mxnet.gluon.Block",
+         "HybridBlock": "mxnet.gluon.HybridBlock", "Parameter": "mxnet.gluon.Parameter",
+         "ParameterDict": "mxnet.gluon.ParameterDict"}
+
+
+def missing(ns: str, name: str, hint: str = "", obj=None) -> AttributeError:
+    """The error for ``name``, which dnnbind's counterpart of ``ns`` (a key of NAMES) lacks: UnsupportedFeature
+    naming the feature when MXNet 1.9.1 has it, else a plain AttributeError (a typo). ``obj``: the object read,
+    for the message and Python's "Did you mean" suggestion. Returned, for the caller to raise."""
+    if name in NAMES[ns]:
+        used = f" ({type(obj).__name__}.{name} was used)" if obj is not None and \
+            not isinstance(obj, (type, types.ModuleType)) else ""
+        return UnsupportedFeature(f"{PATHS[ns]}.{name} is not supported by dnnbind yet{used}"
+                                  + (f": {hint}" if hint else ""))
+    if obj is None or isinstance(obj, types.ModuleType):
+        return AttributeError(f"module {PATHS[ns]!r} (dnnbind) has no attribute {name!r}", name=name, obj=obj)
+    return AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}", name=name, obj=obj)
