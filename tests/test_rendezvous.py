@@ -17,13 +17,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_ranks(ranks, world_size, port, blob=b"", timeout=10.0):
-    """Run exchange on threads, one per entry of `ranks`; return {index: result or exception}."""
+def _run_ranks(ranks, world_size, port, blob=b"", timeout=10.0, secrets=None):
+    """Run exchange on threads, one per entry of `ranks` (with the secret of the same index of `secrets`);
+    return {index: result or exception}."""
     results = {}
 
     def go(i, r):
         try:
-            results[i] = exchange(blob if r == 0 else None, r, world_size, "127.0.0.1", port, timeout)
+            key = None if secrets is None else secrets[i]
+            results[i] = exchange(blob if r == 0 else None, r, world_size, "127.0.0.1", port, timeout, key)
         except Exception as e:  # noqa: BLE001
             results[i] = e
 
@@ -253,27 +255,9 @@ def test_a_stranger_neither_stalls_nor_takes_a_rank(attack):
 
 def test_a_rank_without_the_secret_is_refused_and_told_why():
     port = _free_port()
-    results = _run_secret_ranks([(0, SECRET), (1, b"other")], 2, port, timeout=2.0)
+    results = _run_ranks([0, 1], 2, port, b"id", timeout=2.0, secrets=[SECRET, b"other"])
     assert isinstance(results[1], RendezvousError) and "authentication failed" in str(results[1]), results[1]
     assert isinstance(results[0], TimeoutError), results[0]
-
-
-def _run_secret_ranks(ranks_secrets, world_size, port, blob=b"id", timeout=5.0):
-    results = {}
-
-    def go(r, key):
-        try:
-            results[r] = exchange(blob if r == 0 else None, r, world_size, "127.0.0.1", port, timeout, key)
-        except Exception as e:  # noqa: BLE001
-            results[r] = e
-
-    threads = [threading.Thread(target=go, args=rk, daemon=True) for rk in ranks_secrets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 5)
-    assert not any(t.is_alive() for t in threads), "rendezvous hung"
-    return results
 
 
 def test_a_fake_rank0_announcing_a_huge_blob_is_refused_without_allocating():

@@ -15,7 +15,7 @@ from .. import ops
 from ..autograd import grad_out, is_recording, needs_grad, record_op
 from ..ops._check import as_tuple
 from ._layers import _conv_bias_grad
-from ._params import array_arg, bool_arg, check_fits, choice_arg, int_arg, into, reject, required, shape_arg
+from ._params import array_arg, check_fits, conv_params, into, reject, shape_arg
 
 __all__ = ["Deconvolution"]
 
@@ -38,17 +38,8 @@ def Deconvolution(data=None, weight=None, bias=None, kernel=None, stride=None, d
     op = "Deconvolution"
     if kwargs:
         reject(op, kwargs)
-    kernel = shape_arg(op, "kernel", kernel)
-    if kernel is None:
-        raise required(op, "kernel", "Shape(tuple)")
-    if num_filter is None:
-        raise required(op, "num_filter", "int (non-negative)")
-    num_filter = int_arg(op, "num_filter", num_filter, 1, "int (non-negative)")
-    num_group = int_arg(op, "num_group", num_group, 1, "int (non-negative)")
-    int_arg(op, "workspace", workspace, None, "long (non-negative)")
-    no_bias = bool_arg(op, "no_bias", no_bias)
-    choice_arg(op, "cudnn_tune", cudnn_tune, ("fastest", "limited_workspace", "off"), none_ok=True)
-    bool_arg(op, "cudnn_off", cudnn_off)
+    kernel, num_filter, num_group, no_bias = conv_params(op, kernel, num_filter, num_group, workspace, no_bias,
+                                                         cudnn_tune, cudnn_off)
     data = array_arg(op, "data", data)
     weight = array_arg(op, "weight", weight, data)
     if bias is not None:

@@ -27,7 +27,7 @@ from ..ops.conv import conv_backward_bias_gemv
 from ..ops._common import blas
 from ..runtime.array import empty
 from ._params import (ParsedCalls, array_arg, bool_arg, check_fits, choice_arg, dtype_name, float_arg, int_arg, into,
-                      layout_arg, reject, required, shape_arg, spatial)
+                      bias_matches, conv_params, layout_arg, reject, required, shape_arg, spatial)
 
 __all__ = ["Activation", "Convolution", "Dropout", "Flatten", "FullyConnected", "add_n", "log_softmax",
            "pick_nll", "reshape_like", "softmax", "softmax_cross_entropy", "waitall"]
@@ -41,7 +41,6 @@ SMALL_WGRAD_KERNEL = True  # False: a first layer's dw, db take bias_relu_backwa
 _UNFUSED: set = set()  # float16 or NHWC shapes cuDNN could not fuse (the legacy call refused, no backend plan)
 
 
-_CONV_TUNE = ("fastest", "limited_workspace", "off")
 _CONV_ARGS = ParsedCalls()  # a call's arrays' shapes and its parameters -> the parsed geometry
 
 
@@ -92,17 +91,8 @@ def _conv_args(data, weight, bias, kernel, stride, dilate, pad, num_filter, num_
     """Every check of nd.Convolution's arguments, in MXNet's order (parameters, then the arrays against them);
     returns the arrays and (one_d, stride, pad, dilate, layout, fused) for the 2-D path."""
     op = "Convolution"
-    kernel = shape_arg(op, "kernel", kernel)
-    if kernel is None:
-        raise required(op, "kernel", "Shape(tuple)")
-    if num_filter is None:
-        raise required(op, "num_filter", "int (non-negative)")
-    num_filter = int_arg(op, "num_filter", num_filter, 1, "int (non-negative)")
-    num_group = int_arg(op, "num_group", num_group, 1, "int (non-negative)")
-    int_arg(op, "workspace", workspace, None, "long (non-negative)")
-    no_bias = bool_arg(op, "no_bias", no_bias)
-    choice_arg(op, "cudnn_tune", cudnn_tune, _CONV_TUNE, none_ok=True)
-    bool_arg(op, "cudnn_off", cudnn_off)
+    kernel, num_filter, num_group, no_bias = conv_params(op, kernel, num_filter, num_group, workspace, no_bias,
+                                                         cudnn_tune, cudnn_off)
     if act_type not in (None, "relu"):
         raise DnnbindValueError(f"Convolution: act_type must be None or 'relu', got {act_type!r}")
     data = array_arg(op, "data", data)
@@ -128,12 +118,7 @@ def _conv_args(data, weight, bias, kernel, stride, dilate, pad, num_filter, num_
     stride = spatial(op, "stride", shape_arg(op, "stride", stride), dims, 1, 1, data.shape)
     dilate = spatial(op, "dilate", shape_arg(op, "dilate", dilate), dims, 1, 1, data.shape)
     pad = spatial(op, "pad", shape_arg(op, "pad", pad), dims, 0, 0, data.shape)
-    if no_bias and bias is not None:
-        raise DnnbindValueError(f"Convolution: a bias {bias.shape} was given but no_bias=True; pass no_bias=False "
-                                "or drop the bias")
-    if not no_bias and bias is None:
-        raise DnnbindValueError(f"Convolution: no_bias=False (the default) needs a bias of shape ({num_filter},); "
-                                "pass it, or no_bias=True")
+    bias_matches(op, bias, no_bias, num_filter)
     nhwc = layout == "NHWC"
     c = data.shape[-1] if nhwc else data.shape[1]
     if c % num_group or num_filter % num_group:
@@ -277,12 +262,7 @@ def _fc_args(data, weight, bias, num_hidden, no_bias, flatten):
     weight = array_arg(op, "weight", weight, data)
     if bias is not None:
         bias = array_arg(op, "bias", bias, data)
-    if no_bias and bias is not None:
-        raise DnnbindValueError(f"{op}: a bias {bias.shape} was given but no_bias=True; pass no_bias=False or drop "
-                                "the bias")
-    if not no_bias and bias is None:
-        raise DnnbindValueError(f"{op}: no_bias=False (the default) needs a bias of shape ({num_hidden},); pass it, "
-                                "or no_bias=True")
+    bias_matches(op, bias, no_bias, num_hidden)
     if data.ndim == 0:
         raise DnnbindValueError(f"{op}: data must have at least one axis, got a 0-d array")
     shape = data.shape

@@ -226,3 +226,31 @@ def layout_arg(opname: str, layout, data) -> str:
         return layout
     kind = DnnbindValueError if isinstance(layout, str) else DnnbindTypeError
     raise kind(f"{opname}: layout must be 'NCHW' or 'NHWC' (data {tuple(data.shape)}), got {layout!r}")
+
+
+def conv_params(op: str, kernel, num_filter, num_group, workspace, no_bias, cudnn_tune, cudnn_off) -> tuple:
+    """The parameters Convolution and Deconvolution share, in MXNet's order: kernel and num_filter required,
+    workspace, cudnn_tune and cudnn_off checked (and ignored: dnnbind times algorithms per shape). Returns
+    (kernel, num_filter, num_group, no_bias)."""
+    kernel = shape_arg(op, "kernel", kernel)
+    if kernel is None:
+        raise required(op, "kernel", "Shape(tuple)")
+    if num_filter is None:
+        raise required(op, "num_filter", "int (non-negative)")
+    num_filter = int_arg(op, "num_filter", num_filter, 1, "int (non-negative)")
+    num_group = int_arg(op, "num_group", num_group, 1, "int (non-negative)")
+    int_arg(op, "workspace", workspace, None, "long (non-negative)")
+    no_bias = bool_arg(op, "no_bias", no_bias)
+    choice_arg(op, "cudnn_tune", cudnn_tune, ("fastest", "limited_workspace", "off"), none_ok=True)
+    bool_arg(op, "cudnn_off", cudnn_off)
+    return kernel, num_filter, num_group, no_bias
+
+
+def bias_matches(op: str, bias, no_bias: bool, size: int) -> None:
+    """A bias exactly when ``no_bias`` is False (MXNet counts the inputs against it)."""
+    if no_bias and bias is not None:
+        raise DnnbindValueError(f"{op}: a bias {bias.shape} was given but no_bias=True; pass no_bias=False or drop "
+                                "the bias")
+    if not no_bias and bias is None:
+        raise DnnbindValueError(f"{op}: no_bias=False (the default) needs a bias of shape ({size},); pass it, "
+                                "or no_bias=True")
