@@ -20,6 +20,7 @@ import numpy as np
 from .. import autograd
 from ..runtime.array import NDArray, check_size, empty, zeros
 from . import _lower
+from ._params import int_arg
 from ._registry import as_array, call, check_int_scalar, func, norm_axes
 
 
@@ -387,9 +388,8 @@ def one_hot(indices, depth, on_value=1.0, off_value=0.0, dtype="float32"):
     zero (MXNet casts them; 1.7 marks 1) and are compared in float64 (a float16 arange cannot count past 2048; NaN
     marks nothing, where a cast to an integer would give 0 on the GPU). An index outside [0, depth) marks nothing."""
     from ._creation import arange
-    from ._shape import _ints
     indices = as_array("one_hot", "indices", indices)
-    depth = _ints("one_hot", "depth", depth, "int")[0]
+    depth = int_arg("one_hot", "depth", depth)
     if depth < 0:
         raise DnnbindValueError(f"one_hot: depth must be >= 0, got {depth} (indices shape {indices.shape})")
     check_size("one_hot", indices.shape + (depth,), dtype, indices.device)
