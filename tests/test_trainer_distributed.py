@@ -375,5 +375,18 @@ def test_train_script_on_two_launched_gpus(tmp_path):
     assert r.stdout.count("epoch 1: test loss") == 1  # rank 0 alone reports
     assert r.stdout.count("epoch 1 step 20/20") == 1  # 2560 images / 2 ranks / batch 64
     metrics = json.loads((tmp_path / "runs" / "metrics.json").read_text())
-    assert metrics[0]["test_acc"] > 0.5
     assert (tmp_path / "two.ckpt").exists()
+    # Two ranks of batch 64 must learn as one GPU at the global batch, 128. 20 steps of SGD 0.01 reach ~40% there
+    # (H100, 2026-11-27, seeds 0-2: one GPU 38.7/43.8/38.5%, test loss 2.2643/2.2467/2.2372; two launched ranks
+    # 39.5/39.1/40.0%, 2.2641/2.2461/2.2386), so the old bound of 50% asked for more than one GPU gives.
+    from tests.test_train_script import _mnist_root
+    root = _mnist_root()
+    one = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--device", "gpu", "--no-progress",
+                          "--out-dir", str(tmp_path / "one"), "--limit", "2560", "--epochs", "1", "--batch-size",
+                          "128"] + (["--data-dir", root] if root else []),
+                         check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert one.returncode == 0, one.stderr[-3000:]
+    single = json.loads((tmp_path / "one" / "metrics.json").read_text())
+    assert abs(metrics[0]["test_loss"] - single[0]["test_loss"]) < 0.01, (metrics[0], single[0])
+    assert metrics[0]["test_acc"] > 0.3 and abs(metrics[0]["test_acc"] - single[0]["test_acc"]) < 0.06
