@@ -49,3 +49,21 @@ def pytest_collection_modifyitems(config, items):
 def gpu():
     import dnnbind
     return dnnbind.gpu(0)
+
+
+@pytest.fixture
+def alias():
+    """install_mxnet_alias() for one test; sys.meta_path and the mxnet entries of sys.modules are restored
+    afterwards (shared by the alias and Gluon-semantics tests)."""
+    import dnnbind
+    from dnnbind.mxnet import uninstall_mxnet_alias
+    meta, mods = list(sys.meta_path), dict(sys.modules)
+    yield dnnbind.install_mxnet_alias()
+    uninstall_mxnet_alias()
+    sys.meta_path[:] = meta
+    for name in [n for n in sys.modules if n not in mods]:
+        if name == "mxnet" or name.startswith("mxnet."):
+            del sys.modules[name]
+    for name, mod in mods.items():
+        if name == "mxnet" or name.startswith("mxnet."):
+            sys.modules[name] = mod

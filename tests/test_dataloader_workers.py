@@ -7,11 +7,13 @@ word2vec; within a few dozen of the passes below).
 """
 
 import faulthandler
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -181,7 +183,7 @@ def test_dead_worker_is_reported_at_once(how, bad, sign):
     assert err.sample == bad and err.batch_indices == list(range(first, first + 4)) and err.worker in (0, 1)
     assert isinstance(err, RuntimeError) and isinstance(err, dl.DnnbindError)
     # the other worker was stopped too, and the loader starts fresh workers for the next pass
-    assert not [p for p in __import__("multiprocessing").active_children() if p.name.startswith("DataLoader")]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("DataLoader")]
     loader._dataset.bad = None
     assert [x.asnumpy().tolist() for x in loader][-1] == [36.0, 37.0, 38.0, 39.0]
 
@@ -212,7 +214,6 @@ def test_worker_killed_from_outside_while_the_loop_waits():
     assert next(it).asnumpy().tolist() == [0, 1]
     victim = next(p for p in it._workers.procs if it._workers.pending[it._workers.procs.index(p)]
                   and it._workers.pending[it._workers.procs.index(p)][0][0] == 1)
-    threading = __import__("threading")
     threading.Timer(0.5, os.kill, (victim.pid, signal.SIGKILL)).start()
     t0 = time.monotonic()
     with pytest.raises(dl.WorkerDiedError, match=rf"pid {victim.pid}\) died \(killed by signal SIGKILL\) while "

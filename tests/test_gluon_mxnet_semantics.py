@@ -55,18 +55,6 @@ def fresh_names(monkeypatch):
     monkeypatch.setattr(block_module, "_global_counts", {})
 
 
-@pytest.fixture
-def alias():
-    """install_mxnet_alias() for one test, undone afterwards (sys.meta_path and the mxnet entries of sys.modules)."""
-    meta, mods = list(sys.meta_path), dict(sys.modules)
-    yield dnnbind.install_mxnet_alias()
-    _finder.uninstall_mxnet_alias()
-    sys.meta_path[:] = meta
-    for name in [n for n in sys.modules if n == "mxnet" or n.startswith("mxnet.")]:
-        if name not in mods:
-            del sys.modules[name]
-
-
 def _built() -> dict:
     """nets.py's networks, initialized and filled with its values (call under fresh_names)."""
     built = nets.build(dmx)

@@ -41,21 +41,6 @@ def _run(args, cwd=None, timeout=180) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-@pytest.fixture
-def alias():
-    """install_mxnet_alias() for one test; sys.meta_path and sys.modules are restored afterwards."""
-    meta, mods = list(sys.meta_path), dict(sys.modules)
-    yield dnnbind.install_mxnet_alias()
-    _finder.uninstall_mxnet_alias()
-    sys.meta_path[:] = meta
-    for name in [n for n in sys.modules if n not in mods]:
-        if name == "mxnet" or name.startswith("mxnet."):
-            del sys.modules[name]
-    for name, mod in mods.items():
-        if name == "mxnet" or name.startswith("mxnet."):
-            sys.modules[name] = mod
-
-
 # -- the runner ----------------------------------------------------------------------------------------------
 
 MX_SCRIPT = '''
