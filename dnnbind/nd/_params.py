@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError, UnknownArgumentError
-from ..runtime.array import NDArray, memory_bytes
+from ..runtime.array import NDArray, check_size
 
 # MXNet 1.9.1's declared parameters (the arrays, ``out`` and ``name`` are not parameters). Keys are MXNet's operator
 # names, as its messages spell them ("_zeros" for nd.zeros, "_random_normal" for nd.random.normal and randn).
@@ -199,11 +199,7 @@ def check_fits(op: str, device, dtype, what: str, shape: tuple, context: str = "
     if cudnn and (tail > INT32_MAX or (shape and max(shape) > INT32_MAX)):
         raise DnnbindValueError(f"{op}: {what} would have shape {shape}, beyond the int32 dimensions and strides "
                                 f"cuDNN takes{context}")
-    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    if nbytes > memory_bytes(device):
-        raise DnnbindValueError(f"{op}: {what} would have shape {shape} ({nbytes / 2 ** 30:.1f} GiB of "
-                                f"{np.dtype(dtype).name}), more than the {device.kind}'s "
-                                f"{memory_bytes(device) / 2 ** 30:.1f} GiB of memory{context}")
+    check_size(op, shape, dtype, device, what, context)
 
 
 def into(out, y):

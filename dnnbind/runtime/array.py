@@ -349,9 +349,10 @@ def memory_bytes(device: Device) -> int:
     return size
 
 
-def check_size(op: str, shape: tuple, dtype, device: Device, what: str = "the result") -> None:
+def check_size(op: str, shape: tuple, dtype, device: Device, what: str = "the result", context: str = "") -> None:
     """Refuse, as a ValueError naming the op and the size asked for, an array no device could hold, before
-    anything is allocated (numpy's MemoryError or a CUDA out-of-memory error deep inside says neither)."""
+    anything is allocated (numpy's MemoryError or a CUDA out-of-memory error deep inside says neither).
+    ``context``: more of the call for the message (the arguments that gave this shape)."""
     if any(d < 0 for d in shape):
         raise DnnbindValueError(f"{op}: {what} would have a negative dimension, shape {tuple(shape)}")
     n = math.prod(shape)
@@ -359,7 +360,7 @@ def check_size(op: str, shape: tuple, dtype, device: Device, what: str = "the re
     if nbytes > memory_bytes(device):
         raise DnnbindValueError(f"{op}: {what} would have shape {tuple(shape)}: {n} elements, "
                                 f"{nbytes / 2 ** 30:.1f} GiB of {np.dtype(dtype).name}, more than the {device.kind}'s "
-                                f"{memory_bytes(device) / 2 ** 30:.1f} GiB of memory")
+                                f"{memory_bytes(device) / 2 ** 30:.1f} GiB of memory{context}")
 
 
 # -- factories -----------------------------------------------------------------------------------------------
