@@ -156,6 +156,8 @@ class Communicator:
         return self.handle
 
     def _stream(self) -> int:
+        """The collective's stream: its device's current one, with the device made current (NCCL enqueues on it)."""
+        self.device.activate()
         return current_stream(self.device).handle
 
     def _check(self, what: str, x) -> int:
