@@ -64,6 +64,7 @@ class _StaticStep:
         self.recapture()
 
     def recapture(self) -> None:
+        self.device.activate()
         stream = current_stream(self.device)
         if stream.handle == 0:
             raise CaptureError("cannot capture on the legacy default stream")
@@ -126,6 +127,7 @@ class CapturedStep(_StaticStep):
 
     def __call__(self) -> NDArray:
         self._check_inputs()
+        self.device.activate()
         cudart.call("cudaGraphLaunch", self._exec, current_stream(self.device).handle)
         return self.output
 

@@ -58,6 +58,9 @@ class CallRecording:
         self._graph_wanted, self._graph, self._exec, self._stream = graph, None, None, 0
         self._paths: list = []  # per call: the scopes open when it was recorded (for a traced replay)
         self._base = 0
+        # (index of the first call, CUcontext) wherever the recorded calls change device: a replay makes each
+        # call's device current again, whatever device is current when it is replayed.
+        self._contexts: list = []
 
     def record(self, fn, parent: CallRecording | None = None):
         """Run ``fn`` once, recording it; returns its result. ``parent``: a recording always replayed just before
@@ -67,6 +70,7 @@ class CallRecording:
                                "instead")
         self._calls, self.calls, self._libs, self._keep, self._destroys = [], [], [], [], []
         self._paths, self._base = [], len(hooks.stack())
+        self._contexts = []
         hold = Hold(parent._hold if parent is not None else None)
         undo = intercept((cudnn.lib, cublas.lib), self._wrap)
         RECORDING.append(self)
@@ -105,6 +109,7 @@ class CallRecording:
 
         def recorded(*args):
             result = fn(*args)
+            self._note_context()
             self._calls.append(_lean(fn, args))
             self.calls.append(name)
             self._libs.append((lib, args))  # as called: a traced replay goes through lib with these
@@ -119,6 +124,7 @@ class CallRecording:
     # Hooks the lower layers call through _lib.hooks.RECORDING (kernels.launch, runtime.memory).
     def launch(self, name, fn, args, holders, device: int = 0) -> None:
         self._keep.append(holders)
+        self._note_context()
         self._calls.append((functools.partial(_drv_call, "cuLaunchKernel"), args, None))
         self.calls.append(name)
         self._libs.append(("kernel", name, device))  # a traced replay records it as the kernel it is
@@ -128,10 +134,17 @@ class CallRecording:
         if name == "cudaMemcpyAsync" and args[3] != D2D:
             raise CaptureError("the recorded code copies between host and device (.numpy(), .asscalar(), an "
                                "array from numpy): a recording can replay device work only")
+        self._note_context()
         self._calls.append((functools.partial(cudart.call, name), args, None))  # raises CudaError on failure
         self.calls.append(name)
         self._libs.append(None)
         self._paths.append(self._path())
+
+    def _note_context(self) -> None:
+        """Before a call is appended: note the context it ran in when it differs from the previous call's."""
+        ctx = cudart.current_context()
+        if not self._contexts or self._contexts[-1][1] != ctx:
+            self._contexts.append((len(self._calls), ctx))
 
     def refuse(self, why: str) -> None:
         """Called (through hooks.RECORDING) by code whose GPU work a replay could not repeat faithfully."""
@@ -141,9 +154,15 @@ class CallRecording:
         """Re-issue the calls (``stream``: the stream they were recorded on, for a graph=True recording)."""
         if self._hold is None:
             raise CaptureError("this recording was closed; record it again")
+        if self._contexts:
+            cudart.use_context(self._contexts[0][1])
         if TRACING:  # replay through the libraries' (traced) functions, so dnnbind.trace() lists every call,
             # each inside the scopes (Blocks, ops) it was recorded in, as an eager call would be
-            for (fn, args, _), bound, name, path in zip(self._calls, self._libs, self.calls, self._paths):
+            switches = dict(self._contexts)
+            for i, ((fn, args, _), bound, name, path) in enumerate(zip(self._calls, self._libs, self.calls,
+                                                                     self._paths)):
+                if i in switches:
+                    cudart.use_context(switches[i])
                 for scope_name, op in path:
                     hooks.push(scope_name, op)
                 try:
@@ -195,7 +214,16 @@ class CallRecording:
         return True
 
     def _replay_calls(self) -> None:
-        for fn, args, bound in self._calls:
+        if len(self._contexts) > 1:  # calls on several devices: each switch made again, in order
+            switches = dict(self._contexts)
+            for i, (fn, args, bound) in enumerate(self._calls):
+                if i in switches:
+                    cudart.use_context(switches[i])
+                status = fn(*args)
+                if status and bound is not None:
+                    bound.errcheck(status, bound, args)
+            return
+        for fn, args, bound in self._calls:  # one device, made current by replay()
             status = fn(*args)
             if status and bound is not None:  # raise as the bound function would: function, status, cuDNN's text
                 bound.errcheck(status, bound, args)

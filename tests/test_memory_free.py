@@ -9,10 +9,12 @@ import pytest
 from dnnbind._lib import cudart
 from dnnbind._lib.errors import CudaError
 from dnnbind.runtime import memory
+from dnnbind.runtime.device import Device
 
 
 class _Stream:
     handle = 0x5000
+    device = Device("cpu")  # a stream carries its device (made current before a free); the cpu's is a no-op
 
     def __repr__(self) -> str:
         return "Stream(fake)"

@@ -7,6 +7,7 @@ import types
 import pytest
 
 from dnnbind.runtime import memory
+from dnnbind.runtime.device import Device
 
 
 REGIONS = []  # the fake ranges made, in order
@@ -45,7 +46,7 @@ def frees(monkeypatch):
     assert not memory._pieces, "a test left a piece allocated"
 
 
-STREAM = types.SimpleNamespace(handle=7, synchronize=lambda: None)
+STREAM = types.SimpleNamespace(handle=7, synchronize=lambda: None, device=Device("cpu"))  # activate(): a no-op
 
 
 def test_free_outside_any_hold_is_immediate(frees):
@@ -166,7 +167,7 @@ def test_a_child_recording_shares_its_parents_arena_and_reuses_what_goes_while_i
 
 def test_each_stream_has_its_own_range(frees):
     hold = memory.Hold()
-    other = types.SimpleNamespace(handle=8, synchronize=lambda: None)
+    other = types.SimpleNamespace(handle=8, synchronize=lambda: None, device=Device("cpu"))
     with hold:
         a = hold.allocate(256, DEVICE, STREAM)
         memory._free(a, STREAM)

@@ -108,3 +108,50 @@ def explain_no_gpu(driver: int, runtime: int, bindings: str, err: int, err_text:
         return f"no CUDA device found (driver CUDA {_cuda(driver)}, runtime CUDA {_cuda(runtime)})"
     return (f"cudaGetDeviceCount: {err_text} (driver CUDA {_cuda(driver)}, runtime CUDA {_cuda(runtime)}, "
             f"{bindings})")
+
+
+# -- which CUDA context is current on this thread ----------------------------------------------------------------
+# Device.activate() asks this before every stream-taking call: CUDA refuses a copy, a launch or a library call on a
+# stream of another device, and the current device is per-thread state that other code (torch.cuda.set_device,
+# CuPy, a raw cudaSetDevice) may change behind dnnbind's back. cuCtxGetCurrent through ctypes costs ~0.2 us; the
+# cuda.bindings wrapper would cost several times that on a path taken by every op.
+_ctx_get: list = []
+_ctx_out = None
+
+
+def current_context() -> int:
+    """The CUcontext current on this thread as an int; 0 when none is, or there is no driver."""
+    global _ctx_out
+    if not _ctx_get:
+        import ctypes
+        try:
+            fn = ctypes.CDLL("libcuda.so.1").cuCtxGetCurrent
+        except OSError:  # no driver: no context can be current (Device.activate reports the missing GPU itself)
+            return 0
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p]
+        _ctx_out = ctypes.c_void_p()
+        _ctx_get.append((fn, ctypes.addressof(_ctx_out)))
+    fn, out = _ctx_get[0]
+    if fn(out):
+        return 0
+    return _ctx_out.value or 0
+
+
+_ctx_set: list = []
+
+
+def use_context(ctx: int) -> None:
+    """Make CUcontext ``ctx`` (from current_context()) current on this thread unless it is (cuCtxSetCurrent): a
+    replayed recording restores the device each of its calls was recorded on."""
+    if not ctx or current_context() == ctx:
+        return
+    if not _ctx_set:
+        import ctypes
+        fn = ctypes.CDLL("libcuda.so.1").cuCtxSetCurrent
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p]
+        _ctx_set.append(fn)
+    err = _ctx_set[0](ctx)
+    if err:
+        from .errors import CudaDriverError
+        raise CudaDriverError(int(err), "cuCtxSetCurrent", f"CUresult {err}", f"restoring context {ctx:#x}")

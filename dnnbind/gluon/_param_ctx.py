@@ -19,7 +19,7 @@ import numpy as np
 
 from ..runtime.device import Device, as_device
 
-__all__ = ["current_device", "using_device"]
+__all__ = ["copy_device", "using_device"]
 
 _tls = threading.local()
 
@@ -28,8 +28,9 @@ _tls = threading.local()
 multi_ctx = [False]
 
 
-def current_device() -> Device | None:
-    """The device ``using_device`` selected on this thread, or None."""
+def copy_device() -> Device | None:
+    """The device whose copy a Parameter on several contexts gives (``using_device`` on this thread), or None.
+    Not CUDA's current device: every GPU call makes its stream's device current itself (runtime.device)."""
     return getattr(_tls, "device", None)
 
 

@@ -27,7 +27,7 @@ from .. import features, nd, serialization
 from .._lib import hooks
 from .._lib.hooks import TRACING
 from ..runtime.array import NDArray
-from ._param_ctx import current_device, multi_ctx, using_device
+from ._param_ctx import copy_device, multi_ctx, using_device
 from .param_files import _load_into, _read_param_file
 from .parameter import Parameter
 from .parameter_dict import ParameterDict
@@ -336,7 +336,7 @@ class Block:
         return HookHandle(self._forward_hooks, hook)
 
     def __call__(self, *args, **kwargs):
-        if multi_ctx[0] and args and isinstance(args[0], NDArray) and current_device() is None:
+        if multi_ctx[0] and args and isinstance(args[0], NDArray) and copy_device() is None:
             with using_device(args[0].device):  # Parameters on several devices: the layers read the input's copy
                 return self(*args, **kwargs)
         if TRACING:  # one list check: dnnbind.trace() is recording; name this Block's calls (net.conv1 -> ...)

@@ -26,9 +26,9 @@ from .. import initializer as _init
 from ..runtime.array import NDArray, array, empty, zeros
 from ..runtime.device import Device, as_device
 from ._param_ctx import _tls as _ctx_tls
-from ._param_ctx import ctx_list, current_device, host_mean, multi_ctx, using_device
+from ._param_ctx import ctx_list, copy_device, host_mean, multi_ctx, using_device
 
-__all__ = ["Constant", "DeferredInitializationError", "Parameter", "current_device", "multi_ctx",
+__all__ = ["Constant", "DeferredInitializationError", "Parameter", "copy_device", "multi_ctx",
            "using_device"]
 
 _REQS = ("write", "add", "null")

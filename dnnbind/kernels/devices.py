@@ -36,6 +36,15 @@ def current_device() -> int:
     return index
 
 
+def make_current(device: int) -> None:
+    """Make GPU ``device`` (an index) current on this thread unless it is: every launch calls this with the device
+    its stream belongs to, so no launch relies on which device happens to be current."""
+    dev = _gpu_devices.get(device)
+    if dev is None:
+        dev = _gpu_devices[device] = gpu(device)
+    dev.activate()
+
+
 def _stream_device(stream: Any) -> int:
     """A dnnbind Stream knows its device: launch there, whatever the default device is."""
     dev = getattr(stream, "device", None)

@@ -32,6 +32,7 @@ from dnnbind._lib.hooks import RECORDING, TRACING
 from .args import _check_arg_sizes, pack_args
 from .devices import (
     _stream_device,
+    make_current,
     compute_capability,
     current_device,
     current_device_or_none,
@@ -209,6 +210,7 @@ class Kernel:
     def _launch(self, device: int, g: Dim3, b: Dim3, args: Sequence[Any], stream: Any, shared_mem: int) -> None:
         """launch() after its checks: for callers (elementwise) whose configuration is valid by construction."""
         name = self.name
+        make_current(device)
         holders, params = pack_args(args)
         fn = self._functions.get(device) or self._function(device)
         if b[0] * b[1] * b[2] > fn.max_threads:  # below 1024 only for kernels heavy on registers
@@ -244,6 +246,7 @@ class Kernel:
         conversion, the size check, once done for this Structure type); while a trace or a step recording
         watches launches, and on any driver error, it goes through _launch, which reports and retries.
         """
+        make_current(device)
         fn = self._functions.get(device)
         if fn is None or fn.struct_type is not type(arg) or TRACING or RECORDING or block_x > fn.max_threads:
             self._launch(device, (grid_x, 1, 1), (block_x, 1, 1), (arg,), h, 0)

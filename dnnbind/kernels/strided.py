@@ -47,6 +47,7 @@ from ._strided_base import (
 )
 from ._strided_src import INPUT_NAMES, MAX_DIMS, RBLOCK, c_types
 from .elementwise import BLOCK
+from .devices import make_current
 from .launch import multiprocessor_count
 
 __all__ = ["MAX_DIMS", "Ref", "coalesce", "gather", "generate", "random_fill", "scatter_add", "sort_along",
@@ -164,6 +165,7 @@ def _split_scratch(device: int, h: int) -> tuple[int, int, int] | None:
         if int(cudart.call("cudaStreamIsCapturing", h)):
             return None
         nbytes = _SPLIT_SLOTS * 16 + _SPLIT_COUNTERS * 4
+        make_current(device)  # the scratch lives on the stream's device, and the memset is queued on that stream
         ptr = int(cudart.call("cudaMalloc", nbytes))
         # The counters must start at zero; each split launch leaves them at zero again when it finishes.
         cudart.call("cudaMemsetAsync", ptr + _SPLIT_SLOTS * 16, 0, _SPLIT_COUNTERS * 4, h)

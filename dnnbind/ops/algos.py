@@ -277,6 +277,7 @@ def _wall_time(run, algo, ptr, size, stream) -> float:
 def _graph_time(run, algo, ptr, size, stream, start, end):
     """Best per-launch ms of ``run`` replayed from a captured graph, or None if it cannot be captured."""
     from .._lib import cudart
+    stream.device.activate()  # the graph is launched on this stream
     stream.synchronize()
     try:
         cudart.call("cudaStreamBeginCapture", stream.handle, cudart.rt().cudaStreamCaptureMode(1))

@@ -122,7 +122,7 @@ class NDArray:
         if dtype is not None and np.dtype(dtype) != self._dtype:
             return array(self.numpy(), device=device, dtype=dtype)
         out = empty(self._shape, self._dtype, device)  # gpu -> another gpu
-        self._device.activate()
+        device.activate()  # queued on the destination's stream: its device must be current
         from .._lib import cudart
         cudart.call("cudaMemcpyPeerAsync", out._ptr, device.index, self._ptr, self._device.index, self.nbytes,
                     current_stream(device).handle)
@@ -299,6 +299,7 @@ def _order_for_consumer(device: Device, consumer_stream: int) -> None:
         consumer_stream = 0 if consumer_stream == 1 else 2  # legacy default / per-thread default
     ev = Event(device, timing=False).record()
     from .._lib import cudart
+    device.activate()  # the consumer's stream is on the array's device
     cudart.call("cudaStreamWaitEvent", consumer_stream, ev._obj, 0)
 
 
@@ -449,6 +450,7 @@ def from_cuda(obj) -> NDArray:
         stream = cai.get("stream")
         if stream:
             # The producer's work on `stream` must finish before ours reads the data: an event, no host sync.
+            device.activate()  # the wait is queued on this device's stream
             ev = cudart.call("cudaEventCreateWithFlags", 2)
             cudart.call("cudaEventRecord", ev, 0 if stream == 1 else stream)
             cudart.call("cudaStreamWaitEvent", current_stream(device).handle, ev, 0)

@@ -78,10 +78,20 @@ class Device:
     __str__ = __repr__  # MXNet prints a context as gpu(0) / cpu(0) (d2l's "training on gpu(0)")
 
     def activate(self) -> None:
-        if self.kind == "gpu" and getattr(_tls, "current", None) != self.index:
-            _ensure_gpu(self.index)
-            cudart.call("cudaSetDevice", self.index)
-            _tls.current = self.index
+        """Make this GPU's context current on this thread unless it already is (a no-op for the cpu).
+
+        Every call that queues work on a stream (allocation, copy, memset, kernel launch, cuDNN, cuBLAS, NCCL,
+        graph launch) calls this with the stream's device first, so none relies on which device happens to be
+        current: the *actual* current context is compared, so a device switched by other code (torch, CuPy, a raw
+        cudaSetDevice) is noticed too."""
+        if self.kind != "gpu":
+            return
+        primary = _primary.get(self.index)
+        if primary is not None and cudart.current_context() == primary:
+            return
+        _ensure_gpu(self.index)
+        cudart.call("cudaSetDevice", self.index)
+        _primary[self.index] = cudart.current_context()  # the device's primary context: one per process
 
     def __enter__(self):
         _tls.stack = getattr(_tls, "stack", [])
@@ -95,6 +105,7 @@ class Device:
 
 _KINDS = {"cpu": "cpu", "gpu": "gpu", "cpu_pinned": "cpu", "cpu_shared": "cpu"}
 _tls = threading.local()
+_primary: dict[int, int] = {}  # GPU index -> its primary CUcontext, learnt at the first activate()
 _count: tuple[int, str] | None = None
 _count_lock = threading.Lock()
 

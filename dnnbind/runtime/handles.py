@@ -78,6 +78,9 @@ def _create(table: dict, cls, device: Device, stream: Stream):
 
 
 def cudnn_handle(device: Device, stream: Stream | None = None) -> int:
+    """The cuDNN handle bound to ``stream`` (default: ``device``'s current one), with ``device`` made current: cuDNN
+    and cuBLAS run a call on the current device, which must be the handle's (their docs' rule for several GPUs)."""
+    device.activate()
     stream = stream or current_stream(device)
     h = _cudnn.get(stream)
     if h is None:
@@ -86,6 +89,8 @@ def cudnn_handle(device: Device, stream: Stream | None = None) -> int:
 
 
 def cublas_handle(device: Device, stream: Stream | None = None) -> int:
+    """The cuBLAS handle bound to ``stream``, with ``device`` made current (see cudnn_handle)."""
+    device.activate()
     stream = stream or current_stream(device)
     h = _cublas.get(stream)
     if h is None:

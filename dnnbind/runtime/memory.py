@@ -94,6 +94,7 @@ def _free(ptr: int, stream: Stream, raising: bool = True) -> None:
             if gone is not None:
                 _release_region(*gone, raising=raising)
             return
+    stream.device.activate()  # a stream-ordered free is queued on the stream: its device must be current
     # NOTE: cuda-python directly, not cudart.call: this runs for every buffer freed.
     result = cudart.rt().cudaFreeAsync(ptr, stream.handle)
     err = result[0] if type(result) is tuple else result
@@ -261,7 +262,7 @@ def _at_exit() -> None:
 def memcpy(dst: int, src: int, nbytes: int, kind: int, stream: Stream) -> None:
     if nbytes:
         # NOTE: CUDA refuses (cudaErrorInvalidValue) an async copy or memset on a stream of a device that is not
-        # the current one; after an allocation on gpu(1), gpu(0)'s copies failed (ctx=[gpu(0), gpu(1)]).
+        # the current one: the stream carries its device, which is made current here, whatever was current before.
         stream.device.activate()
         cudart.call("cudaMemcpyAsync", dst, src, nbytes, kind, stream.handle)
         if RECORDING:

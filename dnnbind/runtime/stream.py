@@ -117,6 +117,7 @@ class Event:
 
     def record(self, stream: Stream | None = None) -> "Event":
         stream = stream or current_stream(self.device)
+        stream.device.activate()
         cudart.call("cudaEventRecord", self._obj, stream.handle)
         return self
 

@@ -245,6 +245,7 @@ def _kernel_where(arg):
 
 
 def _record(ev: Event, stream_handle: int) -> Event:
+    ev.device.activate()  # the traced call's stream is on the event's device
     cudart.call("cudaEventRecord", ev._obj, stream_handle)
     return ev
 
