@@ -64,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--save", default=None, help="checkpoint file written at each epoch end and on Ctrl-C")
     p.add_argument("--resume", default=None, help="checkpoint file to continue from")
     p.add_argument("--limit", type=int, default=0, help="use only the first N training images (0: all)")
+    p.add_argument("--resize", type=int, default=0, metavar="N",
+                   help="resize the images to N x N first (bilinear; d2l trains its ResNet-18 on 96 x 96)")
     p.add_argument("--log-interval", type=int, default=LOG_INTERVAL)
     p.add_argument("--tf32", action="store_true", help="allow TF32 tensor cores (default: strict FP32)")
     p.add_argument("--out-dir", default=OUT_DIR)
@@ -86,6 +88,22 @@ def build_model(name):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import d2l_compare  # NOTE: installs the mxnet alias (default device cpu(0)); every array here names its device
     return d2l_compare.SPECS["resnet"].build_mx(), d2l_compare.INIT()
+
+
+def resized(images, size, chunk=10000):
+    """(N, H, W, 1) uint8 images as (N, size, size, 1) uint8, bilinear as d2l's ``Resize(96)``: OpenCV's resize
+    where OpenCV is installed (what MXNet resizes with; ~1 s for MNIST), else gluon's transforms.Resize (the same
+    pixel-centre rule in numpy, a chunk at a time so its float intermediate stays small; ~40 s on 2 cores)."""
+    try:
+        import cv2
+    except ImportError:
+        from dnnbind.gluon.data.vision import transforms
+        resize = transforms.Resize(size)
+        return np.concatenate([resize(images[i:i + chunk]) for i in range(0, len(images), chunk)])
+    out = np.empty((len(images), size, size, 1), np.uint8)
+    for i, im in enumerate(images):
+        out[i, :, :, 0] = cv2.resize(im[:, :, 0], (size, size), interpolation=cv2.INTER_LINEAR)
+    return out
 
 
 def pick_device(choice, world=1):
@@ -266,8 +284,11 @@ def main(argv=None):
     if world > 1:  # this rank's share: disjoint, the same size on every rank (so all take the same steps)
         share = np.fromiter(DistributedSampler(len(labels), world, distributed.rank(), seed=args.seed), np.int64)
         images, labels = images[share], labels[share]
+    test_images = test_set.data
+    if args.resize:  # once, on the host, before the upload: the loader then serves N x N batches
+        images, test_images = resized(images, args.resize), resized(test_images, args.resize)
     loader = DeviceDataLoader(images, labels, args.batch_size, device, shuffle=True, seed=args.seed)
-    test_x = test_set.data.transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+    test_x = test_images.transpose(0, 3, 1, 2).astype(np.float32) / 255.0
     test_y = test_set.label.astype(np.int32)
 
     net, init = build_model(args.model)

@@ -159,3 +159,20 @@ def test_nan_loss_stops_with_a_clear_message(tmp_path):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "stopping: loss became nan" in r.stderr.lower() or "stopping: loss became inf" in r.stderr.lower()
     assert "--lr" in r.stderr
+
+
+def test_resize_trains_on_the_resized_images(tmp_path):
+    """--resize N: the model sees N x N images (d2l's ResNet-18 setting is 96), resized like transforms.Resize."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_script", ROOT / "scripts" / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    from dnnbind.gluon.data.vision import transforms
+    images = np.random.default_rng(0).integers(0, 256, (7, 28, 28, 1)).astype(np.uint8)
+    got = train.resized(images, 40, chunk=3)
+    assert got.shape == (7, 40, 40, 1) and got.dtype == np.uint8
+    # OpenCV (when installed) and gluon's numpy Resize agree up to one level of rounding
+    assert np.abs(got.astype(int) - transforms.Resize(40)(images).astype(int)).max() <= 1
+    r = _train(tmp_path, "--limit", "128", "--epochs", "1", "--resize", "36", "--test-batch-size", "500")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "runs" / "metrics.json").read_text())[0]["epoch"] == 1
