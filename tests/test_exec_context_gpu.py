@@ -175,7 +175,7 @@ def test_hybridized_replay(d):
     net.hybridize()
     for i in range(4):                        # record, then replays (a CUDA graph after the first where possible)
         h = rand(5, 2, 6, 6)
-        expect = ref_net(nd.array(h)).asnumpy()
+        expect = ref_net(nd.array(h, ctx=mx.cpu())).asnumpy()
         other_current(d)
         x = nd.array(h, ctx=dev)
         other_current(d)
