@@ -4,7 +4,8 @@ Each recorded op attaches a ``Node(backward, inputs)`` to its output; ``backward
 beside the op's forward (in dnnbind.nd) that maps the output's gradient to one gradient per input (None
 where an input needs none). ``backward()`` below is a topological sort and one loop. Gradients of leaves
 land in their preallocated ``_grad`` buffers (``attach_grad``/``mark_variables``): overwritten for
-grad_req "write", accumulated for "add".
+grad_req "write", accumulated for "add". ``register_grad_ready`` lets a listener hear, during backward(), the moment
+a leaf's gradient is final (a launched Trainer starts summing it across processes then, as PyTorch's DDP does).
 
 NOTE: a Node's inputs are the inputs' Nodes (and, for leaves, the leaf arrays), never intermediate arrays: the
 graph itself keeps no activation alive. An activation lives only as long as some backward closure saves it (as
@@ -264,6 +265,27 @@ def clear_fresh(x: NDArray) -> None:
     _fresh.pop(id(x), None)
 
 
+# Listeners told when a leaf's gradient is final in a backward() (the Trainer's gradient buckets start summing it
+# across processes while the backward goes on, as PyTorch's DDP does). Empty, as in every single-GPU program,
+# backward() pays one dict test for it.
+_ready: dict[int, tuple] = {}  # id(leaf) -> (weak reference to the leaf, listener)
+
+
+def register_grad_ready(x: NDArray, listener) -> None:
+    """Call ``listener.grad_ready(x)`` in every backward() that reaches x, as soon as x's gradient is final: the
+    last node that contributes to it has run and the gradient is in ``x.grad`` (queued on the current stream);
+    then ``listener.backward_done()`` once when that backward ends (also when it raised). Only backward() calls
+    them, not autograd.grad() nor the backward a hybridized Block replays inside the caller's. One listener per
+    leaf: a second registration replaces the first; ``unregister_grad_ready`` removes it."""
+    _ready[id(x)] = (weakref.ref(x), listener)
+
+
+def unregister_grad_ready(x: NDArray) -> None:
+    entry = _ready.get(id(x))
+    if entry is not None and entry[0]() is x:
+        del _ready[id(x)]
+
+
 def backward(heads, head_grads=None, retain_graph: bool = False, train_mode: bool = True) -> None:
     """Accumulate d(sum of heads)/d(leaf) into every leaf's grad. A non-scalar head gets implicit ones."""
     _run(heads, head_grads, retain_graph, None, False, train_mode)
@@ -338,6 +360,10 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
     _tls.direct = {} if wanted is not None else {
         id(x): x._grad for x in order if type(x) is not Node and x._grad_req == "write" and x._grad is not None
         and uses.get(id(x)) == 1}
+    # Leaves someone waits for (register_grad_ready), with the count of nodes still to run that use them: at 0 the
+    # gradient is written and the listener told then, not when the loop reaches the leaf (after every node).
+    ready = _waiting(order, uses) if _ready and wanted is None and prev_direct is None else None
+    told: dict = {}
     grads: dict[int, NDArray] = {}
     # The gradient ops are table ops: taped only when a graph of the gradient is asked for.
     prev = (is_recording(), is_training())
@@ -351,15 +377,15 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
             if wanted is not None and id(x) in wanted and g is not None:
                 found[id(x)] = g
             if type(x) is not Node:  # a leaf
-                if wanted is None and g is not None and x._grad_req != "null":
-                    if x._grad_req == "add":
-                        _add_into(g, x._grad)
-                    elif g is not x._grad:
-                        copy_into(g, x._grad)
-                    _fresh[id(x)] = x
+                if wanted is None:
+                    _write_leaf(x, g)
+                    if ready and id(x) in ready:  # a head that is itself a leaf: no node uses it
+                        _tell(ready.pop(id(x))[1], x, told)
                 continue
             node = x
             if g is None or node.backward is None:  # no gradient reached it, or an earlier backward freed it
+                if ready:
+                    _settle(node.inputs, ready, grads, told)
                 if not retain_graph:
                     node.free()  # MXNet clears the whole graph, the nodes no gradient reached too
                 continue
@@ -376,12 +402,58 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
                 if ig is not None and inp is not None:
                     _accumulate(grads, inp, ig)
             in_grads = ig = None  # grads holds them now: nothing here may keep them past their consumer
+            if ready:
+                _settle(node.inputs, ready, grads, told)
             if not retain_graph:
                 node.free()
     finally:
         _tls.recording, _tls.training = prev
         _tls.direct, _tls.writes, _tls.retain = prev_direct, prev_writes, prev_retain
+        for listener in told:
+            listener.backward_done()
     return found
+
+
+def _write_leaf(x, g) -> None:
+    """The leaf's gradient into its ``.grad``: overwritten ("write", unless an op wrote it there directly) or
+    added ("add")."""
+    if g is not None and x._grad_req != "null":
+        if x._grad_req == "add":
+            _add_into(g, x._grad)
+        elif g is not x._grad:
+            copy_into(g, x._grad)
+        _fresh[id(x)] = x
+
+
+def _waiting(order, uses) -> dict:
+    """{id(leaf): [nodes still to run that use it, listener]} for the leaves of ``order`` someone listens to."""
+    out = {}
+    for x in order:
+        if type(x) is not Node:
+            entry = _ready.get(id(x))
+            if entry is not None and entry[0]() is x:
+                out[id(x)] = [uses.get(id(x), 0), entry[1]]
+    return out
+
+
+def _settle(inputs, ready, grads, told) -> None:
+    """A node that uses these inputs has run (or was skipped): a listened-to leaf it was the last user of has its
+    final gradient now, so write it and tell the listener."""
+    for inp in inputs:
+        if inp is not None and type(inp) is not Node:
+            entry = ready.get(id(inp))
+            if entry is not None:
+                if entry[0] > 1:
+                    entry[0] -= 1
+                    continue
+                del ready[id(inp)]
+                _write_leaf(inp, grads.pop(id(inp), None))
+                _tell(entry[1], inp, told)
+
+
+def _tell(listener, x, told) -> None:
+    told[listener] = True  # insertion-ordered: backward_done in the order the listeners first heard
+    listener.grad_ready(x)
 
 
 def writes_leaf_grads() -> bool:

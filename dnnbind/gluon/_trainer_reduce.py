@@ -8,7 +8,8 @@ MXNet does this with a KVStore; dnnbind keeps MXNet's ``kvstore=`` argument and 
 - ``'local'``: the gradients of this process's contexts are summed; nothing crosses processes.
 - ``'device'`` (the default), ``'nccl'``, ``'dist_sync'``, ``'dist_device_sync'`` (and ``'dist_sync_device'``):
   the same, and under ``python -m dnnbind.launch`` (``dnnbind.distributed.init()`` with WORLD_SIZE > 1) also
-  across processes, one NCCL all-reduce of the flat gradient buffer per step.
+  across processes: the flat gradient buffer summed with NCCL bucket by bucket while the backward runs
+  (_grad_buckets), or in one all-reduce per step (``DNNBIND_BUCKET_MB=0``, a captured or recorded step).
 
 One process, several contexts: on GPUs one NCCL all-reduce per device over its whole flat gradient buffer, all
 in one ``ncclGroupStart/End`` (``Communicator.for_devices``), on each device's current stream; on the cpu a

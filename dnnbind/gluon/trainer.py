@@ -13,9 +13,12 @@ Several contexts (``initialize(ctx=[gpu(0), gpu(1)])``): one set of flat buffers
 layout. A step sums the gradient buffers of all contexts (one fused all-reduce per buffer: _trainer_reduce, per
 ``kvstore``), then runs the same update on every context's buffers: the same arithmetic on the same inputs, so the
 copies stay bitwise identical, as MXNet's KVStore keeps them. Under ``python -m dnnbind.launch`` the flat gradient
-is also summed across processes (one NCCL all-reduce per step): the communicator is made when the Trainer first
-packs (at construction when shapes are known), and rank 0's Parameters are then broadcast to every process, as
-MXNet's ``kvstore.init`` does.
+is also summed across processes: the communicator is made when the Trainer first packs (at construction when
+shapes are known), and rank 0's Parameters are then broadcast to every process, as MXNet's ``kvstore.init`` does.
+That sum starts during the backward: the flat gradient is cut into buckets (``DNNBIND_BUCKET_MB``, 25 MiB by
+default; 0 for one all-reduce in step) and each bucket's all-reduce is queued on a communication stream as soon
+as its gradients are final, as PyTorch's DDP does (_grad_buckets says which cases overlap). After ``backward()``
+the buckets that launched hold the sum over processes already; ``step()`` sums the rest, then updates.
 
 ``step(batch_size)`` sets ``rescale_grad = 1 / batch_size`` (the loss was summed over the batch by
 backward) and refuses gradients that no backward wrote since the last step, as MXNet does. The gradients summed
@@ -41,6 +44,7 @@ import numpy as np
 from .. import autograd
 from . import _trainer_reduce as _reduce
 from . import optimizer as opt
+from ._grad_buckets import GradBuckets
 from ._trainer_pack import ALIGN, pack, same_layout
 from ._trainer_states import load_states, save_states
 from .lr_scheduler import check_number
@@ -98,6 +102,7 @@ class Trainer:
         self._carried_fresh: set[tuple] = set()  # (index, context) written by a backward before packing
         self._bufs: list = []
         self._local_comms = self._world_comm = None  # NCCL communicators, made on first use and kept
+        self._buckets: GradBuckets | None = None  # a launched world's gradient buckets (_grad_buckets)
         self._reduced = False  # allreduce_grads() ran: the next update uses the summed gradients as they are
         self._amp_loss_scaler = None  # dnnbind.amp.init_trainer sets it (and _amp_original_scale)
         self._master_grad = False  # keep float32 gradients for float16 Parameters even where the update needs none
@@ -110,9 +115,20 @@ class Trainer:
 
     def _pack(self) -> None:
         """Move trainable Parameters into views of the flat buffers (keeping data, grads, optimizer state)."""
+        old = self._buckets
+        if old is not None:
+            if old.launched():  # a backward summed buckets in the old buffers: finish the sum there, once
+                self._prepare_grads([])
+                self._reduced = True
+            old.close()
+            self._buckets = None
         pack(self)
         if self._bufs:
-            self._world()  # launched on the cpu: say so now, not at the first step
+            comm = self._world()  # launched on the cpu: say so now, not at the first step
+            if comm is not None and len(self._bufs) == 1:
+                spans = [(self._offsets[i], self._params[i]._data.size, i, self._params[i]._data,
+                          self._params[i].grad_req, k) for k, g in enumerate(self._groups) for i in g.members]
+                self._buckets = GradBuckets.make(comm, self._bufs[0], self._half_end, spans, self)
 
     def _master_grad_needed(self, contexts: int) -> bool:
         """Whether float16 Parameters need float32 gradients too (summed, clipped, scaled or checked there): all
@@ -172,9 +188,11 @@ class Trainer:
 
     def allreduce_grads(self) -> None:
         """Sum the gradients over contexts (and launched processes) now, e.g. to clip them before ``update``."""
-        self._ensure_packed()
+        again = self._reduced
+        self._ensure_packed()  # (packing again finishes a sum a backward started: then it is done)
         self._with_master_grad()  # the sum runs over the float32 gradients
-        self._prepare_grads(self._fresh(True)[1])
+        if again or not self._reduced:
+            self._prepare_grads(self._fresh(True)[1])
         self._reduced = True
 
     def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
@@ -263,22 +281,25 @@ class Trainer:
                 for k in gone:
                     self._params[i]._grad_list[k].zero_()
         h = self._half_end
-        if h and cast_half:  # float16 gradients into the float32 master range: summed and applied in float32
-            for b in self._bufs:
-                b.grad[:h].copy_(b.half_grad)  # converts as it copies
         grads = [b.grad for b in self._bufs]
-        summed = len(grads) > 1 and self._kvstore is not None
-        if summed:
-            if self._bufs[0].device.kind == "cpu":
-                _reduce.sum_on_host(grads)
-            else:
-                if self._local_comms is None:
-                    self._local_comms = _reduce.local_communicators([b.device for b in self._bufs])
-                _reduce.sum_on_devices(self._local_comms, grads)
-        comm = self._world() if grads else None
-        if comm is not None:
-            comm.all_reduce(grads[0], out=grads[0])
-            summed = True
+        if self._buckets is not None and self._buckets.flush():
+            summed = True  # across processes bucket by bucket, each float16 one cast first (_grad_buckets)
+        else:
+            if h and cast_half:  # float16 gradients into the float32 master range: summed and applied in float32
+                for b in self._bufs:
+                    b.grad[:h].copy_(b.half_grad)  # converts as it copies
+            summed = len(grads) > 1 and self._kvstore is not None
+            if summed:
+                if self._bufs[0].device.kind == "cpu":
+                    _reduce.sum_on_host(grads)
+                else:
+                    if self._local_comms is None:
+                        self._local_comms = _reduce.local_communicators([b.device for b in self._bufs])
+                    _reduce.sum_on_devices(self._local_comms, grads)
+            comm = self._world() if grads else None
+            if comm is not None:
+                comm.all_reduce(grads[0], out=grads[0])
+                summed = True
         if summed and h and self._optimizer.per_parameter:  # a custom optimizer reads the float16 gradients
             for b in self._bufs:
                 b.half_grad.copy_(b.grad[:h])
