@@ -8,6 +8,9 @@ The rank, world size and local rank come from the launcher that started the proc
 variables, as `python -m dnnbind.launch` sets them, or Open MPI's, MPICH's (PMI) or Slurm's. With none of them set,
 init() makes a single-process world of size 1. Under an MPI launcher with mpi4py importable, the NCCL id and the
 barriers go through MPI; otherwise through the TCP rendezvous at MASTER_ADDR:MASTER_PORT.
+
+With world_size > 1, init() also starts the watchdog (_watchdog.py): a rank that dies makes the others exit with
+an error naming it (RankFailedError) instead of hanging in NCCL, whatever launcher started them.
 """
 
 from __future__ import annotations
@@ -16,35 +19,50 @@ from .._lib.errors import DnnbindValueError
 
 import os
 
-from ._rendezvous import SECRET_ENV, RendezvousError, barrier, exchange, secret_from_env
+from . import _watchdog
+from ._rendezvous import SECRET_ENV, RendezvousError, barrier, connect, exchange, secret_from_env
+from ._watchdog import RankFailedError
 from .comm import Communicator, group  # imports NCCL only when a communicator is made
 from .launchers import MPI_LAUNCHERS, first_host, placement
 
-__all__ = ["SECRET_ENV", "Communicator", "RendezvousError", "barrier", "communicator", "exchange", "group", "init",
-           "is_initialized", "launcher", "local_rank", "master", "nccl_unique_id", "rank", "secret_from_env",
-           "shutdown", "world_size", "first_host", "placement"]
+__all__ = ["SECRET_ENV", "Communicator", "RankFailedError", "RendezvousError", "barrier", "communicator", "connect",
+           "exchange", "group", "init", "is_initialized", "launcher", "local_rank", "master", "nccl_unique_id", "rank",
+           "secret_from_env", "shutdown", "world_size", "first_host", "placement"]
 
 _state: dict | None = None
 
 
-def init(timeout: float = 300.0, barrier_on_init: bool = True) -> None:
+def init(timeout: float = 300.0, barrier_on_init: bool = True, watchdog: bool | None = None) -> None:
     """Read the launcher's environment and remember this process's place in the world.
 
     With world_size > 1 and barrier_on_init, waits (up to `timeout` seconds) until every rank has called init,
     so a worker that never started is reported here (naming the missing ranks) rather than as a hang later.
+
+    ``watchdog`` (None: on unless DNNBIND_WATCHDOG=0): with world_size > 1, a daemon thread makes this rank exit
+    with an error naming the failed rank when another rank dies or NCCL reports an error (docs/distributed.md,
+    "When a rank dies"). It watches the other ranks through connections the TCP barrier leaves open, so without
+    barrier_on_init, or under mpirun with mpi4py, it watches only NCCL's errors.
     """
     global _state
+    _watchdog.stop()  # init() again without shutdown(): the previous world's watchdog says goodbye
     where = placement()
     r, ws = where.rank, where.world_size
     secret = secret_from_env()  # python -m dnnbind.launch makes one per job: strangers can't join
     mpi = _mpi_world() if where.launcher in MPI_LAUNCHERS and ws > 1 else None
+    watch = ws > 1 and _watchdog.enabled(watchdog)
+    limits = _watchdog.settings() if watch else None  # a bad DNNBIND_WATCHDOG_* fails before the barrier
     state = {"rank": r, "world_size": ws, "local_rank": where.local_rank, "addr": where.addr, "port": where.port,
              "timeout": timeout, "secret": secret, "launcher": where.launcher, "mpi": mpi}
+    links: dict = {}
     if ws > 1 and barrier_on_init:
         if mpi is not None:
             mpi.Barrier()
+        elif watch:  # the same barrier, leaving each rank > 0 connected to rank 0 for the watchdog
+            links = connect(r, ws, where.addr, where.port, timeout, secret)
         else:
             barrier(r, ws, where.addr, where.port, timeout, secret)
+    if watch:
+        _watchdog.start(r, links, *limits)
     _state = state
 
 
@@ -59,8 +77,10 @@ def _mpi_world():
 
 
 def shutdown() -> None:
-    """Forget the world (init may be called again)."""
+    """Forget the world (init may be called again). The watchdog says goodbye to the other ranks (this rank
+    finishing is not a death) and stops."""
     global _state
+    _watchdog.stop()
     _state = None
 
 

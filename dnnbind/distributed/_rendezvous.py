@@ -24,6 +24,9 @@ or unauthenticated connections without delaying the real ranks. Lengths a peer r
 
 Rank 0 closes its listening socket as soon as the last hello is in, before any BLOB goes out, so a peer that
 starts the next exchange on the same port can never reach the listener of the previous one.
+
+``connect()`` is the same barrier, but the connections stay open afterwards: each rank > 0 keeps one
+authenticated connection to rank 0, which the watchdog (_watchdog.py) watches for a rank that dies.
 """
 
 from __future__ import annotations
@@ -108,6 +111,20 @@ def barrier(rank: int, world_size: int, addr: str = "127.0.0.1", port: int = 295
     exchange(b"" if rank == 0 else None, rank, world_size, addr, port, timeout, secret)
 
 
+def connect(rank: int, world_size: int, addr: str = "127.0.0.1", port: int = 29500,
+            timeout: float = 300.0, secret: bytes | None = None) -> dict[int, socket.socket]:
+    """A barrier that leaves every rank > 0 connected to rank 0: rank 0 gets {r: socket} for r in
+    1..world_size-1, the others {0: socket}. The caller owns (and closes) the sockets."""
+    if not 0 <= rank < world_size:
+        raise DnnbindValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if world_size == 1:
+        return {}
+    deadline = time.monotonic() + timeout
+    if rank == 0:
+        return _serve(b"", world_size, addr, port, deadline, timeout, secret, keep=True)
+    return {0: _join(rank, world_size, addr, port, deadline, timeout, secret, keep=True)}
+
+
 # -- rank 0 -----------------------------------------------------------------------------------------------------
 
 class _Pending:
@@ -120,8 +137,10 @@ class _Pending:
 
 
 def _serve(blob: bytes, world_size: int, addr: str, port: int, deadline: float, timeout: float,
-           secret: bytes | None) -> None:
+           secret: bytes | None, keep: bool = False) -> dict[int, socket.socket] | None:
+    """Serve one exchange; with `keep`, return the peers' connections open instead of closing them."""
     peers: dict[int, socket.socket] = {}
+    done = False
     pending: dict[socket.socket, _Pending] = {}
     sel = selectors.DefaultSelector()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -180,13 +199,16 @@ def _serve(blob: bytes, world_size: int, addr: str, port: int, deadline: float, 
                 raise TimeoutError(msg) from e
         for s in peers.values():
             s.sendall(_msg(_GO))
+        done = True
+        return peers if keep else None
     finally:
         sel.close()
         listener.close()
         for p in pending.values():
             p.conn.close()
-        for s in peers.values():
-            s.close()
+        if not (done and keep):
+            for s in peers.values():
+                s.close()
 
 
 def _accept(listener: socket.socket, sel, pending: dict, deadline: float) -> None:
@@ -253,31 +275,36 @@ def _drop(sel, pending: dict, p: _Pending, why: str) -> None:
 # -- ranks 1..world_size-1 --------------------------------------------------------------------------------------
 
 def _join(rank: int, world_size: int, addr: str, port: int, deadline: float, timeout: float,
-          secret: bytes | None) -> bytes:
+          secret: bytes | None, keep: bool = False):
+    """Join one exchange: rank 0's blob, or with `keep` the open connection to rank 0 (the blob is empty)."""
     where = f"rank {rank} at rendezvous {addr}:{port}"
     conn = _connect(addr, port, deadline)
     if conn is None:
         raise TimeoutError(f"{where}: rank 0 was not reachable within {timeout:g}s (missing rank: [0]; "
                            f"check MASTER_ADDR/MASTER_PORT, that rank 0 started, and that no other worker "
                            f"has RANK={rank}: rank 0 stops listening once every rank is in)")
-    with conn:
-        try:
-            # NOTE: rank 0 knows which ranks are missing; give it time to say so before we give up ourselves.
-            conn.settimeout(max(deadline - time.monotonic(), 0.001) + _REPORT_GRACE_S)
-            nonce = _expect(conn, _CHALLENGE, "rank 0", size=_NONCE)
-            conn.sendall(_msg(_HELLO, _HELLO_BODY.pack(rank, world_size) + _mac(secret, nonce, rank, world_size)))
-            body = _expect(conn, _BLOB, "rank 0", size=4)
-            blob = _recv(conn, _length(body, MAX_BLOB, "blob"))
-            conn.sendall(_msg(_ACK))
-            _expect(conn, _GO, "rank 0")
-        except _ReportedTimeout:
-            raise
-        except (socket.timeout, TimeoutError) as e:
-            raise TimeoutError(f"{where}: rank 0 did not finish the rendezvous within {timeout:g}s "
-                               f"(some other rank never arrived)") from e
-        except ConnectionError as e:
-            raise RendezvousError(f"{where}: rank 0 closed the connection ({e})") from e
-        return blob
+    done = False
+    try:
+        # NOTE: rank 0 knows which ranks are missing; give it time to say so before we give up ourselves.
+        conn.settimeout(max(deadline - time.monotonic(), 0.001) + _REPORT_GRACE_S)
+        nonce = _expect(conn, _CHALLENGE, "rank 0", size=_NONCE)
+        conn.sendall(_msg(_HELLO, _HELLO_BODY.pack(rank, world_size) + _mac(secret, nonce, rank, world_size)))
+        body = _expect(conn, _BLOB, "rank 0", size=4)
+        blob = _recv(conn, _length(body, MAX_BLOB, "blob"))
+        conn.sendall(_msg(_ACK))
+        _expect(conn, _GO, "rank 0")
+        done = True
+    except _ReportedTimeout:
+        raise
+    except (socket.timeout, TimeoutError) as e:
+        raise TimeoutError(f"{where}: rank 0 did not finish the rendezvous within {timeout:g}s "
+                           f"(some other rank never arrived)") from e
+    except ConnectionError as e:
+        raise RendezvousError(f"{where}: rank 0 closed the connection ({e})") from e
+    finally:
+        if not (done and keep):
+            conn.close()
+    return conn if keep else blob
 
 
 def _connect(addr: str, port: int, deadline: float) -> socket.socket | None:

@@ -14,6 +14,11 @@ Collectives run on the current stream of the array's device, like every other dn
 the step's kernels, can be captured into a CUDA graph (NCCL calls are graph-capturable) and are traced like any
 library call. Arguments are checked before NCCL is called: TypeError/ValueError naming the collective, the
 argument and the shapes. NCCL's own failures raise NcclError with ncclGetErrorString and ncclGetLastError text.
+
+Every communicator of the process is kept in a weak registry (``live_communicators()``) so the watchdog
+(_watchdog.py) can poll ``ncclCommGetAsyncError`` on each and abort them all when a rank dies. ``check``, ``abort``
+and ``close`` hold the communicator's lock, as they may run on the watchdog's thread; the collectives do not (they
+must never wait on a lock an abort holds, and the hot path takes none).
 """
 
 from __future__ import annotations
@@ -22,12 +27,23 @@ from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 import contextlib
 import ctypes
+import threading
+import weakref
 
 from ..runtime.array import NDArray, empty
 from ..runtime.device import as_device
 from ..runtime.stream import current_stream
 
-__all__ = ["Communicator", "group"]
+__all__ = ["Communicator", "group", "live_communicators"]
+
+_registry: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+_registry_lock = threading.Lock()
+
+
+def live_communicators() -> list:
+    """Every Communicator of this process that is neither closed nor aborted."""
+    with _registry_lock:
+        return [c for c in _registry if c.handle]
 
 
 def _nccl():
@@ -53,6 +69,10 @@ class Communicator:
 
     def __init__(self, handle: int, rank: int, size: int, device):
         self.handle, self.rank, self.size, self.device = handle, int(rank), int(size), as_device(device)
+        self._lock = threading.Lock()  # check/abort/close: the watchdog's thread may call them
+        self._failure: BaseException | None = None  # raised by every later call once aborted for a reason
+        with _registry_lock:
+            _registry.add(self)
 
     # -- making communicators -----------------------------------------------------------------------------------
     @classmethod
@@ -126,25 +146,39 @@ class Communicator:
         return out
 
     # -- health and teardown --------------------------------------------------------------------------------------
-    def check(self) -> None:
+    def check(self, wait: bool = True) -> None:
         """Raise NcclError if the communicator hit an asynchronous error (``ncclCommGetAsyncError``), e.g. a peer
-        that died; a rank that sees one should ``abort()``."""
+        that died; a rank that sees one should ``abort()``. ``wait=False`` (the watchdog's poll) returns at once,
+        checking nothing, while another thread is closing or aborting the communicator."""
         nccl = _nccl()
         err = ctypes.c_int()
-        nccl.lib.ncclCommGetAsyncError(self._live("check"), ctypes.byref(err))
+        if not self._lock.acquire(blocking=wait):
+            return
+        try:
+            nccl.lib.ncclCommGetAsyncError(self._live("check"), ctypes.byref(err))
+        finally:
+            self._lock.release()
         if err.value not in (nccl.ncclSuccess, nccl.ncclInProgress):
             raise nccl.NcclError(err.value, "ncclCommGetAsyncError", nccl.error_message(err.value, self.handle))
 
-    def abort(self) -> None:
-        if self.handle:
-            h, self.handle = self.handle, None
-            _nccl().lib.ncclCommAbort(h)
+    def abort(self, reason: BaseException | None = None) -> None:
+        """``ncclCommAbort``: tear the communicator down without waiting for its outstanding work; NCCL kernels
+        blocked on a dead peer exit. With ``reason``, every later call on this communicator raises it.
+        NOTE: may be called from another thread while this one waits on the GPU (what the watchdog does)."""
+        if reason is not None and self._failure is None:
+            self._failure = reason  # before the handle goes: a collective racing the abort still sees why
+        with self._lock:
+            if self.handle:
+                h, self.handle = self.handle, None
+                self.device.activate()  # per thread: the watchdog's thread starts on device 0
+                _nccl().lib.ncclCommAbort(h)
 
     def close(self) -> None:
-        if self.handle:
-            h, self.handle = self.handle, None
-            self.device.activate()
-            _nccl().lib.ncclCommDestroy(h)
+        with self._lock:
+            if self.handle:
+                h, self.handle = self.handle, None
+                self.device.activate()
+                _nccl().lib.ncclCommDestroy(h)
 
     def __repr__(self) -> str:
         return f"Communicator(rank {self.rank} of {self.size} on {self.device!r}{'' if self.handle else ', closed'})"
@@ -152,6 +186,8 @@ class Communicator:
     # -- helpers --------------------------------------------------------------------------------------------------
     def _live(self, what: str) -> int:
         if not self.handle:
+            if self._failure is not None:
+                raise self._failure
             raise RuntimeError(f"{what}: the communicator is closed")
         return self.handle
 
