@@ -253,7 +253,6 @@ def test_random_resolves_to_nd_random_when_it_exists(alias):
     ("symbol.var", "mxnet.symbol"),
     ("mod.Module", "mxnet.mod"),
     ("io.NDArrayIter", "mxnet.io"),
-    ("kv.create", "mxnet.kv"),
     ("recordio.MXRecordIO", "mxnet.recordio"),
     ("profiler.set_config", "mxnet.profiler"),
     ("np.zeros", "mxnet.np"),

@@ -7,6 +7,9 @@ over a real MXNet. Each ``mxnet.<name>`` is served by the dnnbind module itself 
 is dnnbind.gluon``), so classes, isinstance checks and module state are shared between both spellings.
 A target is looked up by name when first imported, so ``mxnet.random`` becomes ``dnnbind.nd.random`` as soon
 as that module exists.
+
+The same finder serves ``horovod`` and ``horovod.mxnet`` (dnnbind.horovod, over dnnbind.distributed and NCCL), but
+only while no real Horovod can be imported: one that is installed always wins (see HOROVOD).
 """
 
 from __future__ import annotations
@@ -35,8 +38,39 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "mxnet.metric": ("dnnbind.gluon.metric",),
     "mxnet.optimizer": ("dnnbind.gluon.optimizer",),
     "mxnet.lr_scheduler": ("dnnbind.gluon.lr_scheduler",),
+    "mxnet.kv": ("dnnbind.kvstore",),
+    "mxnet.kvstore": ("dnnbind.kvstore",),
     "mxnet.random": ("dnnbind.nd.random", "dnnbind.mxnet.random"),  # the stand-in raises until nd.random exists
 }
+
+
+# horovod.<name> -> dnnbind's module, served only when no other finder can import a real ``horovod``.
+HOROVOD: dict[str, str] = {"horovod": "dnnbind.horovod", "horovod.mxnet": "dnnbind.horovod.mxnet"}
+
+
+def _real_horovod_exists() -> bool:
+    """Whether a finder other than the alias's can import ``horovod`` (an installed Horovod)."""
+    for finder in sys.meta_path:
+        if isinstance(finder, MXNetAliasFinder) or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            if finder.find_spec("horovod", None) is not None:
+                return True
+        except Exception:  # noqa: BLE001  (a third-party finder's failure is not a Horovod)
+            continue
+    return False
+
+
+def load_horovod(fullname: str) -> types.ModuleType | None:
+    """dnnbind's module for ``horovod`` / ``horovod.mxnet``; None when a real Horovod is there (or is already
+    imported) or the name is one dnnbind does not have (horovod.torch)."""
+    if fullname == "horovod":
+        if _real_horovod_exists():
+            return None
+    elif not _is_ours(sys.modules.get("horovod")):
+        return None
+    name = HOROVOD.get(fullname)
+    return importlib.import_module(name) if name is not None else None
 
 
 def targets(fullname: str) -> tuple[str, ...]:
@@ -105,11 +139,14 @@ def _standin_for_dnnbind_name(fullname: str, path) -> types.ModuleType | None:
 
 
 class MXNetAliasFinder(importlib.abc.MetaPathFinder):
-    """``mxnet`` and ``mxnet.*`` -> dnnbind modules (see TARGETS); every other name is left to later finders."""
+    """``mxnet`` and ``mxnet.*`` -> dnnbind modules (see TARGETS), ``horovod.mxnet`` -> dnnbind.horovod.mxnet when
+    no real Horovod is installed; every other name is left to later finders."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == ALIAS or fullname.startswith(ALIAS + "."):
             module = load(fullname)  # None: the import system raises "No module named 'mxnet.<...>'"
+        elif fullname == "horovod" or fullname.startswith("horovod."):
+            module = load_horovod(fullname)
         elif fullname.startswith("dnnbind."):
             module = _standin_for_dnnbind_name(fullname, path)
         else:
@@ -128,8 +165,9 @@ def _is_ours(module) -> bool:
 
 
 def install_mxnet_alias() -> types.ModuleType:
-    """Make ``import mxnet`` (and ``mxnet.<sub>``) resolve to dnnbind in this interpreter; returns the module
-    that ``import mxnet as mx`` then gives. Idempotent.
+    """Make ``import mxnet`` (and ``mxnet.<sub>``) resolve to dnnbind in this interpreter, and ``import
+    horovod.mxnet`` too where no real Horovod is installed; returns the module that ``import mxnet as mx`` then
+    gives. Idempotent.
 
     Meant for notebooks and embedding: ``import dnnbind; mx = dnnbind.install_mxnet_alias()``. Run it before
     the code that imports mxnet. A real MXNet already imported is dropped from ``sys.modules`` with a warning:
@@ -178,7 +216,8 @@ def uninstall_mxnet_alias() -> None:
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, MXNetAliasFinder)]
         _unsupported.detach_all()
         for n, m in list(sys.modules.items()):
-            if ((n == ALIAS or n.startswith(ALIAS + ".")) and _is_ours(m)) or id(m) in standins:
+            served = n == ALIAS or n.startswith(ALIAS + ".") or n in HOROVOD
+            if (served and _is_ours(m)) or id(m) in standins:
                 del sys.modules[n]
         # Importing a stand-in set it as an attribute of its dnnbind parent (dnnbind.gluon.rnn): undo that too.
         for ns, standin in _unsupported._children.items():

@@ -31,8 +31,6 @@ NAMESPACES: dict[str, str] = {
     "mod": "the Module API; use gluon.Trainer",
     "module": "the Module API; use gluon.Trainer",
     "io": "data iterators (NDArrayIter, MNISTIter, ImageRecordIter); use gluon.data.DataLoader",
-    "kv": "kvstore; gluon.Trainer updates the parameters itself",
-    "kvstore": "kvstore; gluon.Trainer updates the parameters itself",
     "recordio": "RecordIO files",
     "profiler": "MXNet's profiler; use dnnbind.trace()",
     "np": "MXNet's NumPy interface",
