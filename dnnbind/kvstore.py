@@ -34,7 +34,6 @@ updates the stored value in place, so a pull gives the updated weight. Where dnn
 
 from __future__ import annotations
 
-import pickle
 from collections import OrderedDict
 
 import numpy as np
@@ -43,6 +42,7 @@ from ._lib.errors import DnnbindTypeError, DnnbindValueError
 from . import distributed
 from .features import UnsupportedFeature
 from .gluon import optimizer as opt
+from .gluon.optimizer import Updater, get_updater  # noqa: F401  (mx.kvstore's names, as in MXNet)
 from .runtime.array import NDArray, array
 from .runtime.device import as_device, gpu
 from .runtime.stream import current_stream
@@ -112,57 +112,6 @@ def world_communicator(device, what: str = "KVStore"):
     if comm is None or not comm.handle:
         comm = _comms[key] = distributed.communicator(device)
     return comm
-
-
-# -- the updater that set_optimizer installs ---------------------------------------------------------------------
-
-class Updater:
-    """``mx.optimizer.get_updater(optimizer)``: ``updater(key, grad, weight)`` updates ``weight`` in place with
-    per-key state made on first use (MXNet's Updater, one key at a time)."""
-
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-        self.states: dict = {}
-        self.states_synced: dict = {}
-
-    def __call__(self, index, grad: NDArray, weight: NDArray) -> None:
-        if isinstance(index, bytes):
-            index = index.decode()
-        if index not in self.states:
-            self.states[index] = self.optimizer.create_state_multi_precision(index, weight)
-            self.states_synced[index] = True
-        elif not self.states_synced[index]:  # loaded from a file: onto the weight's device
-            self.states[index] = _state_to(self.states[index], weight.device)
-            self.states_synced[index] = True
-        self.optimizer.update_multi_precision(index, weight, grad, self.states[index])
-
-    def get_states(self, dump_optimizer: bool = False) -> bytes:
-        states = {k: _state_to(v, None) for k, v in self.states.items()}
-        return pickle.dumps((states, self.optimizer) if dump_optimizer else states)
-
-    def set_states(self, states: bytes) -> None:
-        states = pickle.loads(states)
-        if isinstance(states, tuple) and len(states) == 2:
-            self.states, self.optimizer = states
-        else:
-            self.states = states
-        self.states_synced = dict.fromkeys(self.states, False)
-
-
-def get_updater(optimizer) -> Updater:
-    return Updater(optimizer)
-
-
-def _state_to(state, device):
-    """An optimizer state (None, an array or nested tuples/lists of them) as numpy (device None) or as NDArrays
-    on ``device``."""
-    if isinstance(state, (tuple, list)):
-        return type(state)(_state_to(s, device) for s in state)
-    if device is None:
-        return state.numpy() if isinstance(state, NDArray) else state
-    if isinstance(state, np.ndarray):
-        return array(state, device=device)
-    return state.to(device) if isinstance(state, NDArray) else state
 
 
 # -- the store -----------------------------------------------------------------------------------------------------

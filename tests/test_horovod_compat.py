@@ -383,6 +383,19 @@ def test_distributed_optimizer_averages_each_gradient(world):
         assert_close(got[k], want[k], 1e-6, 1e-7, k)
 
 
+@pytest.mark.parametrize("kv", ["device", "dist_sync", "horovod"])
+def test_a_trainer_leaves_the_cross_process_sum_to_a_distributed_optimizer(world, kv):
+    """Whatever the Trainer's kvstore, a DistributedOptimizer's gradients are summed once (in its update)."""
+    made = world(0, other=lambda a: a)
+    got = _train(lambda params: gluon.Trainer(params, hvd.DistributedOptimizer(
+        dnnbind.gluon.optimizer.create(OPT[0], **OPT[1])), kvstore=kv))
+    assert len(made[0].calls) == 3 * 4 and all(c[:2] == ("all_reduce", "sum") for c in made[0].calls)
+    distributed.shutdown()
+    want = _train(lambda params: gluon.Trainer(params, *OPT, kvstore=None))
+    for k in want:
+        assert_close(got[k], want[k], 1e-6, 1e-7, k)
+
+
 # -- GPUs ----------------------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu

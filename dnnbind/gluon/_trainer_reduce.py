@@ -25,8 +25,8 @@ import numpy as np
 
 __all__ = ["check_kvstore", "world_communicator", "world_size"]
 
-LOCAL_KINDS = ("local", "device", "nccl", "dist_sync", "dist_device_sync", "dist_sync_device")
-WORLD_KINDS = ("device", "nccl", "dist_sync", "dist_device_sync", "dist_sync_device")
+LOCAL_KINDS = ("local", "device", "nccl", "dist_sync", "dist_device_sync", "dist_sync_device", "horovod")
+WORLD_KINDS = ("device", "nccl", "dist_sync", "dist_device_sync", "dist_sync_device", "horovod")
 
 
 class KVStoreTypeError(TypeError, ValueError):

@@ -111,3 +111,7 @@ class Adam(Optimizer):
 from ._adaptive import NAG, AdaDelta, AdaGrad, RMSProp  # noqa: E402  (they register themselves on import)
 
 __all__ += ["NAG", "AdaDelta", "AdaGrad", "RMSProp"]
+
+from ._updater import Updater, get_updater  # noqa: E402  (mx.optimizer.Updater / get_updater)
+
+__all__ += ["Updater", "get_updater"]

@@ -308,6 +308,8 @@ class Trainer:
         """This process's communicator of the launched world when gradients cross processes, else None."""
         if self._kvstore not in _reduce.WORLD_KINDS or _reduce.world_size() == 1:
             return None
+        if getattr(self._optimizer, "sums_across_processes", False):  # hvd.DistributedOptimizer sums in update()
+            return None
         if len(self._bufs) > 1:
             raise DnnbindValueError(f"Trainer: under dnnbind.distributed (world of {_reduce.world_size()}) each process "
                              f"trains on one GPU, but the Parameters live on {[b.device for b in self._bufs]}; "

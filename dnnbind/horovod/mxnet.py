@@ -20,9 +20,9 @@ Differences from Horovod, by design:
   Parameters; compression is not applied (gradients are summed in their own dtype) and ``num_groups``/``prefix``
   only exist for the signature. ``gradient_predivide_factor`` gives the same average (the sum is divided by
   ``size()`` once instead of before and after);
-- ``DistributedOptimizer`` all-reduces each gradient in ``update``: give it to ``gluon.Trainer(...,
-  kvstore=None)`` (a Trainer whose kvstore crosses processes would sum the gradients a second time), or better
-  use DistributedTrainer, as Horovod advises for Gluon.
+- ``DistributedOptimizer`` all-reduces each gradient in ``update``; a ``gluon.Trainer`` given one leaves the
+  cross-process sum to it whatever its kvstore (Horovod's examples pass ``kvstore=None``), so nothing is summed
+  twice. DistributedTrainer is faster (one all-reduce per step), as Horovod advises for Gluon.
 """
 
 from __future__ import annotations
@@ -373,6 +373,8 @@ class DistributedOptimizer(opt.Optimizer):
     (read and written through)."""
 
     _OWN = ("_optimizer", "_gradient_predivide_factor", "_num_groups")
+    # gluon.Trainer leaves the cross-process sum to it (whatever its kvstore), so no gradient is summed twice
+    sums_across_processes = True
 
     def __new__(cls, *args, **kwargs):
         return object.__new__(cls)  # no hyperparameters of its own to check (Optimizer.__new__ checks them)

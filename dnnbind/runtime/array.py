@@ -20,7 +20,7 @@ from .._lib.errors import DnnbindError
 from . import dlpack as _dlpack
 from .device import Device, as_device
 from .memory import D2D, D2H, H2D, DeviceBuffer, memcpy, memset
-from .stream import current_stream
+from .stream import current_stream, wait_for
 
 _autograd = {}  # filled by dnnbind.autograd: {"backward": fn}
 
@@ -122,10 +122,16 @@ class NDArray:
         if dtype is not None and np.dtype(dtype) != self._dtype:
             return array(self.numpy(), device=device, dtype=dtype)
         out = empty(self._shape, self._dtype, device)  # gpu -> another gpu
+        src_stream, dst_stream = current_stream(self._device), current_stream(device)
+        # The copy is queued on the destination's stream, which knows nothing of the source's: it first waits for
+        # the work that writes this array, and the source's stream then waits for the copy, so a later write or a
+        # stream-ordered free of this array there cannot overtake the copy's read.
+        wait_for(dst_stream, src_stream)
         device.activate()  # queued on the destination's stream: its device must be current
         from .._lib import cudart
         cudart.call("cudaMemcpyPeerAsync", out._ptr, device.index, self._ptr, self._device.index, self.nbytes,
-                    current_stream(device).handle)
+                    dst_stream.handle)
+        wait_for(src_stream, dst_stream)
         return out
 
     def as_in_context(self, ctx) -> "NDArray":

@@ -128,6 +128,23 @@ class Event:
         return float(cudart.call("cudaEventElapsedTime", start._obj, self._obj))
 
 
+_order_events: dict = {}  # producer Stream -> a timing-free Event re-recorded by each wait_for
+
+
+def wait_for(waiter: Stream, producer: Stream) -> None:
+    """Make ``waiter`` wait (on the GPU, no host sync) for the work queued on ``producer`` so far: an event recorded
+    on ``producer`` and ``cudaStreamWaitEvent`` on ``waiter``. The streams may belong to different GPUs. One event
+    per producer is reused: a wait takes the event's state at the time it is queued, so re-recording is safe."""
+    if waiter is producer:
+        return
+    ev = _order_events.get(producer)
+    if ev is None:
+        ev = _order_events[producer] = Event(producer.device, timing=False)
+    ev.record(producer)
+    waiter.device.activate()
+    cudart.call("cudaStreamWaitEvent", waiter.handle, ev.handle, 0)
+
+
 def _destroy_event(obj) -> None:
     try:
         cudart.rt().cudaEventDestroy(obj)
