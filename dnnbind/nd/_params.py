@@ -6,8 +6,8 @@ name the op does not declare is refused with "Cannot find argument 'x', Possible
 parameter left out with "Required parameter kernel of Shape(tuple) is not presented", a value of the wrong kind with
 "Invalid Parameter format for ...". The helpers here give the same refusals as DnnbindTypeError/DnnbindValueError
 (so ``except mx.base.MXNetError`` and ``except TypeError``/``ValueError`` both catch them), each naming the op and the
-argument, before any allocation or library call. ``DECLARED`` lists each op's parameters as MXNet 1.9.1 declares them
-(checked against its "Possible Arguments" listing), in its order.
+argument, before any allocation or library call. ``declared_params(op)`` lists each op's parameters as MXNet 1.9.1 declares
+them, in its order (nd/_schema.py's table, generated from MXNet itself).
 """
 
 from __future__ import annotations
@@ -19,34 +19,26 @@ import numpy as np
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError, UnknownArgumentError
 from ..runtime.array import NDArray, check_size
+from ._mxnet_params import VAR_ARGS
+from ._schema import schema
 
-# MXNet 1.9.1's declared parameters (the arrays, ``out`` and ``name`` are not parameters). Keys are MXNet's operator
-# names, as its messages spell them ("_zeros" for nd.zeros, "_random_normal" for nd.random.normal and randn).
-DECLARED: dict[str, tuple[str, ...]] = {
-    "Convolution": ("kernel", "stride", "dilate", "pad", "num_filter", "num_group", "workspace", "no_bias",
-                    "cudnn_tune", "cudnn_off", "layout"),
-    "Deconvolution": ("kernel", "stride", "dilate", "pad", "adj", "target_shape", "num_filter", "num_group",
-                      "workspace", "no_bias", "cudnn_tune", "cudnn_off", "layout"),
-    "FullyConnected": ("num_hidden", "no_bias", "flatten"),
-    "Activation": ("act_type",),
-    "Pooling": ("kernel", "pool_type", "global_pool", "cudnn_off", "pooling_convention", "stride", "pad", "p_value",
-                "count_include_pad", "layout"),
-    "softmax": ("axis", "temperature", "dtype", "use_length"),
-    "log_softmax": ("axis", "temperature", "dtype", "use_length"),
-    "add_n": ("num_args",),
-    "Dropout": ("p", "mode", "axes", "cudnn_off"),
-    "BatchNorm": ("eps", "momentum", "fix_gamma", "use_global_stats", "output_mean_var", "axis", "cudnn_off",
-                  "min_calib_range", "max_calib_range"),
-    "LeakyReLU": ("act_type", "slope", "lower_bound", "upper_bound"),
-    "Embedding": ("input_dim", "output_dim", "dtype", "sparse_grad"),
-    "Flatten": (),
-    "_zeros": ("shape", "ctx", "dtype"),
-    "_ones": ("shape", "ctx", "dtype"),
-    "_random_uniform": ("low", "high", "shape", "ctx", "dtype"),
-    "_random_normal": ("loc", "scale", "shape", "ctx", "dtype"),
-    "_random_randint": ("low", "high", "shape", "ctx", "dtype"),
-    "_shuffle": (),
-}
+def declared_params(op: str) -> tuple[str, ...]:
+    """MXNet 1.9.1's declared parameters of operator ``op`` (the arrays, ``out`` and ``name`` are not parameters), in
+    its order, from nd/_schema.py's table; an operator with a variable number of inputs also lists the parameter
+    that counts them (add_n's ``num_args``), as MXNet's "Possible Arguments" does. Keys are MXNet's operator names,
+    as its messages spell them ("_zeros" for nd.zeros, "_random_normal" for nd.random.normal and randn)."""
+    names = _declared.get(op)
+    if names is None:
+        s = schema(op)
+        names = tuple(p.name for p in s.params)
+        count = VAR_ARGS.get(s.op)
+        if count is not None and count not in names:
+            names += (count,)
+        _declared[op] = names
+    return names
+
+
+_declared: dict = {}
 
 INT32_MAX = 2 ** 31 - 1  # cuDNN's descriptors take int dims and strides
 
@@ -54,7 +46,7 @@ INT32_MAX = 2 ** 31 - 1  # cuDNN's descriptors take int dims and strides
 def reject(op: str, kwargs: dict, declared: tuple | None = None) -> None:
     """MXNet's "Cannot find argument" for the first keyword in ``kwargs`` (the names a function did not bind)."""
     if kwargs:
-        raise UnknownArgumentError(op, next(iter(kwargs)), DECLARED[op] if declared is None else declared)
+        raise UnknownArgumentError(op, next(iter(kwargs)), declared_params(op) if declared is None else declared)
 
 
 def required(op: str, name: str, kind: str):
