@@ -1,0 +1,53 @@
+"""``mx.sym``: MXNet 1.x's symbolic graphs. Layer: symbol (above nd; imports nd's operator schemas).
+
+    data = mx.sym.var('data')
+    net = mx.sym.FullyConnected(data, num_hidden=10, name='fc')
+    net.list_arguments()            # ['data', 'fc_weight', 'fc_bias']
+    net.save('net-symbol.json')     # byte for byte the file MXNet 1.9.1 writes
+    net = mx.sym.load('net-symbol.json')
+
+Every operator MXNet declares that dnnbind knows (nd/_mxnet_params.py) is ``mx.sym.<name>``, with MXNet's parameter
+parsing and errors. What runs a graph (shape inference, the executor, SymbolBlock) builds on this.
+"""
+
+from __future__ import annotations
+
+from ..nd._mxnet_params import ALIASES, DECLARED
+from ._graph import AttrScope, Group, NameManager, Prefix, Symbol, make, var
+from ._json import loads as load_json
+
+__all__ = ["AttrScope", "Group", "NameManager", "Prefix", "Symbol", "Variable", "load", "load_json", "var"]
+
+Variable = var
+
+
+def load(fname: str) -> Symbol:
+    """``mx.sym.load``: the Symbol in a symbol file."""
+    with open(fname, encoding="utf-8") as f:
+        return load_json(f.read())
+
+
+def _operator(name: str):
+    def create(*args, **kwargs) -> Symbol:
+        return make(name, *args, **kwargs)
+    create.__name__ = create.__qualname__ = name
+    from ..nd._schema import schema
+    create.__doc__ = f"MXNet's {ALIASES.get(name, name)} operator on Symbols.\n\n{schema(name).doc()}"
+    return create
+
+
+def __getattr__(name: str):
+    if name in DECLARED or name in ALIASES:
+        fn = _operator(name)
+        globals()[name] = fn
+        return fn
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise AttributeError(f"module 'mxnet.symbol' has no attribute {name!r} (dnnbind's mx.sym knows the operators "
+                         "listed in dnnbind/nd/_mxnet_params.py)")
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | {n for n in DECLARED if not n.startswith("_")} |
+                  {n for n in ALIASES if not n.startswith("_")})
+

@@ -1,0 +1,441 @@
+"""Layer symbol: MXNet's symbolic graph. A ``Symbol`` is a list of output entries ``(node, index)``; a ``Node`` is a
+variable (``op`` None) or an operator with its parameters (given ones only, as strings, as MXNet stores them), its
+inputs (entries of other nodes) and its outputs. Imports nd (the operators' schemas) and this package's op table.
+
+What the graph answers is MXNet 1.9.1's, read off the real thing: node names (``convolution0``, ``_plusscalar0``),
+implicit variables (``convolution0_weight``, with the operator's attributes copied onto them), argument,
+auxiliary-state and output names, ``get_internals``, ``get_children``, ``attr``/``attr_dict``, and the operators
+(``a + 1`` is ``_plus_scalar``, ``-a`` is ``_mul_scalar`` by -1.0, ``a > b`` is ``_greater``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+from ..nd._mxnet_params import ALIASES, VAR_ARGS
+from ..nd._schema import attr_string, schema
+from . import _opio
+
+__all__ = ["Node", "Symbol", "Group", "var", "make", "NameManager", "Prefix", "AttrScope"]
+
+
+class Node:
+    """One node of a graph. ``attrs``: the parameters given (MXNet's strings) and scope attributes (``__lr_mult__``);
+    ``params``: the parameters parsed (defaults filled in), None for a variable; ``aux``: input positions that are
+    auxiliary states (their entries carry version 1 in a symbol file, as MXNet's do)."""
+
+    __slots__ = ("op", "name", "attrs", "inputs", "params", "num_outputs", "visible", "aux", "__weakref__")
+
+    def __init__(self, op, name, attrs=None, inputs=(), params=None, num_outputs=1, visible=("output",), aux=()):
+        self.op, self.name = op, name
+        self.attrs = dict(attrs or {})
+        self.inputs = list(inputs)
+        self.params = params
+        self.num_outputs, self.visible, self.aux = num_outputs, list(visible), frozenset(aux)
+
+    @property
+    def is_variable(self) -> bool:
+        return self.op is None
+
+    def output_name(self, i: int) -> str:
+        return self.name if self.op is None else f"{self.name}_{self.visible[i]}"
+
+    def __repr__(self) -> str:
+        return f"<Node {self.op or 'null'} {self.name}>"
+
+
+# -- naming (mx.name) and attribute scopes (mx.AttrScope) -----------------------------------------------------------
+
+_tls = threading.local()
+
+
+class NameManager:
+    """``mx.name.NameManager``: names nodes made without a name ``{hint}{count}`` (``convolution0``); ``with
+    NameManager():`` starts the counts afresh inside."""
+
+    def __init__(self):
+        self._counter: dict[str, int] = {}
+        self._old = None
+
+    def get(self, name, hint: str) -> str:
+        if name:
+            return name
+        n = self._counter.get(hint, 0)
+        self._counter[hint] = n + 1
+        return f"{hint}{n}"
+
+    def __enter__(self):
+        self._old = current_name_manager()
+        _tls.names = self
+        return self
+
+    def __exit__(self, *exc):
+        _tls.names = self._old
+
+
+class Prefix(NameManager):
+    """``mx.name.Prefix('net_')``: every name made inside gets the prefix."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self._prefix = prefix
+
+    def get(self, name, hint: str) -> str:
+        return self._prefix + super().get(name, hint)
+
+
+_process_names = NameManager()
+
+
+def current_name_manager() -> NameManager:
+    return getattr(_tls, "names", None) or _process_names
+
+
+class AttrScope:
+    """``mx.AttrScope(ctx_group='dev1', lr_mult='0.5')``: attributes (stored as ``__key__``) given to every node made
+    inside, variables included."""
+
+    def __init__(self, **kwargs):
+        for k, v in kwargs.items():
+            if not isinstance(v, str):
+                raise DnnbindValueError(f"AttrScope: attributes must be strings, got {k}={v!r}")
+        self._attrs = {f"__{k}__" if not k.startswith("__") else k: v for k, v in kwargs.items()}
+        self._old = None
+
+    def get(self, attrs: dict | None) -> dict:
+        out = dict(self._attrs)
+        out.update(attrs or {})
+        return out
+
+    def __enter__(self):
+        self._old = getattr(_tls, "attrs", None)
+        merged = AttrScope()
+        merged._attrs = {**(self._old._attrs if self._old else {}), **self._attrs}
+        _tls.attrs = merged
+        return self
+
+    def __exit__(self, *exc):
+        _tls.attrs = self._old
+
+
+def _scope_attrs(attrs: dict | None) -> dict:
+    scope = getattr(_tls, "attrs", None)
+    return scope.get(attrs) if scope is not None else dict(attrs or {})
+
+
+# -- the symbol -----------------------------------------------------------------------------------------------------
+
+class Symbol:
+    """MXNet's Symbol: one or more outputs of a graph."""
+
+    __slots__ = ("_outputs", "__weakref__")
+
+    def __init__(self, outputs):
+        self._outputs = list(outputs)
+
+    # -- structure
+    @property
+    def name(self) -> str | None:
+        """The node's name for a symbol with one output, else None (a group)."""
+        if len(self._outputs) != 1:
+            return None
+        return self._outputs[0][0].name
+
+    def _topo(self) -> list[Node]:
+        order, seen = [], set()
+        for node, _ in self._outputs:
+            stack = [(node, False)]
+            while stack:
+                n, done = stack.pop()
+                if done:
+                    order.append(n)
+                    continue
+                if id(n) in seen:
+                    continue
+                seen.add(id(n))
+                stack.append((n, True))
+                for src, _ in reversed(n.inputs):
+                    if id(src) not in seen:
+                        stack.append((src, False))
+        return order
+
+    def _aux_nodes(self) -> set[int]:
+        aux = set()
+        for n in self._topo():
+            for pos in n.aux:
+                aux.add(id(n.inputs[pos][0]))
+        return aux
+
+    def list_arguments(self) -> list[str]:
+        aux = self._aux_nodes()
+        return [n.name for n in self._topo() if n.op is None and id(n) not in aux]
+
+    def list_auxiliary_states(self) -> list[str]:
+        aux = self._aux_nodes()
+        return [n.name for n in self._topo() if n.op is None and id(n) in aux]
+
+    def list_inputs(self) -> list[str]:
+        return [n.name for n in self._topo() if n.op is None]
+
+    def list_outputs(self) -> list[str]:
+        return [n.output_name(i) for n, i in self._outputs]
+
+    def get_internals(self) -> Symbol:
+        entries = []
+        for n in self._topo():
+            entries += [(n, 0)] if n.op is None else [(n, i) for i in range(len(n.visible))]
+        return Symbol(entries)
+
+    def get_children(self) -> Symbol | None:
+        entries = [e for n, _ in self._outputs for e in n.inputs]
+        return Symbol(entries) if entries else None
+
+    def __getitem__(self, index) -> Symbol:
+        if isinstance(index, str):
+            names = self.list_outputs()
+            hits = [i for i, n in enumerate(names) if n == index]
+            if not hits:
+                raise DnnbindValueError(f"Symbol: cannot find output that matches name {index!r}")
+            if len(hits) > 1:
+                raise DnnbindValueError(f"Symbol: there are multiple outputs with name {index!r}")
+            index = hits[0]
+        if not isinstance(index, int):
+            raise DnnbindTypeError(f"Symbol index must be an int or an output name, got {type(index).__name__}")
+        if not -len(self._outputs) <= index < len(self._outputs):
+            raise IndexError(f"Symbol index {index} out of range for {len(self._outputs)} output(s)")
+        return Symbol([self._outputs[index]])
+
+    def __len__(self) -> int:
+        return len(self._outputs)
+
+    def __iter__(self):
+        return (Symbol([e]) for e in self._outputs)
+
+    # -- attributes
+    def attr(self, key: str):
+        if len(self._outputs) != 1:
+            return None
+        return self._outputs[0][0].attrs.get(key)
+
+    def list_attr(self, recursive: bool = False) -> dict:
+        if recursive:
+            raise DnnbindValueError("Symbol.list_attr: recursive=True is removed in MXNet 1.x; use attr_dict()")
+        return _listed(self._outputs[0][0].attrs) if len(self._outputs) == 1 else {}
+
+    def attr_dict(self) -> dict:
+        return {n.name: _listed(n.attrs) for n in self._topo() if n.attrs}
+
+    def _set_attr(self, **kwargs) -> None:
+        for k, v in kwargs.items():
+            if not isinstance(v, str):
+                raise DnnbindValueError(f"Symbol._set_attr: values must be strings, got {k}={v!r}")
+            for n, _ in self._outputs:
+                n.attrs[k] = v
+
+    # -- files
+    def tojson(self) -> str:
+        from ._json import dumps
+        return dumps(self)
+
+    def save(self, fname: str, remove_amp_cast: bool = True) -> None:
+        """Write the JSON to ``fname`` atomically (a crash leaves the old file or the whole new one)."""
+        from ..serialization import atomic_write
+        text = self.tojson().encode()
+        atomic_write(fname, lambda f: f.write(text))
+
+    # -- printing
+    def __repr__(self) -> str:
+        if len(self._outputs) == 1:
+            return f"<Symbol {self.name}>"
+        return f"<Symbol group [{', '.join(n.name for n, _ in self._outputs)}]>"
+
+    __str__ = __repr__
+
+    def __copy__(self) -> Symbol:
+        return Symbol(self._outputs)
+
+    def __deepcopy__(self, memo) -> Symbol:
+        from ._json import loads
+        return loads(self.tojson())
+
+    def __bool__(self):
+        raise NotImplementedError("The truth value of a Symbol is ambiguous (MXNet refuses it too)")
+
+    # -- operators: MXNet's (python/mxnet/symbol/symbol.py) choice of internal operator for each
+    def _binary(self, other, sym_op: str, scalar_op: str, rscalar: bool = False):
+        if isinstance(other, Symbol):
+            return make(sym_op, self, other) if not rscalar else make(sym_op, other, self)
+        if isinstance(other, (int, float)) and not isinstance(other, bool) or _is_numpy_scalar(other):
+            return make(scalar_op, self, scalar=other)
+        raise DnnbindTypeError(f"type {type(other).__name__} not supported")
+
+    def __add__(self, o):
+        return self._binary(o, "_Plus", "_PlusScalar")
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return self._binary(o, "_Minus", "_MinusScalar")
+
+    def __rsub__(self, o):
+        return self._binary(o, "_Minus", "_RMinusScalar", rscalar=True)
+
+    def __mul__(self, o):
+        return self._binary(o, "_Mul", "_MulScalar")
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, o):
+        return self._binary(o, "_Div", "_DivScalar")
+
+    def __rtruediv__(self, o):
+        return self._binary(o, "_Div", "_RDivScalar", rscalar=True)
+
+    def __mod__(self, o):
+        return self._binary(o, "_Mod", "_ModScalar")
+
+    def __rmod__(self, o):
+        return self._binary(o, "_Mod", "_RModScalar", rscalar=True)
+
+    def __pow__(self, o):
+        return self._binary(o, "_Power", "_PowerScalar")
+
+    def __rpow__(self, o):
+        return self._binary(o, "_Power", "_rpower_scalar", rscalar=True)
+
+    def __neg__(self):
+        return make("_MulScalar", self, scalar=-1.0)
+
+    def __abs__(self):
+        return make("abs", self)
+
+    def __eq__(self, o):
+        return self._binary(o, "_equal", "_equal_scalar")
+
+    def __ne__(self, o):
+        return self._binary(o, "_not_equal", "_not_equal_scalar")
+
+    def __gt__(self, o):
+        return self._binary(o, "_greater", "_greater_scalar")
+
+    def __ge__(self, o):
+        return self._binary(o, "_greater_equal", "_greater_equal_scalar")
+
+    def __lt__(self, o):
+        return self._binary(o, "_lesser", "_lesser_scalar")
+
+    def __le__(self, o):
+        return self._binary(o, "_lesser_equal", "_lesser_equal_scalar")
+
+    __hash__ = object.__hash__
+
+
+# hidden attributes MXNet also lists under their plain name (attr_dict() shows both __lr_mult__ and lr_mult)
+_PLAIN_TOO = ("ctx_group", "lr_mult", "wd_mult", "force_mirroring", "mirror_stage")
+
+
+def _listed(attrs: dict) -> dict:
+    out = dict(attrs)
+    for k in _PLAIN_TOO:
+        if f"__{k}__" in attrs:
+            out[k] = attrs[f"__{k}__"]
+    return out
+
+
+def _is_numpy_scalar(v) -> bool:
+    import numpy as np
+    return isinstance(v, np.generic) and v.dtype.kind in "iuf"
+
+
+def Group(symbols) -> Symbol:
+    """``mx.sym.Group([a, b])``: one symbol with the outputs of each."""
+    symbols = list(symbols)
+    if not symbols or not all(isinstance(s, Symbol) for s in symbols):
+        raise DnnbindTypeError("Group expects a non-empty list of Symbols")
+    return Symbol([e for s in symbols for e in s._outputs])
+
+
+# MXNet's __dtype__ attribute: mshadow's type flags
+DTYPE_FLAGS = {"float32": 0, "float64": 1, "float16": 2, "uint8": 3, "int32": 4, "int8": 5, "int64": 6, "bool": 7,
+               "bfloat16": 12}
+
+
+def var(name: str, attr=None, shape=None, lr_mult=None, wd_mult=None, dtype=None, init=None, stype=None,
+        **kwargs) -> Symbol:
+    """``mx.sym.var`` / ``mx.sym.Variable``: an input or parameter of the graph."""
+    if not isinstance(name, str):
+        raise DnnbindTypeError("Expect a string for variable `name`")
+    attrs = _scope_attrs(attr)
+    if shape is not None:
+        attrs["__shape__"] = str(tuple(shape))
+    if lr_mult is not None:
+        attrs["__lr_mult__"] = str(lr_mult)
+    if wd_mult is not None:
+        attrs["__wd_mult__"] = str(wd_mult)
+    if dtype is not None:
+        import numpy as np
+        attrs["__dtype__"] = str(DTYPE_FLAGS[np.dtype(dtype).name if not isinstance(dtype, str) or
+                                            dtype != "bfloat16" else "bfloat16"])
+    if init is not None:
+        attrs["__init__"] = init if isinstance(init, str) else init.dumps()
+    if stype is not None:
+        attrs["__storage_type__"] = str({"default": 0, "row_sparse": 1, "csr": 2}[stype])
+    for k, v in kwargs.items():
+        if k.startswith("__") and k.endswith("__"):
+            attrs[k] = str(v)
+        else:
+            raise DnnbindValueError(f"Attribute name={k} is not supported. Additional attributes must start and end "
+                                    "with double underscores, e.g, __yourattr__")
+    return Symbol([(Node(None, name, attrs), 0)])
+
+
+# MXNet's Python names for its internal operators: the node-name hint is the name lowercased ("_PlusScalar" ->
+# "_plusscalar0"), the file stores the operator's own name ("_plus_scalar").
+def make(called: str, *args, name: str | None = None, attr: dict | None = None, **kwargs) -> Symbol:
+    """A node of operator ``called`` (its name or an alias) over ``args``/``kwargs``: Symbols are inputs, anything
+    else a parameter. Missing inputs become variables ``{name}_{input}``, as in MXNet."""
+    op = ALIASES.get(called, called)
+    sch = schema(op)
+    input_names = [i.name for i in sch.inputs]
+    sym_kwargs = {k: v for k, v in kwargs.items() if isinstance(v, Symbol)}
+    params_given = {k: v for k, v in kwargs.items() if not isinstance(v, Symbol)}
+    for k in sym_kwargs:
+        if k not in input_names:
+            raise DnnbindValueError(f"{called}: {k} is not an input of {op} (inputs: {', '.join(input_names)})")
+    for a in args:
+        if not isinstance(a, Symbol):
+            raise DnnbindTypeError(f"{called}: positional arguments must be Symbols, got {type(a).__name__}; give "
+                                   "parameters by keyword")
+    variadic = bool(sch.inputs) and sch.inputs[0].variadic
+    count = VAR_ARGS.get(op)
+    if variadic and count is not None and count not in params_given and any(p.name == count for p in sch.params):
+        params_given[count] = len(args)
+    params = sch.parse(params_given)
+    attrs = _scope_attrs(attr)
+    attrs.update({k: attr_string(v) for k, v in params_given.items()})
+    node_name = current_name_manager().get(name, called.lower())
+    names = _opio.inputs(op, sch, params, len(args))
+    if len(args) > len(names):
+        raise DnnbindValueError(f"{called}: {len(args)} inputs given, {op} takes {len(names)} ({', '.join(names)})")
+    aux_names, inits = _opio.aux_inputs(op), _opio.input_init(op)
+    entries, aux = [], []
+    for pos, input_name in enumerate(names):
+        if pos < len(args):
+            given = args[pos]
+        elif input_name in sym_kwargs:
+            given = sym_kwargs[input_name]
+        else:
+            var_attrs = dict(attrs)
+            if input_name in inits:
+                var_attrs["__init__"] = inits[input_name]
+            given = Symbol([(Node(None, f"{node_name}_{input_name}", var_attrs), 0)])
+        if len(given._outputs) != 1:
+            raise DnnbindValueError(f"{called}: input {input_name} is a group of {len(given._outputs)} outputs; give "
+                                    "one output")
+        entries.append(given._outputs[0])
+        if input_name in aux_names:
+            aux.append(pos)
+    total, visible = _opio.outputs(op, params)
+    node = Node(op, node_name, attrs, entries, params, total, visible, aux)
+    return Symbol([(node, i) for i in range(len(visible))])

@@ -1,0 +1,87 @@
+"""Layer symbol: what a symbol graph needs to know of each operator beyond its parameters: which inputs it takes
+(some depend on the parameters: no bias with ``no_bias``, PReLU's gamma), which of them are auxiliary states (mutated
+by the op, not learned: BatchNorm's moving mean and variance), and how many outputs it has and which are visible.
+
+Parameters come from nd/_schema.py; this table says the rest, as MXNet 1.9.1 does (each entry was read off the real
+MXNet: list_arguments, list_auxiliary_states, list_outputs and the node's output count in ``node_row_ptr``). An
+operator not listed here takes the inputs its schema declares and has one output named ``output``.
+
+NOTE: this is the part of an operator's declaration the symbol layer adds; it belongs in the unified op registry
+entries (issue 23), beside the parameters, and moves there with them.
+"""
+
+from __future__ import annotations
+
+from ..nd._schema import Schema
+
+# operator -> its auxiliary-state inputs (mutated by the op, not learned)
+AUX: dict[str, tuple[str, ...]] = {
+    "BatchNorm": ("moving_mean", "moving_var"),
+}
+
+# operator -> {input: the "__init__" MXNet attaches to the variable it makes for that input}
+INPUT_INIT: dict[str, dict[str, str]] = {
+    "BatchNorm": {"moving_mean": '["zero", {}]', "moving_var": '["one", {}]'},
+    "LeakyReLU": {"gamma": '["Constant", {"value": 0.25}]'},
+}
+
+
+def _bias(p):
+    return not p.get("no_bias", False)
+
+
+# operator -> (input name -> predicate on the parsed parameters: is the input there?)
+OPTIONAL_INPUTS = {
+    "Convolution": {"bias": _bias},
+    "Deconvolution": {"bias": _bias},
+    "FullyConnected": {"bias": _bias},
+    "LeakyReLU": {"gamma": lambda p: p.get("act_type") == "prelu"},
+    "softmax": {"length": lambda p: bool(p.get("use_length"))},
+    "log_softmax": {"length": lambda p: bool(p.get("use_length"))},
+    "softmin": {"length": lambda p: bool(p.get("use_length"))},
+}
+
+
+def _n(key, default=1):
+    return lambda p: int(p.get(key) if p.get(key) is not None else default)
+
+
+def _mean_var(names):
+    return lambda p: (len(names), list(names) if p.get("output_mean_var") else ["output"])
+
+
+# operator -> fn(parsed params) -> (outputs the node has, names of the visible ones)
+OUTPUTS = {
+    "BatchNorm": _mean_var(("output", "mean", "var")),
+    "LayerNorm": _mean_var(("output", "mean", "std")),
+    "InstanceNorm": lambda p: (3, ["output"]),
+    "Dropout": lambda p: (2, ["output"]),
+    "Pooling": lambda p: (2, ["output"]),
+    "LRN": lambda p: (2, ["output"]),
+    "L2Normalization": lambda p: (2, ["output"]),
+    "sort": lambda p: (2, ["output0"]),
+    "SliceChannel": lambda p: (_n("num_outputs")(p), [f"output{i}" for i in range(_n("num_outputs")(p))]),
+    "topk": lambda p: ((2, ["output0", "output1"]) if p.get("ret_typ") == "both" else (1, ["output"])),
+}
+
+
+def inputs(op: str, schema: Schema, params: dict, given: int) -> list[str]:
+    """The input names of one node: the schema's, less the optional ones its parameters turn off. A variadic
+    input (Concat's data) is ``given`` arrays, named arg0, arg1, ... as MXNet names them."""
+    if schema.inputs and schema.inputs[0].variadic:
+        return [f"arg{i}" for i in range(given)]
+    optional = OPTIONAL_INPUTS.get(op, {})
+    return [i.name for i in schema.inputs if i.name not in optional or optional[i.name](params)]
+
+
+def outputs(op: str, params: dict) -> tuple[int, list[str]]:
+    rule = OUTPUTS.get(op)
+    return (1, ["output"]) if rule is None else rule(params)
+
+
+def aux_inputs(op: str) -> tuple[str, ...]:
+    return AUX.get(op, ())
+
+
+def input_init(op: str) -> dict[str, str]:
+    return INPUT_INIT.get(op, {})
