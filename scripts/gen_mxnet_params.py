@@ -70,19 +70,27 @@ def main(argv=None) -> int:
         declared[real] = entries
         if key_var:
             var_args[real] = key_var
-    # every other name MXNet answers to for these operators (Flatten's "flatten", Reshape's "reshape", ...)
-    from mxnet.base import check_call, py_str
+    # every other name MXNet answers to for these operators (Flatten's "flatten", add_n's "ElementWiseSum", ...):
+    # the names whose operator handle is one of theirs
+    from mxnet.base import c_str, check_call, py_str
+
+    def handle(op_name):
+        h = ctypes.c_void_p()
+        check_call(_LIB.NNGetOpHandle(c_str(op_name), ctypes.byref(h)))
+        return h.value
+
+    owners = {handle(real): real for real in declared}
     size, plist = ctypes.c_uint(), ctypes.POINTER(ctypes.c_char_p)()
     check_call(_LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(plist)))
     for i in range(size.value):
         other = py_str(plist[i])
-        if other in declared or other in aliases:
+        if other in declared:
             continue
         try:
-            real = describe(_LIB, other)[0]
+            real = owners.get(handle(other))
         except Exception:  # noqa: BLE001  (a listed name that is no operator)
             continue
-        if real in declared and real != other:
+        if real is not None:
             aliases[other] = real
     out = sys.stdout
     out.write('"""MXNet %s\'s declared inputs and parameters of the operators dnnbind implements or symbol files use:\n'

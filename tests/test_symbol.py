@@ -127,3 +127,25 @@ def test_legacy_files_are_upgraded_as_mxnet_does():
 def test_bad_files_are_refused_naming_the_problem(bad, match):
     with pytest.raises((DnnbindValueError, DnnbindTypeError), match=match):
         sym.load_json(bad)
+
+
+# -- files MXNet 1.9.1 wrote: the model zoo exported, a Module checkpoint, and hand-written legacy files -------------
+MODELS = pathlib.Path(__file__).resolve().parent / "fixtures" / "mxnet_models"
+MANIFEST = json.loads((MODELS / "manifest.json").read_text())["files"]
+SYMBOL_FILES = sorted(p.name for p in MODELS.glob("*-symbol.json"))
+
+
+@pytest.mark.parametrize("fname", SYMBOL_FILES)
+def test_mxnets_symbol_files_load_and_write_back_as_mxnet_writes_them(fname):
+    s = sym.load(str(MODELS / fname))
+    upgraded = MODELS / fname.replace("-symbol.json", "-upgraded.json")
+    if upgraded.exists():  # a legacy file: what MXNet 1.9.1's tojson() made of it
+        assert s.tojson() == upgraded.read_text().rstrip("\n")
+        want = MANIFEST[fname]
+        assert s.list_arguments() == want["arguments"]
+        assert s.list_auxiliary_states() == want["auxiliary_states"]
+        assert s.list_outputs() == want["outputs"]
+        assert s.attr_dict() == want["attr_dict"]
+    else:
+        assert s.tojson() == (MODELS / fname).read_text()  # byte for byte
+    assert s.list_arguments() and s.list_outputs()

@@ -830,6 +830,8 @@ DECLARED = {
 
 # an alias MXNet accepts -> the operator's own name
 ALIASES = {
+    'ElementWiseSum': 'add_n',
+    'Softmax': 'SoftmaxOutput',
     '_Div': 'elemwise_div',
     '_DivScalar': '_div_scalar',
     '_Equal': '_equal',

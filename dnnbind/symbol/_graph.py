@@ -23,12 +23,15 @@ __all__ = ["Node", "Symbol", "Group", "var", "make", "NameManager", "Prefix", "A
 class Node:
     """One node of a graph. ``attrs``: the parameters given (MXNet's strings) and scope attributes (``__lr_mult__``);
     ``params``: the parameters parsed (defaults filled in), None for a variable; ``aux``: input positions that are
-    auxiliary states (their entries carry version 1 in a symbol file, as MXNet's do)."""
+    auxiliary states; ``version``: for a variable, how often an operator mutated it (what a symbol file's entries
+    record)."""
 
-    __slots__ = ("op", "name", "attrs", "inputs", "params", "num_outputs", "visible", "aux", "__weakref__")
+    __slots__ = ("op", "name", "attrs", "inputs", "params", "num_outputs", "visible", "aux", "version",
+                 "__weakref__")
 
     def __init__(self, op, name, attrs=None, inputs=(), params=None, num_outputs=1, visible=("output",), aux=()):
         self.op, self.name = op, name
+        self.version = 0  # a variable's: how many times an operator mutated it (MXNet's entry version)
         self.attrs = dict(attrs or {})
         self.inputs = list(inputs)
         self.params = params
@@ -436,6 +439,7 @@ def make(called: str, *args, name: str | None = None, attr: dict | None = None, 
         entries.append(given._outputs[0])
         if input_name in aux_names:
             aux.append(pos)
+            given._outputs[0][0].version += 1  # composing mutates the variable, as in MXNet
     total, visible = _opio.outputs(op, params)
     node = Node(op, node_name, attrs, entries, params, total, visible, aux)
     return Symbol([(node, i) for i in range(len(visible))])

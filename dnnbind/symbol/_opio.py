@@ -3,7 +3,8 @@
 by the op, not learned: BatchNorm's moving mean and variance), and how many outputs it has and which are visible.
 
 Parameters come from nd/_schema.py; this table says the rest, as MXNet 1.9.1 does (each entry was read off the real
-MXNet: list_arguments, list_auxiliary_states, list_outputs and the node's output count in ``node_row_ptr``). An
+MXNet: list_arguments, list_auxiliary_states, list_outputs and the node's output count in ``node_row_ptr``; the
+count of hidden outputs is the pip wheel's, built with oneDNN, and only shows in a file's ``node_row_ptr``). An
 operator not listed here takes the inputs its schema declares and has one output named ``output``.
 
 NOTE: this is the part of an operator's declaration the symbol layer adds; it belongs in the unified op registry
@@ -56,7 +57,9 @@ OUTPUTS = {
     "LayerNorm": _mean_var(("output", "mean", "std")),
     "InstanceNorm": lambda p: (3, ["output"]),
     "Dropout": lambda p: (2, ["output"]),
-    "Pooling": lambda p: (2, ["output"]),
+    # MXNet 1.9.1's pip wheel (oneDNN) gives max pooling in a channels-first layout a second, workspace output
+    "Pooling": lambda p: (2 if p.get("pool_type") == "max" and p.get("layout") in (None, "NCW", "NCHW", "NCDHW")
+                          else 1, ["output"]),
     "LRN": lambda p: (2, ["output"]),
     "L2Normalization": lambda p: (2, ["output"]),
     "sort": lambda p: (2, ["output0"]),
