@@ -3,7 +3,8 @@ Layer: gluon; imports dnnbind.nd, autograd, ops, runtime (and dnnbind.initialize
 """
 
 from . import loss, metric, nn, utils
-from .block import Block, HybridBlock, SymbolBlock
+from .block import Block, HybridBlock
+from .symbol_block import SymbolBlock
 from . import parameter as _parameter_module
 from .parameter import Constant, DeferredInitializationError, Parameter
 from .parameter_dict import ParameterDict

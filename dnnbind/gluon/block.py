@@ -32,7 +32,7 @@ from .param_files import _load_into, _read_param_file
 from .parameter import Parameter
 from .parameter_dict import ParameterDict
 
-__all__ = ["Block", "BlockInputError", "HookHandle", "HybridBlock", "SymbolBlock"]
+__all__ = ["Block", "BlockInputError", "HookHandle", "HybridBlock"]
 
 _tls = threading.local()
 RUN_EAGERLY = object()  # what a hybridized Block's cache returns for "run the forward yourself"
@@ -396,7 +396,3 @@ class Block:
 
 HybridBlock = Block  # no graph compilation here, so the two are one class
 
-
-class SymbolBlock(Block):
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError("SymbolBlock: dnnbind has no symbolic graphs; define a Block instead")

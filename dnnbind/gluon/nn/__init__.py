@@ -7,7 +7,8 @@ AttributeError (``__getattr__`` below).
 import sys
 
 from ... import features
-from ..block import Block, HybridBlock, SymbolBlock
+from ..block import Block, HybridBlock
+from ..symbol_block import SymbolBlock
 from .activations import ELU, GELU, SELU, LeakyReLU, PReLU, Swish
 from .basic_layers import (
     Activation,
