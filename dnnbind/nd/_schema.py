@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError, UnknownArgumentError
 
-__all__ = ["Param", "Schema", "attr_string", "schema"]
+__all__ = ["Param", "Schema", "attr_string", "parse_value", "schema"]
 
 # kinds of parameter value
 INT, FLOAT, BOOL, SHAPE, FLOAT_TUPLE, ENUM, STRING = "int", "float", "boolean", "shape", "float-tuple", "enum", "str"
@@ -155,6 +155,11 @@ def _parse(op: str, p: Param, value):
         listed = ", ".join("None" if c is None else repr(c) for c in p.choices)
         raise DnnbindValueError(f"Invalid Input: {text!r}, valid values are: {{{listed}}}, in operator {op}")
     return text
+
+
+def parse_value(op: str, p: Param, value):
+    """One value (a string or a Python value) of parameter ``p`` parsed as MXNet parses it."""
+    return _parse(op, p, value)
 
 
 def _float(op: str, p: Param, text: str) -> float:

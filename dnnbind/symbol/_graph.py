@@ -138,12 +138,16 @@ class Symbol:
         self._outputs = list(outputs)
 
     # -- structure
+    def _node(self) -> Node | None:
+        """The one node every output comes from (an operator's outputs), else None (a group of several)."""
+        first = self._outputs[0][0] if self._outputs else None
+        return first if all(n is first for n, _ in self._outputs) else None
+
     @property
     def name(self) -> str | None:
-        """The node's name for a symbol with one output, else None (a group)."""
-        if len(self._outputs) != 1:
-            return None
-        return self._outputs[0][0].name
+        """The node's name when every output is one node's, else None (a group)."""
+        node = self._node()
+        return None if node is None else node.name
 
     def _topo(self) -> list[Node]:
         order, seen = [], set()
@@ -217,14 +221,14 @@ class Symbol:
 
     # -- attributes
     def attr(self, key: str):
-        if len(self._outputs) != 1:
-            return None
-        return self._outputs[0][0].attrs.get(key)
+        node = self._node()
+        return None if node is None else node.attrs.get(key)
 
     def list_attr(self, recursive: bool = False) -> dict:
         if recursive:
             raise DnnbindValueError("Symbol.list_attr: recursive=True is removed in MXNet 1.x; use attr_dict()")
-        return _listed(self._outputs[0][0].attrs) if len(self._outputs) == 1 else {}
+        node = self._node()
+        return {} if node is None else _listed(node.attrs)
 
     def attr_dict(self) -> dict:
         return {n.name: _listed(n.attrs) for n in self._topo() if n.attrs}
@@ -235,6 +239,33 @@ class Symbol:
                 raise DnnbindValueError(f"Symbol._set_attr: values must be strings, got {k}={v!r}")
             for n, _ in self._outputs:
                 n.attrs[k] = v
+
+    # -- inference
+    def _given(self, what: str, args, kwargs) -> dict:
+        if args and kwargs:
+            raise DnnbindValueError(f"{what}: give the inputs by position or by name, not both")
+        if args:
+            names = self.list_arguments()
+            if len(args) > len(names):
+                raise DnnbindValueError(f"{what}: {len(args)} values for {len(names)} arguments ({names})")
+            return {n: a for n, a in zip(names, args) if a is not None}
+        return {k: v for k, v in kwargs.items() if v is not None}
+
+    def infer_shape(self, *args, **kwargs):
+        """(arg shapes, output shapes, aux shapes) from the shapes given (by name or in list_arguments order);
+        (None, None, None) when some cannot be found."""
+        from ._infer import infer_shapes
+        return infer_shapes(self, self._given("infer_shape", args, kwargs), partial=False)
+
+    def infer_shape_partial(self, *args, **kwargs):
+        """As infer_shape, with () for the shapes that stay unknown."""
+        from ._infer import infer_shapes
+        return infer_shapes(self, self._given("infer_shape_partial", args, kwargs), partial=True)
+
+    def infer_type(self, *args, **kwargs):
+        """(arg types, output types, aux types) as numpy types from the types given."""
+        from ._infer import infer_types
+        return infer_types(self, self._given("infer_type", args, kwargs))
 
     # -- files
     def tojson(self) -> str:
@@ -412,9 +443,10 @@ def make(called: str, *args, name: str | None = None, attr: dict | None = None, 
                                    "parameters by keyword")
     variadic = bool(sch.inputs) and sch.inputs[0].variadic
     count = VAR_ARGS.get(op)
-    if variadic and count is not None and count not in params_given and any(p.name == count for p in sch.params):
-        params_given[count] = len(args)
-    params = sch.parse(params_given)
+    if variadic and count is not None and count not in params_given:
+        params_given[count] = len(args)  # MXNet's frontend always passes it, declared or not (add_n)
+    declared = {p.name for p in sch.params}
+    params = sch.parse({k: v for k, v in params_given.items() if k in declared or k != count})
     attrs = _scope_attrs(attr)
     attrs.update({k: attr_string(v) for k, v in params_given.items()})
     node_name = current_name_manager().get(name, called.lower())

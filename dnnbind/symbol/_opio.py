@@ -24,6 +24,7 @@ AUX: dict[str, tuple[str, ...]] = {
 INPUT_INIT: dict[str, dict[str, str]] = {
     "BatchNorm": {"moving_mean": '["zero", {}]', "moving_var": '["one", {}]'},
     "LeakyReLU": {"gamma": '["Constant", {"value": 0.25}]'},
+    "UpSampling": {"weight": '["bilinear", {}]'},
 }
 
 
@@ -40,6 +41,12 @@ OPTIONAL_INPUTS = {
     "softmax": {"length": lambda p: bool(p.get("use_length"))},
     "log_softmax": {"length": lambda p: bool(p.get("use_length"))},
     "softmin": {"length": lambda p: bool(p.get("use_length"))},
+    "RNN": {"state_cell": lambda p: p.get("mode") == "lstm",
+            "sequence_length": lambda p: bool(p.get("use_sequence_length"))},
+    "CTCLoss": {"data_lengths": lambda p: bool(p.get("use_data_lengths")),
+                "label_lengths": lambda p: bool(p.get("use_label_lengths"))},
+    **{op: {"sequence_length": lambda p: bool(p.get("use_sequence_length"))}
+       for op in ("SequenceMask", "SequenceLast", "SequenceReverse")},
 }
 
 
@@ -65,14 +72,28 @@ OUTPUTS = {
     "sort": lambda p: (2, ["output0"]),
     "SliceChannel": lambda p: (_n("num_outputs")(p), [f"output{i}" for i in range(_n("num_outputs")(p))]),
     "topk": lambda p: ((2, ["output0", "output1"]) if p.get("ret_typ") == "both" else (1, ["output"])),
+    "LeakyReLU": lambda p: ((2, ["output", "mask"]) if p.get("act_type") == "rrelu" else (1, ["output"])),
+    # an operator without output names of its own numbers them when it has several (sort's "output0")
+    "CTCLoss": lambda p: (2, ["output0"]),
+    "RNN": lambda p: _rnn_outputs(p),
 }
+
+
+def _rnn_outputs(p):
+    """RNN's output, then with ``state_outputs`` its final state (and an LSTM's cell state) visible too."""
+    total = 3 if p.get("mode") == "lstm" else 2
+    names = ["output", "state_output", "statecell_output"][:total]
+    return total, names if p.get("state_outputs") else ["output"]
 
 
 def inputs(op: str, schema: Schema, params: dict, given: int) -> list[str]:
     """The input names of one node: the schema's, less the optional ones its parameters turn off. A variadic
     input (Concat's data) is ``given`` arrays, named arg0, arg1, ... as MXNet names them."""
     if schema.inputs and schema.inputs[0].variadic:
-        return [f"arg{i}" for i in range(given)]
+        names = [f"arg{i}" for i in range(given)]
+        if op == "UpSampling" and params.get("sample_type") == "bilinear":
+            names = names[:1] + ["weight"]  # bilinear upsampling is a deconvolution with a learned kernel
+        return names
     optional = OPTIONAL_INPUTS.get(op, {})
     return [i.name for i in schema.inputs if i.name not in optional or optional[i.name](params)]
 

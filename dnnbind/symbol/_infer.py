@@ -1,0 +1,349 @@
+"""Layer symbol: shape and dtype inference over a graph (``Symbol.infer_shape``, ``infer_shape_partial``,
+``infer_type``), without running it.
+
+Shapes flow forward from what is known (the caller's shapes, a variable's ``__shape__``). Operators with learned
+inputs fill those in from their data, as MXNet's: Convolution's weight is (num_filter, C / num_group, *kernel),
+FullyConnected's (num_hidden, inputs), BatchNorm's gamma, beta and statistics (C,), and so on. Outputs follow each
+operator's rule; an operator without a rule here is run once on zeros of its input shapes on the cpu (its numpy
+twin), which gives the same answer more slowly. A shape that contradicts another is an error naming the node.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._lib.errors import DnnbindValueError
+from ..nd._schema import Param, parse_value
+from ..nd._shape import infer_reshape
+from ._graph import Node, Symbol
+
+__all__ = ["infer_shapes", "infer_types"]
+
+
+_SHAPE = Param("__shape__", "shape", "Shape(tuple)", False, None, None, True)  # a variable's __shape__
+
+
+def _conv_out(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _spatial(params, key, n, default):
+    v = params.get(key) or ()
+    return tuple(v) if len(v) == n else (default,) * n
+
+
+def _channels_last(params) -> bool:
+    layout = params.get("layout")
+    return bool(layout) and layout.endswith("C")
+
+
+def _convolution(p, shapes):
+    data = shapes[0]
+    k = tuple(p["kernel"])
+    n = len(k)
+    last = _channels_last(p)
+    c = data[-1] if last else data[1]
+    g, f = p["num_group"], p["num_filter"]
+    weight = (f, *k, c // g) if last else (f, c // g, *k)
+    s, pad, d = _spatial(p, "stride", n, 1), _spatial(p, "pad", n, 0), _spatial(p, "dilate", n, 1)
+    sp = data[1:-1] if last else data[2:]
+    out_sp = tuple(_conv_out(sp[i], k[i], s[i], pad[i], d[i]) for i in range(n))
+    out = (data[0], *out_sp, f) if last else (data[0], f, *out_sp)
+    return [data, weight, (f,)], [out]
+
+
+def _deconvolution(p, shapes):
+    data = shapes[0]
+    k = tuple(p["kernel"])
+    n = len(k)
+    c, g, f = data[1], p["num_group"], p["num_filter"]
+    s, pad, d = _spatial(p, "stride", n, 1), _spatial(p, "pad", n, 0), _spatial(p, "dilate", n, 1)
+    adj, target = _spatial(p, "adj", n, 0), p.get("target_shape") or ()
+    out_sp = tuple(target) if len(target) == n and all(target) else tuple(
+        (data[2 + i] - 1) * s[i] - 2 * pad[i] + d[i] * (k[i] - 1) + 1 + adj[i] for i in range(n))
+    return [data, (c, f // g, *k), (f,)], [(data[0], f, *out_sp)]
+
+
+def _fully_connected(p, shapes):
+    data, h = shapes[0], p["num_hidden"]
+    if p["flatten"]:
+        inputs, out = math.prod(data[1:]), (data[0], h)
+    else:
+        inputs, out = data[-1], (*data[:-1], h)
+    return [data, (h, inputs), (h,)], [out]
+
+
+def _per_channel(n_params, axis_key="axis", default_axis=1, extra_outputs=0):
+    def rule(p, shapes):
+        data = shapes[0]
+        axis = p.get(axis_key, default_axis)
+        c = data[axis if axis >= 0 else len(data) + axis]
+        return [data] + [(c,)] * n_params, [data] + [(c,)] * extra_outputs
+    return rule
+
+
+def _batchnorm(p, shapes):
+    ins, outs = _per_channel(4)(p, shapes)
+    return ins, outs + [ins[1], ins[1]]  # output, mean, var
+
+
+def _layernorm(p, shapes):
+    data = shapes[0]
+    axis = p["axis"] if p["axis"] >= 0 else len(data) + p["axis"]
+    stat = tuple(1 if i == axis else d for i, d in enumerate(data))
+    return [data, (data[axis],), (data[axis],)], [data, stat, stat]
+
+
+def _embedding(p, shapes):
+    return [shapes[0], (p["input_dim"], p["output_dim"])], [(*shapes[0], p["output_dim"])]
+
+
+def _leaky_relu(p, shapes):
+    data = shapes[0]
+    return ([data, (data[1],)] if p["act_type"] == "prelu" else [data]), [data, data]  # rrelu: its mask too
+
+
+def _pooling(p, shapes):
+    data = shapes[0]
+    last = _channels_last(p)
+    sp = data[1:-1] if last else data[2:]
+    n = len(sp)
+    if p["global_pool"]:
+        out_sp = (1,) * n
+    else:
+        k = tuple(p["kernel"])
+        s, pad = _spatial(p, "stride", n, 1), _spatial(p, "pad", n, 0)
+        conv = p["pooling_convention"]
+        if conv == "same":  # MXNet 1.9.1 refuses it in shape inference, for 2-D and 1-D data alike
+            raise DnnbindValueError(f"Pooling: pooling_convention='same' is refused by MXNet 1.9.1's shape inference "
+                                    f"(data {tuple(data)}); use 'valid' or 'full'")
+        if conv == "full":
+            out_sp = tuple(-(-(sp[i] + 2 * pad[i] - k[i]) // s[i]) + 1 for i in range(n))
+        elif conv == "same":
+            out_sp = tuple(-(-sp[i] // s[i]) for i in range(n))
+        else:
+            out_sp = tuple((sp[i] + 2 * pad[i] - k[i]) // s[i] + 1 for i in range(n))
+    out = (data[0], *out_sp, data[-1]) if last else (data[0], data[1], *out_sp)
+    return [data], [out, out]
+
+
+def _same(p, shapes):
+    """Element-wise: every input and the output have the first input's shape."""
+    return [shapes[0]] * len(shapes), [shapes[0]]
+
+
+def _softmax_output(p, shapes):
+    data = shapes[0]
+    label = (data[0], *data[2:]) if p["multi_output"] else data[:-1]
+    return [data, label], [data]
+
+
+def _upsampling(p, shapes):
+    data, s = shapes[0], p["scale"]
+    if p["sample_type"] == "bilinear":
+        k = 2 * s - s % 2
+        return [data, (data[1], 1, k, k)], [(data[0], data[1], data[2] * s, data[3] * s)]
+    c = sum(x[1] for x in shapes) if p["multi_input_mode"] == "concat" else data[1]
+    return list(shapes), [(data[0], c, data[2] * s, data[3] * s)]
+
+
+def _regression_output(p, shapes):
+    return [shapes[0], shapes[0]], [shapes[0]]
+
+
+def _flatten(p, shapes):
+    return list(shapes), [(shapes[0][0], math.prod(shapes[0][1:]))]
+
+
+def _concat(p, shapes):
+    dim = p["dim"] if p["dim"] >= 0 else len(shapes[0]) + p["dim"]
+    out = list(shapes[0])
+    out[dim] = sum(s[dim] for s in shapes)
+    return list(shapes), [tuple(out)]
+
+
+def _slice_channel(p, shapes):
+    data, n = shapes[0], p["num_outputs"]
+    axis = p["axis"] if p["axis"] >= 0 else len(data) + p["axis"]
+    piece = list(data)
+    piece[axis] //= n
+    if p["squeeze_axis"]:
+        piece.pop(axis)
+    return [data], [tuple(piece)] * n
+
+
+def _reshape(p, shapes):
+    spec = p["shape"] if p["shape"] else p.get("target_shape")
+    return [shapes[0]], [infer_reshape("Reshape", tuple(shapes[0]), tuple(spec), p["reverse"])]
+
+
+def _broadcast(p, shapes):
+    a, b = shapes
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise DnnbindValueError(f"operands could not be broadcast together with shapes {shapes[0]} {shapes[1]}")
+        out.append(max(x, y) if 1 in (x, y) else x)
+    return list(shapes), [tuple(out)]
+
+
+def _reduce(p, shapes):
+    data = shapes[0]
+    axis = p.get("axis")
+    n = len(data)
+    if axis is None or axis == ():
+        axes = set(range(n))
+    else:
+        axes = {a if a >= 0 else n + a for a in (axis if isinstance(axis, tuple) else (axis,))}
+    if p.get("exclude"):
+        axes = set(range(n)) - axes
+    if p.get("keepdims"):
+        out = tuple(1 if i in axes else d for i, d in enumerate(data))
+    else:
+        out = tuple(d for i, d in enumerate(data) if i not in axes) or (1,)
+    return [data], [out]
+
+
+RULES = {
+    "Convolution": _convolution, "Deconvolution": _deconvolution, "FullyConnected": _fully_connected,
+    "BatchNorm": _batchnorm, "InstanceNorm": _per_channel(2),
+    "GroupNorm": lambda p, shapes: ([shapes[0], (p["num_groups"],), (p["num_groups"],)], [shapes[0]]), "LayerNorm": _layernorm,
+    "Embedding": _embedding,
+    "LeakyReLU": _leaky_relu, "Pooling": _pooling, "SoftmaxOutput": _softmax_output,
+    "LinearRegressionOutput": _regression_output, "LogisticRegressionOutput": _regression_output,
+    "MAERegressionOutput": _regression_output, "Flatten": _flatten, "Concat": _concat,
+    "SliceChannel": _slice_channel, "Reshape": _reshape, "UpSampling": _upsampling,
+    **{op: _same for op in (
+        "Activation", "Dropout", "softmax", "log_softmax", "softmin", "clip", "Cast", "BlockGrad", "_copy",
+        "MakeLoss", "relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "square", "negative", "LRN",
+        "SoftmaxActivation", "L2Normalization", "elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div",
+        "add_n", "_plus_scalar", "_minus_scalar", "_rminus_scalar", "_mul_scalar", "_div_scalar", "_rdiv_scalar",
+        "_mod_scalar", "_rmod_scalar", "_power_scalar", "_rpower_scalar", "_maximum_scalar", "_minimum_scalar",
+        "_equal_scalar", "_not_equal_scalar", "_greater_scalar", "_greater_equal_scalar", "_lesser_scalar",
+        "_lesser_equal_scalar")},
+    **{op: _broadcast for op in (
+        "broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div", "broadcast_maximum",
+        "broadcast_minimum", "broadcast_power", "broadcast_mod", "broadcast_equal", "broadcast_not_equal",
+        "broadcast_greater", "broadcast_greater_equal", "broadcast_lesser", "broadcast_lesser_equal",
+        "_maximum", "_minimum", "_power", "_mod", "_equal", "_not_equal", "_greater", "_greater_equal",
+        "_lesser", "_lesser_equal")},
+    **{op: _reduce for op in ("sum", "mean", "max", "min", "prod", "nansum", "nanprod", "argmax", "argmin")},
+}
+
+
+# rules that fill in unknown inputs from the first (the learned parameters, labels, element-wise operands)
+_FILLS = {_convolution, _deconvolution, _fully_connected, _batchnorm, _layernorm, _embedding, _leaky_relu,
+          _softmax_output, _regression_output, _same, _upsampling, RULES["InstanceNorm"], RULES["GroupNorm"]}
+
+
+def _by_running(node: Node, shapes: list) -> list:
+    """Output shapes of an operator without a rule: run it once on zeros on the cpu."""
+    from .. import nd
+    from ..runtime.device import cpu
+    from ._exec import OPS, check
+    if node.op not in OPS:
+        check(Symbol([(node, 0)]))
+    zeros = [nd.zeros(s, ctx=cpu()) for s in shapes]
+    out = OPS[node.op](zeros, {k: v for k, v in node.params.items() if k in node.attrs}, node)
+    return [tuple(o.shape) for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+
+def _known(shape) -> bool:
+    return shape is not None and all(d > 0 for d in shape)
+
+
+def infer_shapes(symbol: Symbol, given: dict, partial: bool):
+    """(arg shapes, output shapes, aux shapes), in list_arguments/list_outputs/list_auxiliary_states order, with
+    None where a shape stays unknown (``partial``) — or (None, None, None) when anything does and not partial."""
+    shapes: dict[tuple[int, int], tuple] = {}
+    nodes = symbol._topo()
+    var_shape = {}
+    for n in nodes:
+        if n.op is None:
+            s = given.get(n.name)
+            if s is None and "__shape__" in n.attrs:
+                s = parse_value("Variable", _SHAPE, n.attrs["__shape__"])
+            var_shape[id(n)] = tuple(s) if s is not None else None
+            shapes[(id(n), 0)] = var_shape[id(n)]
+    unknown_inputs = set(given) - {n.name for n in nodes if n.op is None}
+    if unknown_inputs:
+        raise DnnbindValueError(f"infer_shape: {sorted(unknown_inputs)[0]!r} is not an input of the graph")
+    for n in nodes:
+        if n.op is None:
+            continue
+        ins = [shapes.get((id(src), i)) for src, i in n.inputs]
+        rule = RULES.get(n.op)
+        if not ins or not _known(ins[0]) or (rule not in _FILLS and not all(_known(s) for s in ins)):
+            continue  # not yet: a later call with more shapes given may get further
+        try:
+            if rule is not None:
+                want_in, outs = rule(n.params, ins)
+            else:
+                want_in, outs = ins, _by_running(n, ins)
+        except (KeyError, IndexError, ZeroDivisionError, TypeError) as exc:
+            raise DnnbindValueError(f"infer_shape: node {n.name!r} ({n.op}) cannot take inputs of shapes {ins}: "
+                                    f"{exc}") from None
+        for (src, i), have, want in zip(n.inputs, ins, want_in):
+            if have is not None and _known(have) and tuple(have) != tuple(want):
+                raise DnnbindValueError(f"infer_shape: node {n.name!r} ({n.op}) expects input {src.output_name(i)} "
+                                        f"of shape {tuple(want)}, but it is {tuple(have)}")
+            if have is None or not _known(have):
+                shapes[(id(src), i)] = tuple(want)
+        for i, s in enumerate(outs[:n.num_outputs]):
+            shapes[(id(n), i)] = tuple(s)
+    aux = symbol._aux_nodes()
+    args = [shapes.get((id(n), 0)) for n in nodes if n.op is None and id(n) not in aux]
+    auxs = [shapes.get((id(n), 0)) for n in nodes if n.op is None and id(n) in aux]
+    outs = [shapes.get((id(n), i)) for n, i in symbol._outputs]
+    if not partial and any(not _known(s) for s in args + auxs + outs):
+        return None, None, None
+    if partial:
+        fix = lambda s: s if s is not None else ()  # noqa: E731  (MXNet's partial answer: () for unknown)
+        return [fix(s) for s in args], [fix(s) for s in outs], [fix(s) for s in auxs]
+    return args, outs, auxs
+
+
+def infer_types(symbol: Symbol, given: dict):
+    """(arg types, output types, aux types) as numpy type classes (what MXNet returns), or (None, None, None) when
+    some stay unknown. Types flow through every operator both ways, as MXNet's element-wise rule: an operator's
+    inputs and outputs share one type (Cast's output is its ``dtype``), so a weight takes its data's type."""
+    from ._graph import DTYPE_FLAGS
+    names = {v: k for k, v in DTYPE_FLAGS.items()}
+    nodes = symbol._topo()
+    types: dict[int, np.dtype | None] = {}  # id(variable node) -> its type
+    for n in nodes:
+        if n.op is None:
+            t = given.get(n.name)
+            if t is None and "__dtype__" in n.attrs:
+                t = names.get(int(n.attrs["__dtype__"]))
+            types[id(n)] = np.dtype(t) if t is not None else None
+    unknown_inputs = set(given) - {n.name for n in nodes if n.op is None}
+    if unknown_inputs:
+        raise DnnbindValueError(f"infer_type: {sorted(unknown_inputs)[0]!r} is not an input of the graph")
+    out_types: dict[tuple[int, int], np.dtype | None] = {}
+    for _ in range(2):  # a second pass carries types found later back to earlier operators' other inputs
+        for n in nodes:
+            if n.op is None:
+                out_types[(id(n), 0)] = types[id(n)]
+                continue
+            seen = [out_types.get((id(src), i)) for src, i in n.inputs]
+            t = next((x for x in seen if x is not None), None)
+            if t is None:
+                continue
+            for src, _ in n.inputs:
+                if src.op is None and types[id(src)] is None:
+                    types[id(src)] = out_types[(id(src), 0)] = t
+            out = np.dtype(n.params["dtype"]) if n.op == "Cast" else t
+            for i in range(n.num_outputs):
+                out_types[(id(n), i)] = out
+    aux = symbol._aux_nodes()
+    args = [types[id(n)] for n in nodes if n.op is None and id(n) not in aux]
+    auxs = [types[id(n)] for n in nodes if n.op is None and id(n) in aux]
+    outs = [out_types.get((id(n), i)) for n, i in symbol._outputs]
+    if any(t is None for t in args + auxs + outs):
+        return None, None, None
+    return [t.type for t in args], [t.type for t in outs], [t.type for t in auxs]
