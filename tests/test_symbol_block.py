@@ -14,7 +14,6 @@ import dnnbind.symbol as sym
 from dnnbind import autograd, gluon, nd
 from dnnbind._lib.errors import DnnbindTypeError, DnnbindValueError
 from dnnbind.features import UnsupportedFeature
-from dnnbind.gluon.parameter import DeferredInitializationError
 
 MODELS = pathlib.Path(__file__).resolve().parent / "fixtures" / "mxnet_models"
 CPU = mx.cpu()
@@ -127,6 +126,17 @@ def test_training_through_softmax_output_is_refused_not_silently_wrong():
             net(x, y)
 
 
+def test_initialize_then_call_infers_the_parameter_shapes_as_mxnet():
+    net = gluon.SymbolBlock(_tiny(), sym.var("data"))
+    net.initialize(ctx=CPU)
+    out = net(nd.array(np.ones((5, 3), np.float32), ctx=CPU))
+    assert out.shape == (5, 2)
+    shapes = {k: p.shape for k, p in net.collect_params().items()}
+    assert shapes == {"fc1_weight": (4, 3), "fc1_bias": (4,), "fc2_weight": (2, 4), "fc2_bias": (2,)}
+    with pytest.raises(RuntimeError, match="has not been initialized"):  # MXNet's RuntimeError too
+        gluon.SymbolBlock(_tiny(), sym.var("data")).collect_params()["fc1_weight"].data()
+
+
 def test_bad_uses_are_refused_naming_the_problem():
     d = sym.var("data")
     with pytest.raises(DnnbindValueError, match="'label' is not an input of the graph"):
@@ -135,9 +145,5 @@ def test_bad_uses_are_refused_naming_the_problem():
         gluon.SymbolBlock(sym.Activation(d, act_type="relu"), sym.Activation(d, act_type="relu"))
     with pytest.raises(UnsupportedFeature, match="operators dnnbind cannot run yet: UpSampling"):
         gluon.SymbolBlock(sym.UpSampling(d, scale=2, sample_type="nearest", num_args=1), d)
-    net = gluon.SymbolBlock(_tiny(), d)
-    net.initialize(ctx=CPU)
-    with pytest.raises(DeferredInitializationError, match="load the Parameters from a file"):
-        net(nd.array(np.ones((2, 3), np.float32), ctx=CPU))
     with pytest.raises(DnnbindValueError, match="1 input\\(s\\) expected"):
         _tiny_block()(nd.ones((2, 3), ctx=CPU), nd.ones((2, 3), ctx=CPU))

@@ -82,16 +82,29 @@ class SymbolBlock(Block):
             raise DnnbindValueError(f"SymbolBlock: {len(self._input_names)} input(s) expected "
                                     f"({', '.join(self._input_names)}), got {len(given)}")
         values = dict(zip(self._input_names, given))
+        if any(p._deferred_init for p in self.params.values()):
+            self._finish_deferred_init(values)
         for name, p in self.params.items():
-            try:
-                values[name] = p.data()
-            except DeferredInitializationError:
-                raise DeferredInitializationError(
-                    f"SymbolBlock: Parameter `{name}` has no shape yet; load the Parameters from a file "
-                    "(SymbolBlock.imports(..., param_file) or collect_params().load(...)): dnnbind does not yet "
-                    "infer a graph's Parameter shapes") from None
+            values[name] = p.data()
         out = evaluate(self._symbol, values)
         return out[0] if len(out) == 1 else out
+
+    def _finish_deferred_init(self, values: dict) -> None:
+        """Parameters initialized without a shape (``initialize()`` before any data) get the shapes the graph
+        infers from this call's inputs, then their initializer runs, as in MXNet."""
+        known = {k: tuple(v.shape) for k, v in values.items()}
+        args, _, auxs = self._symbol.infer_shape_partial(**known)
+        shapes = dict(zip(self._symbol.list_arguments(), args)) | dict(
+            zip(self._symbol.list_auxiliary_states(), auxs))
+        for name, p in self.params.items():
+            if p._deferred_init:
+                shape = shapes.get(name)
+                if not shape:
+                    raise DeferredInitializationError(
+                        f"SymbolBlock: the shape of Parameter `{name}` cannot be inferred from inputs "
+                        f"{known}; load it from a file or give its variable a shape")
+                p.shape = shape
+                p._finish_deferred_init()
 
     def __repr__(self) -> str:
         return f"SymbolBlock({', '.join(self._input_names)} -> {', '.join(self._symbol.list_outputs())})"
