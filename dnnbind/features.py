@@ -114,6 +114,11 @@ NAMES: dict[str, frozenset] = {
         same_array same_symbol_structure set_default_context setenv shuffle_csr_column_indices simple_forward
         ss struct sys time traceback use_np var_check verify_generator zipfile
     """.split()),
+    "io": frozenset("""
+        CSVIter DataBatch DataDesc DataIter ImageDetRecordIter ImageRecordInt8Iter ImageRecordIter ImageRecordIter_v1
+        ImageRecordUInt8Iter ImageRecordUInt8Iter_v1 LibSVMIter MNISTIter MXDataIter NDArrayIter PrefetchingIter
+        ResizeIter io utils
+    """.split()),
     "Block": frozenset("""
         apply cast collect_params forward hybridize initialize load load_parameters load_params name
         name_scope params prefix register_child register_forward_hook register_forward_pre_hook
@@ -144,7 +149,7 @@ class UnsupportedFeature(NotImplementedError, AttributeError):
 
 # Where each key of NAMES lives in MXNet, for messages.
 PATHS = {"mx": "mxnet", "gluon": "mxnet.gluon", "nn": "mxnet.gluon.nn", "nd": "mxnet.nd", "base": "mxnet.base",
-         "image": "mxnet.image", "test_utils": "mxnet.test_utils", "Block": "mxnet.gluon.Block",
+         "image": "mxnet.image", "test_utils": "mxnet.test_utils", "io": "mxnet.io", "Block": "mxnet.gluon.Block",
          "HybridBlock": "mxnet.gluon.HybridBlock", "Parameter": "mxnet.gluon.Parameter",
          "ParameterDict": "mxnet.gluon.ParameterDict"}
 

@@ -252,7 +252,7 @@ def test_random_resolves_to_nd_random_when_it_exists(alias):
     ("sym.Variable", "mxnet.sym"),
     ("symbol.var", "mxnet.symbol"),
     ("mod.Module", "mxnet.mod"),
-    ("io.NDArrayIter", "mxnet.io"),
+    ("io.MNISTIter", "mxnet.io.MNISTIter"),
     ("recordio.MXRecordIO", "mxnet.recordio"),
     ("profiler.set_config", "mxnet.profiler"),
     ("np.zeros", "mxnet.np"),

@@ -40,6 +40,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "mxnet.lr_scheduler": ("dnnbind.gluon.lr_scheduler",),
     "mxnet.kv": ("dnnbind.kvstore",),
     "mxnet.kvstore": ("dnnbind.kvstore",),
+    "mxnet.io": ("dnnbind.io",),
     "mxnet.random": ("dnnbind.nd.random", "dnnbind.mxnet.random"),  # the stand-in raises until nd.random exists
 }
 

@@ -30,7 +30,6 @@ NAMESPACES: dict[str, str] = {
     "symbol": "symbolic graphs; use Gluon Blocks (hybridize() is accepted and runs eagerly)",
     "mod": "the Module API; use gluon.Trainer",
     "module": "the Module API; use gluon.Trainer",
-    "io": "data iterators (NDArrayIter, MNISTIter, ImageRecordIter); use gluon.data.DataLoader",
     "recordio": "RecordIO files",
     "profiler": "MXNet's profiler; use dnnbind.trace()",
     "np": "MXNet's NumPy interface",
