@@ -23,6 +23,8 @@ from ._layers import (Activation, Convolution, Dropout, Flatten, FullyConnected,
 
 ElementWiseSum = add_n
 from ._nn_extra import Embedding, LeakyReLU  # noqa: F401,E402
+from ._output_layers import (LinearRegressionOutput, LogisticRegressionOutput, MAERegressionOutput,  # noqa: F401,E402
+                             MakeLoss, SoftmaxOutput)
 from ._registry import REGISTRY, Op, call, invoke  # noqa: F401
 from ._params import reject  # noqa: E402
 from . import random  # noqa: E402,F401

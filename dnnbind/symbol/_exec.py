@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from typing import Callable
 
-from .. import autograd, nd
+from .. import nd
 from .._lib.errors import DnnbindValueError
 from ..features import UnsupportedFeature
 from ._graph import Node, Symbol
@@ -46,29 +46,6 @@ def _binary(fn) -> Callable:
     return lambda inputs, given, node: fn(inputs[0], inputs[1])
 
 
-def _no_training(op: str, forward: Callable) -> Callable:
-    """An output (loss) layer whose gradient MXNet defines by itself, not by autograd of its forward: running it is
-    inference; recording it for a backward would be a silently wrong gradient, so it is refused."""
-    def run(inputs, given, node):
-        if autograd.is_recording():
-            raise UnsupportedFeature(f"{op} (node {node.name!r}): training through it is not supported yet (its "
-                                     "gradient is its own, not its forward's); run the graph for inference "
-                                     "(outside autograd.record()), or replace the output layer with a gluon loss")
-        return forward(inputs, given, node)
-    return run
-
-
-def _softmax_output(inputs, given, node):
-    """SoftmaxOutput's forward as MXNet computes it: over axis 1 with ``multi_output``, over the last axis with
-    ``preserve_shape``, else over everything after the batch axis."""
-    x, p = inputs[0], node.params
-    if p["multi_output"]:
-        return nd.softmax(x, axis=1)
-    if p["preserve_shape"] or x.ndim <= 2:
-        return nd.softmax(x, axis=-1)
-    return nd.softmax(x.reshape((x.shape[0], -1)), axis=-1).reshape(x.shape)
-
-
 def _slice_channel(inputs, given, node):
     return nd.split(inputs[0], **given)
 
@@ -86,11 +63,9 @@ OPS: dict[str, Callable] = {
     "BatchNorm": _nd("BatchNorm"),
     "SliceChannel": _slice_channel,
     "Reshape": lambda inputs, given, node: nd.reshape(inputs[0], **given),
-    "SoftmaxOutput": _no_training("SoftmaxOutput", _softmax_output),
-    "LinearRegressionOutput": _no_training("LinearRegressionOutput", lambda i, g, n: i[0].copy()),
-    "LogisticRegressionOutput": _no_training("LogisticRegressionOutput", lambda i, g, n: nd.sigmoid(i[0])),
-    "MAERegressionOutput": _no_training("MAERegressionOutput", lambda i, g, n: i[0].copy()),
-    "MakeLoss": _no_training("MakeLoss", lambda i, g, n: i[0].copy()),
+    # output layers: their backward is their own (nd/_output_layers.py), what a graph ending in one trains with
+    **{name: _nd(name) for name in ("SoftmaxOutput", "LinearRegressionOutput", "LogisticRegressionOutput",
+                                    "MAERegressionOutput", "MakeLoss")},
     "BlockGrad": lambda inputs, given, node: nd.stop_gradient(inputs[0]),
     "_copy": _copy,
     # element-wise and tensor ops under their own names
