@@ -3,9 +3,9 @@ scenarios.py) build the same graphs, write byte-identical symbol files, and read
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
 
@@ -13,8 +13,11 @@ import dnnbind.symbol as sym
 from dnnbind._lib.errors import DnnbindTypeError, DnnbindValueError, UnknownArgumentError
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "mxnet_symbol"
-sys.path.insert(0, str(FIXTURES))
-from scenarios import SCENARIOS  # noqa: E402
+# loaded under a name of its own: other fixture folders have a scenarios.py too
+_spec = importlib.util.spec_from_file_location("mxnet_symbol_scenarios", FIXTURES / "scenarios.py")
+_scenarios = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_scenarios)
+SCENARIOS = _scenarios.SCENARIOS
 
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())["scenarios"]
 
