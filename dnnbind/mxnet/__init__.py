@@ -29,7 +29,8 @@ __all__ = ["Context", "MXNetError", "cpu", "cpu_pinned", "current_context", "gpu
 
 # Resolved on first access through the same table as `import mxnet.<name>`, so both give the same module.
 _LAZY = frozenset(["nd", "ndarray", "autograd", "gluon", "init", "initializer", "metric", "optimizer",
-                   "lr_scheduler", "random", "image", "test_utils", "kv", "kvstore", "io"])
+                   "lr_scheduler", "random", "image", "test_utils", "kv", "kvstore", "io", "sym", "symbol",
+                   "model", "name", "attribute"])
 _ALIASES = {"img": "image", "rnd": "random"}
 
 
@@ -39,6 +40,8 @@ def __getattr__(name: str):
         module = _finder.load(f"{_finder.ALIAS}.{name}")
         globals()[name] = module
         return module
+    if name == "AttrScope":  # mx.AttrScope is mx.attribute.AttrScope
+        return __getattr__("attribute").AttrScope
     if name in _ALIASES:  # MXNet's short names: mx.img is mx.image, mx.rnd is mx.random
         return __getattr__(_ALIASES[name])
     if name in _unsupported.NAMESPACES:  # mx.sym, mx.mod, mx.contrib, ...: made on first access

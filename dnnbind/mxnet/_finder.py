@@ -41,6 +41,11 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "mxnet.kv": ("dnnbind.kvstore",),
     "mxnet.kvstore": ("dnnbind.kvstore",),
     "mxnet.io": ("dnnbind.io",),
+    "mxnet.sym": ("dnnbind.symbol",),
+    "mxnet.symbol": ("dnnbind.symbol",),
+    "mxnet.model": ("dnnbind.model",),
+    "mxnet.name": ("dnnbind.symbol.name",),
+    "mxnet.attribute": ("dnnbind.symbol.attribute",),
     "mxnet.random": ("dnnbind.nd.random", "dnnbind.mxnet.random"),  # the stand-in raises until nd.random exists
 }
 

@@ -26,8 +26,6 @@ from ..features import NAMES, PATHS, UnsupportedFeature, missing  # noqa: F401  
 
 # MXNet 1.9's namespaces without a dnnbind implementation (dotted below ``mxnet``), with a hint where useful.
 NAMESPACES: dict[str, str] = {
-    "sym": "symbolic graphs; use Gluon Blocks (hybridize() is accepted and runs eagerly)",
-    "symbol": "symbolic graphs; use Gluon Blocks (hybridize() is accepted and runs eagerly)",
     "mod": "the Module API; use gluon.Trainer",
     "module": "the Module API; use gluon.Trainer",
     "recordio": "RecordIO files",
@@ -49,7 +47,6 @@ NAMESPACES: dict[str, str] = {
     "contrib.io": "",
     "contrib.tensorboard": "",
     "callback": "",
-    "model": "",
     "rnn": "",
     "monitor": "",
     "onnx": "ONNX export",
@@ -57,8 +54,6 @@ NAMESPACES: dict[str, str] = {
     "rtc": "runtime-compiled CUDA kernels",
     "engine": "",
     "executor": "",
-    "name": "",
-    "attribute": "",
     "util": "",
     "runtime": "",
     "library": "",
