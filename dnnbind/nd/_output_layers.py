@@ -14,13 +14,39 @@ from .. import autograd
 from .._lib.errors import DnnbindValueError
 from ..runtime.array import NDArray
 from . import _params
+from ._creation import ones_like
+from ._indexing import one_hot
+from ._layers import softmax
+from ._registry import call as _call
+from ._shape import expand_dims
 
 __all__ = ["SoftmaxOutput", "LinearRegressionOutput", "LogisticRegressionOutput", "MAERegressionOutput", "MakeLoss"]
 
 
-def _nd():
-    from .. import nd  # the package, for its ops (this module is one of the files it is built from)
-    return nd
+class _Ops:
+    """The nd ops these layers are made of, from the modules that define them (not the nd package, which
+    imports this module)."""
+
+    softmax = staticmethod(softmax)
+    one_hot = staticmethod(one_hot)
+    expand_dims = staticmethod(expand_dims)
+    ones_like = staticmethod(ones_like)
+
+    @staticmethod
+    def transpose(x, axes):
+        return _call("transpose", x, axes=axes)
+
+    @staticmethod
+    def maximum(a, b):
+        return _call("maximum", a, b)
+
+    @staticmethod
+    def sigmoid(x):
+        return _call("sigmoid", x)
+
+    @staticmethod
+    def sign(x):
+        return _call("sign", x)
 
 
 def SoftmaxOutput(data=None, label=None, grad_scale=1.0, ignore_label=-1.0, multi_output=False, use_ignore=False,
@@ -29,7 +55,7 @@ def SoftmaxOutput(data=None, label=None, grad_scale=1.0, ignore_label=-1.0, mult
     """softmax of ``data`` (over axis 1 with ``multi_output``, else over the last axis); its backward gives
     ``data`` the gradient of cross-entropy with ``label`` (class indices), as MXNet's SoftmaxOutput."""
     _params.reject("SoftmaxOutput", kwargs)
-    nd = _nd()
+    nd = _Ops
     data = _params.array_arg("SoftmaxOutput", "data", data)
     label = _params.array_arg("SoftmaxOutput", "label", label, like=data)
     normalization = _params.choice_arg("SoftmaxOutput", "normalization", normalization, ("batch", "null", "valid"))
@@ -106,14 +132,14 @@ def _regression(op: str, forward, gradient):
 
 
 LinearRegressionOutput = _regression("LinearRegressionOutput", lambda x: x.copy(), lambda y, t: y - t)
-LogisticRegressionOutput = _regression("LogisticRegressionOutput", lambda x: _nd().sigmoid(x), lambda y, t: y - t)
-MAERegressionOutput = _regression("MAERegressionOutput", lambda x: x.copy(), lambda y, t: _nd().sign(y - t))
+LogisticRegressionOutput = _regression("LogisticRegressionOutput", lambda x: _Ops.sigmoid(x), lambda y, t: y - t)
+MAERegressionOutput = _regression("MAERegressionOutput", lambda x: x.copy(), lambda y, t: _Ops.sign(y - t))
 
 
 def MakeLoss(data=None, grad_scale=1.0, valid_thresh=0.0, normalization="null", out=None, name=None, **kwargs):
     """``data`` itself as a loss: its backward gives ``data`` grad_scale (normalized), whatever arrives."""
     _params.reject("MakeLoss", kwargs)
-    nd = _nd()
+    nd = _Ops
     data = _params.array_arg("MakeLoss", "data", data)
     normalization = _params.choice_arg("MakeLoss", "normalization", normalization, ("batch", "null", "valid"))
     with autograd.pause():
