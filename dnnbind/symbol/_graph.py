@@ -267,6 +267,20 @@ class Symbol:
         from ._infer import infer_types
         return infer_types(self, self._given("infer_type", args, kwargs))
 
+    # -- executors
+    def simple_bind(self, ctx, grad_req="write", type_dict=None, stype_dict=None, group2ctx=None,
+                    shared_arg_names=None, shared_exec=None, shared_buffer=None, **kwargs):
+        """An Executor with arrays of the shapes inferred from ``kwargs`` (see symbol._executor)."""
+        from ._executor import simple_bind
+        return simple_bind(self, ctx, grad_req, type_dict, stype_dict, group2ctx, shared_arg_names, shared_exec,
+                           shared_buffer, **kwargs)
+
+    def bind(self, ctx, args, args_grad=None, grad_req="write", aux_states=None, group2ctx=None,
+             shared_exec=None):
+        """An Executor over the caller's arrays (see symbol._executor)."""
+        from ._executor import bind
+        return bind(self, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)
+
     # -- files
     def tojson(self) -> str:
         from ._json import dumps
