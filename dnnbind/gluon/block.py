@@ -27,6 +27,8 @@ from .. import features, nd, serialization
 from .._lib import hooks
 from .._lib.hooks import TRACING
 from ..runtime.array import NDArray
+from ..symbol import Symbol
+from ._export import export, trace
 from ._param_ctx import copy_device, multi_ctx, using_device
 from .param_files import _load_into, _read_param_file
 from .parameter import Parameter
@@ -345,6 +347,8 @@ class Block:
         return self._call(args, kwargs)
 
     def _call(self, args, kwargs):
+        if args and isinstance(args[0], Symbol):  # traced (export, hybrid_forward with F = mx.sym): its graph
+            return trace(self, list(args))
         if self._array_input and args and not isinstance(args[0], NDArray):
             self._refuse_input(args[0])
         for hook in self._forward_pre_hooks:
@@ -371,6 +375,12 @@ class Block:
             raise NotImplementedError(f"{type(self).__name__} must define forward(self, x)")
         params = {name: p.data() for name, p in self._reg_params.items() if p is not None}
         return hybrid(nd, x, *args, **kwargs, **params)
+
+    def export(self, path: str, epoch: int = 0) -> tuple[str, str]:
+        """MXNet's ``HybridBlock.export``: ``path-symbol.json`` and ``path-%04d.params`` (``arg:``/``aux:`` keys),
+        what ``SymbolBlock.imports`` and MXNet load. The Block is traced to a symbol graph (gluon/_export.py); its
+        Parameters need their shapes (a call first, as MXNet needs one after hybridize())."""
+        return export(self, path, epoch)
 
     # -- printing -----------------------------------------------------------------------------------------
     def summary(self, *inputs) -> None:

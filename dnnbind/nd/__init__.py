@@ -8,7 +8,7 @@ the registry; the hand-written layer ops (``Convolution``, ``FullyConnected``, `
 
 from __future__ import annotations
 
-from .._lib.errors import DnnbindTypeError
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 from ..runtime.array import NDArray  # noqa: F401  (nd.NDArray)
 from . import _indexing, _linalg, _shape, _sort, _table  # noqa: F401  (each registers its ops)
@@ -49,14 +49,31 @@ def _mxnet_name(op: Op) -> str:
     return next((n for n in op.nd_names if n[:1].isupper()), op.name)
 
 
+# MXNet's elemwise_* operators (and their _plus/_minus/... spellings, what a symbol's ``a + b`` runs) take operands
+# of one shape; they share the broadcasting ops' table entries here, so the names check it themselves.
+_SAME_SHAPE = frozenset(["elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div", "_plus", "_minus", "_mul",
+                         "_div"])
+
+
+def _same_shapes(nd_name: str, args) -> None:
+    shapes = [a.shape for a in args if isinstance(a, NDArray)]
+    for i, s in enumerate(shapes[1:], 1):
+        if s != shapes[0]:
+            raise DnnbindValueError(f"{nd_name}: Incompatible attr at {i}-th input: expected {shapes[0]}, got {s} "
+                                    f"(MXNet's elemwise operators do not broadcast; use broadcast_* for that)")
+
+
 def _make_function(op: Op, nd_name: str):
     names = op.params
     accepted = _accepted(op)
     allowed, mx_name = frozenset(accepted), _mxnet_name(op)
+    same_shape = nd_name in _SAME_SHAPE
 
     def fn(*args, out=None, name=None, **params):
         if params and not allowed.issuperset(params):  # a misspelled keyword never runs with a default
             reject(mx_name, params, accepted)
+        if same_shape:
+            _same_shapes(nd_name, args)
         n = len(args) if op.arity is None else op.arity
         if len(args) == n and out is None:  # the common call: operands only, parameters by keyword
             return invoke(op, args, params)

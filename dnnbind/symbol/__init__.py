@@ -13,10 +13,10 @@ parsing and errors. What runs a graph (shape inference, the executor, SymbolBloc
 from __future__ import annotations
 
 from ..nd._mxnet_params import ALIASES, DECLARED
-from ._graph import AttrScope, Group, NameManager, Prefix, Symbol, make, var
+from ._graph import AttrScope, Group, NameManager, Prefix, Symbol, compose, make, var
 from ._json import loads as load_json
 
-__all__ = ["AttrScope", "Group", "NameManager", "Prefix", "Symbol", "Variable", "load", "load_json", "var"]
+__all__ = ["AttrScope", "Group", "NameManager", "Prefix", "Symbol", "Variable", "compose", "load", "load_json", "var"]
 
 Variable = var
 

@@ -17,7 +17,7 @@ from ..nd._mxnet_params import ALIASES, VAR_ARGS
 from ..nd._schema import attr_string, schema
 from . import _opio
 
-__all__ = ["Node", "Symbol", "Group", "var", "make", "NameManager", "Prefix", "AttrScope"]
+__all__ = ["Node", "Symbol", "Group", "compose", "var", "make", "NameManager", "Prefix", "AttrScope"]
 
 
 class Node:
@@ -216,6 +216,13 @@ class Symbol:
     def __len__(self) -> int:
         return len(self._outputs)
 
+    def __call__(self, *args, **kwargs) -> Symbol:
+        """MXNet's composition ``net(data=x)``: this graph with the named inputs (positional: in list_arguments
+        order) replaced by the given Symbols."""
+        if args:
+            kwargs = {**dict(zip(self.list_arguments(), args)), **kwargs}
+        return compose(self, kwargs)
+
     def __iter__(self):
         return (Symbol([e]) for e in self._outputs)
 
@@ -396,12 +403,62 @@ def _is_numpy_scalar(v) -> bool:
     return isinstance(v, np.generic) and v.dtype.kind in "iuf"
 
 
+def compose(symbol: Symbol, inputs: dict) -> Symbol:
+    """``symbol`` with its variables named in ``inputs`` replaced by those Symbols (MXNet's ``net(data=x)``): a
+    copy of the graph; the rest of the variables, and their nodes, are shared."""
+    for name, s in inputs.items():
+        if not isinstance(s, Symbol) or len(s._outputs) != 1:
+            raise DnnbindTypeError(f"compose: {name} must be a Symbol with one output")
+    names = {n.name for n in symbol._topo() if n.op is None}
+    unknown = [k for k in inputs if k not in names]
+    if unknown:
+        raise DnnbindValueError(f"compose: {unknown[0]!r} is not an input of the symbol ({sorted(names)})")
+    copies: dict[int, Node] = {}
+
+    def entry(node, i):
+        if node.op is None and node.name in inputs:
+            return inputs[node.name]._outputs[0]
+        return (copies.get(id(node), node), i)
+
+    for n in symbol._topo():
+        if n.op is None:
+            continue
+        new = Node(n.op, n.name, n.attrs, [entry(s, i) for s, i in n.inputs], n.params, n.num_outputs, n.visible,
+                   n.aux)
+        copies[id(n)] = new
+    return Symbol([entry(n, i) for n, i in symbol._outputs])
+
+
 def Group(symbols) -> Symbol:
     """``mx.sym.Group([a, b])``: one symbol with the outputs of each."""
     symbols = list(symbols)
     if not symbols or not all(isinstance(s, Symbol) for s in symbols):
         raise DnnbindTypeError("Group expects a non-empty list of Symbols")
     return Symbol([e for s in symbols for e in s._outputs])
+
+
+def _method(op: str):
+    """``sym.<method>(...)`` as MXNet's Symbol has it: the operator on this symbol, further positional arguments
+    taken as the operator's parameters in MXNet's order (``x.reshape((0, -1))``, ``x.sum(1)``)."""
+    def method(self, *args, **kwargs):
+        if args:
+            names = [p.name for p in schema(op).params]
+            kwargs = {**dict(zip(names, args)), **kwargs}
+        return make(op, self, **kwargs)
+    method.__name__ = op
+    method.__doc__ = f"The {op} operator on this Symbol."
+    return method
+
+
+for _m, _op in (("reshape", "Reshape"), ("flatten", "Flatten"), ("sum", "sum"), ("mean", "mean"), ("max", "max"),
+                ("min", "min"), ("prod", "prod"), ("transpose", "transpose"), ("expand_dims", "expand_dims"),
+                ("squeeze", "squeeze"), ("softmax", "softmax"), ("log_softmax", "log_softmax"), ("relu", "relu"),
+                ("sigmoid", "sigmoid"), ("tanh", "tanh"), ("exp", "exp"), ("log", "log"), ("abs", "abs"),
+                ("sqrt", "sqrt"), ("square", "square"), ("clip", "clip"), ("astype", "Cast"),
+                ("slice_axis", "slice_axis"), ("split", "SliceChannel"), ("argmax", "argmax"), ("argmin", "argmin"),
+                ("norm", "norm"), ("swapaxes", "SwapAxis"), ("tile", "tile"), ("repeat", "repeat"),
+                ("broadcast_to", "broadcast_to"), ("zeros_like", "zeros_like"), ("ones_like", "ones_like")):
+    setattr(Symbol, _m, _method(_op))
 
 
 # MXNet's __dtype__ attribute: mshadow's type flags

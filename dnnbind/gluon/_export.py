@@ -1,0 +1,129 @@
+"""``HybridBlock.export``: a Block traced to a symbol graph and written as MXNet's ``path-symbol.json`` +
+``path-%04d.params`` (``arg:``/``aux:`` keys), the files ``SymbolBlock.imports`` and MXNet itself load.
+Layer: gluon; imports dnnbind.symbol.
+
+Tracing calls each Block with Symbols instead of arrays. A Block that defines MXNet 1.x's
+``hybrid_forward(self, F, x, **params)`` runs it with ``F = mx.sym`` and its Parameters as variables, as MXNet
+does. Gluon's own layers, written for arrays, give their symbolic form here (``TRACERS``: the same operator and
+arguments their forward passes to nd, named ``<prefix>fwd`` as MXNet names them). A Block with neither is refused,
+naming its class.
+"""
+
+from __future__ import annotations
+
+from .. import serialization
+from .. import symbol as sym
+from .._lib.errors import DnnbindValueError
+from ..features import UnsupportedFeature
+from ..symbol import Symbol, compose
+
+__all__ = ["trace", "export"]
+
+
+def _var(p):
+    return sym.var(p.name)
+
+
+def _act(block, y):
+    return trace(block.act, [y]) if getattr(block, "act", None) is not None else y
+
+
+def _conv(block, x):
+    kw = dict(kernel=block._kernel, stride=block._strides, dilate=block._dilation, pad=block._padding,
+              num_filter=block._channels, num_group=block._groups, no_bias=block.bias is None,
+              layout=block._layout)
+    args = [x, _var(block.weight)] + ([_var(block.bias)] if block.bias is not None else [])
+    op = "Deconvolution" if "Transpose" in type(block).__name__ else "Convolution"
+    if op == "Deconvolution":
+        kw["adj"] = getattr(block, "_output_padding", (0,) * len(block._kernel))
+    return _act(block, sym.make(op, *args, name=block.prefix + "fwd", **kw))
+
+
+def _dense(block, x):
+    args = [x, _var(block.weight)] + ([_var(block.bias)] if block.bias is not None else [])
+    y = sym.make("FullyConnected", *args, name=block.prefix + "fwd", num_hidden=block._units,
+                 no_bias=block.bias is None, flatten=block._flatten)
+    return _act(block, y)
+
+
+def _batchnorm(block, x):
+    return sym.make("BatchNorm", x, *[_var(p) for p in block._params4()], name=block.prefix + "fwd", **block._kwargs)
+
+
+def _pool(block, x):
+    kw = dict(kernel=block._size, pool_type=block._pool_type, global_pool=block._global,
+              pooling_convention="full" if block._ceil else "valid", stride=block._strides, pad=block._padding)
+    if block._pool_type == "avg":
+        kw["count_include_pad"] = block._count_include_pad
+    if block._dims == 2:
+        kw["layout"] = block._layout
+    return sym.make("Pooling", x, name=block.prefix + "fwd", **kw)
+
+
+def _sequential(block, x, *args):
+    for child in block._children.values():
+        x = trace(child, [x, *args])
+        args = ()
+    return x
+
+
+def _symbol_block(block, *inputs):
+    return compose(block._symbol, dict(zip(block._input_names, inputs)))
+
+
+def _tracers() -> dict:
+    from .nn import basic_layers as b, conv_layers as c, norm_layers as n
+    from .symbol_block import SymbolBlock
+    return {
+        SymbolBlock: _symbol_block,
+        b.Sequential: _sequential,
+        b.Dense: _dense,
+        b.Activation: lambda blk, x: sym.make("Activation", x, name=blk.prefix + "fwd", act_type=blk._act_type),
+        b.Dropout: lambda blk, x: sym.make("Dropout", x, name=blk.prefix + "fwd", p=blk._rate, axes=blk._axes),
+        b.Flatten: lambda blk, x: sym.make("Flatten", x, name=blk.prefix + "flatten0"),
+        c._Conv: _conv,
+        c._Pool: _pool,
+        n.BatchNorm: _batchnorm,
+    }
+
+
+_table: dict = {}
+
+
+def trace(block, inputs: list) -> Symbol:
+    """``block`` called on Symbols: its graph."""
+    if not _table:
+        _table.update(_tracers())
+    hybrid = getattr(block, "hybrid_forward", None)  # a user's MXNet 1.x Block (gluon's own layers have none)
+    if hybrid is not None:
+        params = {name: _var(p) for name, p in block._reg_params.items() if p is not None}
+        with sym.Prefix(block.prefix):
+            return hybrid(sym, *inputs, **params)
+    for cls in type(block).__mro__:
+        fn = _table.get(cls)
+        if fn is not None:
+            return fn(block, *inputs)
+    raise UnsupportedFeature(f"export: {type(block).__name__} ({block.name}) cannot be traced to a symbol graph yet "
+                             "(dnnbind traces Sequential, Dense, Conv, Pool, BatchNorm, Activation, Dropout, "
+                             "Flatten and Blocks written with hybrid_forward(self, F, x, ...))")
+
+
+def export(block, path: str, epoch: int = 0, num_inputs: int = 1) -> tuple[str, str]:
+    """Write ``path-symbol.json`` and ``path-%04d.params`` (atomically); returns their names."""
+    params = block.collect_params()
+    waiting = [name for name, p in params.items() if not p._shape_known()]
+    if waiting:
+        raise DnnbindValueError(f"export: Parameter `{waiting[0]}` has no shape yet: call the Block once (or "
+                                "initialize it with known input sizes) before exporting, as MXNet requires a forward "
+                                "after hybridize()")
+    names = ["data"] if num_inputs == 1 else [f"data{i}" for i in range(num_inputs)]
+    out = trace(block, [sym.var(n) for n in names])
+    if isinstance(out, (list, tuple)):
+        out = sym.Group(list(out))
+    args, aux = set(out.list_arguments()), set(out.list_auxiliary_states())
+    arrays = {f"arg:{n}": p._host_copy() for n, p in params.items() if n in args}
+    arrays.update({f"aux:{n}": p._host_copy() for n, p in params.items() if n in aux})
+    files = f"{path}-symbol.json", f"{path}-{int(epoch):04d}.params"
+    out.save(files[0])
+    serialization.save(files[1], arrays)
+    return files
