@@ -10,6 +10,8 @@ The parameter file is MXNet's NDArray file (serialization) with every array keye
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 
 from . import serialization
@@ -18,7 +20,10 @@ from .runtime.array import NDArray, array
 from .runtime.device import cpu
 from .symbol import Symbol, load as load_symbol
 
-__all__ = ["load_checkpoint", "load_params", "save_checkpoint"]
+__all__ = ["BatchEndParam", "load_checkpoint", "load_params", "save_checkpoint"]
+
+# What Module.fit/score hand each batch-end callback (mx.model.BatchEndParam, as in MXNet).
+BatchEndParam = namedtuple("BatchEndParams", ["epoch", "nbatch", "eval_metric", "locals"])
 
 
 def _param_file(prefix: str, epoch: int) -> str:

@@ -265,7 +265,7 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
         from dnnbind.mxnet._unsupported import UnsupportedFeature
         cases = {"mx.gluon.rnn.LSTM": lambda: mx.gluon.rnn.LSTM,
                  "mx.gluon.model_zoo": lambda: mx.gluon.model_zoo.vision.resnet18_v1,
-                 "mx.nd.sparse": lambda: mx.nd.sparse.csr_matrix, "mx.mod": lambda: mx.mod.Module,
+                 "mx.nd.sparse": lambda: mx.nd.sparse.csr_matrix, "mx.recordio": lambda: mx.recordio.MXRecordIO,
                  "mx.use_np": lambda: mx.use_np, "nn.Conv3D": lambda: nn.Conv3D, "export": lambda: nn.Dense(2).export,
                  "mx.nd.Custom": lambda: mx.nd.Custom, "mx.gluon.contrib": lambda: mx.gluon.contrib.cnn}
         for what, f in cases.items():
@@ -291,7 +291,7 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
     assert "mx.gluon.rnn.LSTM -> mxnet.gluon.rnn is not supported by dnnbind yet (mxnet.gluon.rnn.LSTM was used): " \
            "recurrent layers" in lines
     for what, feature in [("mx.gluon.model_zoo", "mxnet.gluon.model_zoo.vision"),
-                          ("mx.nd.sparse", "mxnet.nd.sparse"), ("mx.mod", "mxnet.mod"), ("mx.use_np", "mxnet.use_np"),
+                          ("mx.nd.sparse", "mxnet.nd.sparse"), ("mx.recordio", "mxnet.recordio"), ("mx.use_np", "mxnet.use_np"),
                           ("nn.Conv3D", "mxnet.gluon.nn.Conv3D"),
                           ("export", "mxnet.gluon.HybridBlock.export"), ("mx.nd.Custom", "mxnet.nd.Custom"),
                           ("mx.gluon.contrib", "mxnet.gluon.contrib")]:

@@ -249,9 +249,9 @@ def test_random_resolves_to_nd_random_when_it_exists(alias):
 @pytest.mark.parametrize("path, feature", [
     ("contrib.text.embedding.create", "mxnet.contrib.text.embedding"),
     ("contrib.text.vocab.Vocabulary", "mxnet.contrib.text.vocab"),
-    ("mod.Module", "mxnet.mod"),
-    ("module.BucketingModule", "mxnet.module"),
-    ("callback.Speedometer", "mxnet.callback"),
+    ("monitor.Monitor", "mxnet.monitor"),
+    ("visualization.plot_network", "mxnet.visualization"),
+    ("rtc.CudaModule", "mxnet.rtc"),
     ("io.MNISTIter", "mxnet.io.MNISTIter"),
     ("recordio.MXRecordIO", "mxnet.recordio"),
     ("profiler.set_config", "mxnet.profiler"),
@@ -274,7 +274,7 @@ def test_unbacked_feature_raises_on_first_use(path, feature):
 def test_unbacked_namespaces_import_and_introspect_quietly(alias):
     import mxnet.contrib.text.embedding as emb
     from mxnet.contrib import text
-    assert text.embedding is emb and not hasattr(emb, "__file__") and not hasattr(dmx.mod, "__all__")
+    assert text.embedding is emb and not hasattr(emb, "__file__") and not hasattr(dmx.recordio, "__all__")
     with pytest.raises(NotImplementedError, match="^mxnet.contrib.text.embedding is not supported by dnnbind yet"):
         emb.create("glove")
     with pytest.raises(ModuleNotFoundError):
@@ -515,18 +515,18 @@ def test_unbacked_names_are_attribute_errors_too_so_introspection_works(alias):
     import pickle
     from dnnbind.mxnet._unsupported import UnsupportedFeature
     # An MXNet name dnnbind lacks names the feature; a name MXNet lacks too (a typo) is a plain AttributeError,
-    # except in a namespace dnnbind does not back at all (mx.mod), where every name is the feature.
+    # except in a namespace dnnbind does not back at all (mx.recordio), where every name is the feature.
     for mod, mx_name in ((alias.base, "check_call"), (alias.image, "ImageIter"),
-                         (alias.test_utils, "check_numeric_gradient"), (alias.mod, "no_such_name_here")):
+                         (alias.test_utils, "check_numeric_gradient"), (alias.recordio, "no_such_name_here")):
         for name in (mx_name, "no_such_name_here"):
             assert not hasattr(mod, name)
             assert getattr(mod, name, 7) == 7
         with pytest.raises(NotImplementedError, match="not supported by dnnbind"):
             getattr(mod, mx_name)
-        if mod is not alias.mod:
+        if mod is not alias.recordio:
             with pytest.raises(AttributeError) as err:
                 getattr(mod, "no_such_name_here")
             assert not isinstance(err.value, NotImplementedError)
     with pytest.raises(UnsupportedFeature):
-        alias.mod.Module
+        alias.recordio.MXRecordIO
     assert pickle.whichmodule(math.sqrt, "sqrt") == "math"

@@ -30,7 +30,7 @@ __all__ = ["Context", "MXNetError", "cpu", "cpu_pinned", "current_context", "gpu
 # Resolved on first access through the same table as `import mxnet.<name>`, so both give the same module.
 _LAZY = frozenset(["nd", "ndarray", "autograd", "gluon", "init", "initializer", "metric", "optimizer",
                    "lr_scheduler", "random", "image", "test_utils", "kv", "kvstore", "io", "sym", "symbol",
-                   "model", "name", "attribute"])
+                   "model", "name", "attribute", "mod", "module", "callback"])
 _ALIASES = {"img": "image", "rnd": "random"}
 
 

@@ -44,6 +44,9 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "mxnet.sym": ("dnnbind.symbol",),
     "mxnet.symbol": ("dnnbind.symbol",),
     "mxnet.model": ("dnnbind.model",),
+    "mxnet.mod": ("dnnbind.module",),
+    "mxnet.module": ("dnnbind.module",),
+    "mxnet.callback": ("dnnbind.callback",),
     "mxnet.name": ("dnnbind.symbol.name",),
     "mxnet.attribute": ("dnnbind.symbol.attribute",),
     "mxnet.random": ("dnnbind.nd.random", "dnnbind.mxnet.random"),  # the stand-in raises until nd.random exists

@@ -26,8 +26,6 @@ from ..features import NAMES, PATHS, UnsupportedFeature, missing  # noqa: F401  
 
 # MXNet 1.9's namespaces without a dnnbind implementation (dotted below ``mxnet``), with a hint where useful.
 NAMESPACES: dict[str, str] = {
-    "mod": "the Module API; use gluon.Trainer",
-    "module": "the Module API; use gluon.Trainer",
     "recordio": "RecordIO files",
     "profiler": "MXNet's profiler; use dnnbind.trace()",
     "np": "MXNet's NumPy interface",
@@ -46,7 +44,6 @@ NAMESPACES: dict[str, str] = {
     "contrib.symbol": "",
     "contrib.io": "",
     "contrib.tensorboard": "",
-    "callback": "",
     "rnn": "",
     "monitor": "",
     "onnx": "ONNX export",
