@@ -3,10 +3,10 @@ after ``dnnbind.install_mxnet_alias()``. Layer: top (above gluon); imports runti
 every other dnnbind module lazily, on first attribute access.
 
 ``mx.nd``/``mx.ndarray``, ``mx.autograd``, ``mx.gluon``, ``mx.init``/``mx.initializer``, ``mx.metric``,
-``mx.optimizer``, ``mx.lr_scheduler``, ``mx.random``, ``mx.kv``/``mx.kvstore`` and ``mx.io`` are dnnbind's own
-modules (see ``_finder.TARGETS``);
+``mx.optimizer``, ``mx.lr_scheduler``, ``mx.random``, ``mx.kv``/``mx.kvstore``, ``mx.io``, ``mx.sym``, ``mx.model``,
+``mx.mod``/``mx.module`` and ``mx.callback`` are dnnbind's own modules (see ``_finder.TARGETS``);
 ``mx.context``, ``mx.base``, ``mx.image`` and ``mx.test_utils`` are small modules here; the namespaces dnnbind
-does not back (``mx.sym``, ``mx.mod``, ``mx.recordio``, ``mx.contrib.text``, ...) import fine and raise
+does not back (``mx.recordio``, ``mx.profiler``, ``mx.contrib.text``, ...) import fine and raise
 NotImplementedError naming the feature on first use. Any other name MXNet 1.9.1 has (``mx.use_np``, and through
 the alias ``mx.gluon.rnn.LSTM``, ``mx.nd.Custom``, ``mx.gluon.nn.Conv3D``) raises UnsupportedFeature naming it; a name
 MXNet lacks too is a plain AttributeError (see _unsupported.missing). ``mx.img`` and ``mx.rnd`` are ``mx.image``
@@ -44,7 +44,7 @@ def __getattr__(name: str):
         return __getattr__("attribute").AttrScope
     if name in _ALIASES:  # MXNet's short names: mx.img is mx.image, mx.rnd is mx.random
         return __getattr__(_ALIASES[name])
-    if name in _unsupported.NAMESPACES:  # mx.sym, mx.mod, mx.contrib, ...: made on first access
+    if name in _unsupported.NAMESPACES:  # mx.recordio, mx.contrib, ...: made on first access
         return _unsupported.install(name)
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
