@@ -9,7 +9,7 @@ the public names (``dir()``) of MXNet's namespaces and Gluon classes.
 2. ``collect_params()`` is keyed by full names with MXNet's global per-class counters; save_parameters writes
    structural paths (each path of a shared Parameter); both kinds of MXNet file load.
 3. An MXNet name dnnbind lacks raises UnsupportedFeature (NotImplementedError and AttributeError) naming the
-   feature, by every path (``mx.gluon.rnn.LSTM``, ``net.export``, ``mx.gluon.nn.Conv3D``); a typo a plain
+   feature, by every path (``mx.gluon.rnn.LSTM``, ``net.optimize_for``, ``mx.gluon.nn.Conv3D``); a typo a plain
    AttributeError.
 4. Every layer of ``gluon.nn`` given bad constructor arguments or bad inputs raises ValueError, TypeError or
    NotImplementedError naming the layer, never AttributeError, ZeroDivisionError or a deferred-init RuntimeError.
@@ -249,9 +249,9 @@ def test_block_and_parameter_names_are_mxnets_or_name_the_feature():
     with pytest.raises(AttributeError) as err:
         layer.hybrid_forward
     assert not isinstance(err.value, NotImplementedError)
-    with pytest.raises(UnsupportedFeature, match=r"mxnet\.gluon\.HybridBlock\.export is not supported by dnnbind "
-                                                 r"yet \(Dense\.export was used\).*save_parameters"):
-        layer.export("model")
+    with pytest.raises(UnsupportedFeature, match=r"mxnet\.gluon\.HybridBlock\.optimize_for is not supported by "
+                                                 r"dnnbind yet \(Dense\.optimize_for was used\)"):
+        layer.optimize_for
     _check_names(layer.weight, "Parameter")
     _check_names(layer.collect_params(), "ParameterDict")
 
@@ -266,7 +266,7 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
         cases = {"mx.gluon.rnn.LSTM": lambda: mx.gluon.rnn.LSTM,
                  "mx.gluon.model_zoo": lambda: mx.gluon.model_zoo.vision.resnet18_v1,
                  "mx.nd.sparse": lambda: mx.nd.sparse.csr_matrix, "mx.recordio": lambda: mx.recordio.MXRecordIO,
-                 "mx.use_np": lambda: mx.use_np, "nn.Conv3D": lambda: nn.Conv3D, "export": lambda: nn.Dense(2).export,
+                 "mx.use_np": lambda: mx.use_np, "nn.Conv3D": lambda: nn.Conv3D, "optimize_for": lambda: nn.Dense(2).optimize_for,
                  "mx.nd.Custom": lambda: mx.nd.Custom, "mx.gluon.contrib": lambda: mx.gluon.contrib.cnn}
         for what, f in cases.items():
             try:
@@ -293,7 +293,7 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
     for what, feature in [("mx.gluon.model_zoo", "mxnet.gluon.model_zoo.vision"),
                           ("mx.nd.sparse", "mxnet.nd.sparse"), ("mx.recordio", "mxnet.recordio"), ("mx.use_np", "mxnet.use_np"),
                           ("nn.Conv3D", "mxnet.gluon.nn.Conv3D"),
-                          ("export", "mxnet.gluon.HybridBlock.export"), ("mx.nd.Custom", "mxnet.nd.Custom"),
+                          ("optimize_for", "mxnet.gluon.HybridBlock.optimize_for"), ("mx.nd.Custom", "mxnet.nd.Custom"),
                           ("mx.gluon.contrib", "mxnet.gluon.contrib")]:
         line = next(x for x in lines if x.startswith(what + " ->"))
         assert f"-> {feature} is not supported by dnnbind" in line, line
