@@ -49,7 +49,7 @@ from .nd import concat, slice_axis, tile
 from .runtime.array import NDArray
 from .runtime.device import cpu
 
-__all__ = ["DataBatch", "DataDesc", "DataIter", "NDArrayIter", "PrefetchingIter", "ResizeIter"]
+__all__ = ["DataBatch", "DataDesc", "DataIter", "MNISTIter", "NDArrayIter", "PrefetchingIter", "ResizeIter"]
 
 LAST_BATCH_HANDLES = ("pad", "discard", "roll_over")
 
@@ -531,6 +531,85 @@ class PrefetchingIter(DataIter):
 
     def getpad(self):
         return self.current_batch.pad
+
+
+# -- MNISTIter ----------------------------------------------------------------------------------------------------
+
+def _read_idx(path: str, what: str):
+    """An IDX file (MNIST's format) as a numpy array: ``path`` itself, or ``path + '.gz'``."""
+    import gzip
+    import os
+    for candidate, opener in ((path, open), (path + ".gz", gzip.open)):
+        if os.path.exists(candidate):
+            with opener(candidate, "rb") as f:
+                raw = f.read()
+            break
+    else:
+        raise FileNotFoundError(f"MNISTIter: the {what} file {path!r} (or {path}.gz) does not exist; MNIST's files "
+                                "are train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
+                                "t10k-labels-idx1-ubyte")
+    if len(raw) < 8 or raw[:2] != b"\x00\x00" or raw[2] != 8:
+        raise DnnbindValueError(f"MNISTIter: {path!r} is not an IDX file of unsigned bytes")
+    ndim = raw[3]
+    dims = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+    data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise DnnbindValueError(f"MNISTIter: {path!r} holds {data.size} values, its header says {dims}")
+    return data.reshape(dims)
+
+
+class MNISTIter(DataIter):
+    """MXNet's ``mx.io.MNISTIter`` (a C++ iterator there): MNIST's IDX files as batches of ``data`` (N, 1, 28, 28),
+    or (N, 784) with ``flat``, scaled by 1/256 as MXNet's, and ``softmax_label`` (N,). As MXNet's: the order is
+    shuffled once, when the iterator is made (``seed``), the last incomplete batch is dropped, and unknown keywords
+    (``data_shape``, which MXNet's examples pass) are accepted and ignored. ``num_parts``/``part_index`` give one
+    contiguous part of the (shuffled) images."""
+
+    def __init__(self, image="./train-images-idx3-ubyte", label="./train-labels-idx1-ubyte", batch_size=128,
+                 shuffle=True, flat=False, seed=0, silent=False, num_parts=1, part_index=0, prefetch_buffer=4,
+                 ctx="gpu", dtype=None, **_ignored):
+        super().__init__(_batch_size(batch_size))
+        images = _read_idx(str(image), "image")
+        labels = _read_idx(str(label), "label")
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise DnnbindValueError(f"MNISTIter: {len(labels)} labels for images of shape {images.shape}")
+        order = np.arange(len(labels))
+        if shuffle:
+            np.random.default_rng(int(seed)).shuffle(order)
+        if int(num_parts) > 1:
+            step = len(order) // int(num_parts)
+            order = order[int(part_index) * step:(int(part_index) + 1) * step]
+        x = images[order].astype(np.float32) * (1.0 / 256.0)
+        self._data = x.reshape(len(order), -1) if flat else x.reshape(len(order), 1, *images.shape[1:])
+        self._label = labels[order].astype(np.float32)
+        self._cursor = -self.batch_size
+        if not silent:
+            print(f"MNISTIter: load {len(order)} images, shuffle={int(bool(shuffle))}, "
+                  f"shape={(self.batch_size,) + self._data.shape[1:]}")
+
+    @property
+    def provide_data(self):
+        return [DataDesc("data", (self.batch_size,) + self._data.shape[1:])]
+
+    @property
+    def provide_label(self):
+        return [DataDesc("softmax_label", (self.batch_size,))]
+
+    def reset(self) -> None:
+        self._cursor = -self.batch_size
+
+    def iter_next(self) -> bool:
+        self._cursor += self.batch_size
+        return self._cursor + self.batch_size <= len(self._label)
+
+    def getdata(self):
+        return [nd_array(self._data[self._cursor:self._cursor + self.batch_size], ctx=cpu())]
+
+    def getlabel(self):
+        return [nd_array(self._label[self._cursor:self._cursor + self.batch_size], ctx=cpu())]
+
+    def getpad(self) -> int:
+        return 0
 
 
 # MXNet's C++ iterators and its submodules: the first use says dnnbind does not have them.

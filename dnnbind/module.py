@@ -534,8 +534,16 @@ class Module(BaseModule):
         if self._params_dirty:
             self._sync_params_from_devices()
         if kvstore is not None and not isinstance(kvstore, str):
-            raise UnsupportedFeature("Module.init_optimizer(kvstore=<KVStore>) is not supported by dnnbind yet "
-                                     "(one device needs none: pass 'local')")
+            # a KVStore object (example/image-classification's fit.py makes one): with one process and one
+            # device there is nothing to sum, so only its kind matters
+            kind, workers = getattr(kvstore, "type", None), getattr(kvstore, "num_workers", 1)
+            if not isinstance(kind, str):
+                raise DnnbindTypeError(f"init_optimizer: kvstore must be None, a string or a KVStore, got "
+                                       f"{type(kvstore).__name__}")
+            if workers > 1:
+                raise UnsupportedFeature(f"Module.init_optimizer(kvstore=<KVStore {kind!r} of {workers} workers>): "
+                                         "distributed training of a Module is not supported by dnnbind yet")
+            kvstore = kind if "dist" not in kind else "local"
         if isinstance(kvstore, str) and "dist" in kvstore:
             raise UnsupportedFeature(f"Module.init_optimizer(kvstore={kvstore!r}): distributed training of a Module "
                                      "is not supported by dnnbind yet")

@@ -252,7 +252,7 @@ def test_random_resolves_to_nd_random_when_it_exists(alias):
     ("monitor.Monitor", "mxnet.monitor"),
     ("visualization.plot_network", "mxnet.visualization"),
     ("rtc.CudaModule", "mxnet.rtc"),
-    ("io.MNISTIter", "mxnet.io.MNISTIter"),
+    ("io.ImageRecordIter", "mxnet.io.ImageRecordIter"),
     ("recordio.MXRecordIO", "mxnet.recordio"),
     ("profiler.set_config", "mxnet.profiler"),
     ("np.zeros", "mxnet.np"),

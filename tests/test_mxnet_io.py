@@ -233,7 +233,7 @@ def test_a_gluon_training_loop_reads_the_batches(alias):
 
 def test_the_cpp_iterators_name_the_feature(alias):
     import mxnet as mx
-    for name in ("MNISTIter", "ImageRecordIter", "CSVIter", "MXDataIter"):
+    for name in ("ImageRecordIter", "CSVIter", "LibSVMIter", "MXDataIter"):
         with pytest.raises(NotImplementedError, match=rf"^mxnet\.io\.{name} is not supported by dnnbind yet: "
                                                       "MXNet's C\\+\\+ data iterators"):
             getattr(mx.io, name)
@@ -338,3 +338,44 @@ def test_an_ndarray_on_the_gpu_gives_batches_on_the_gpu(gpu):
     batches = list(it)
     assert [b.data[0].context for b in batches] == [gpu, gpu] and batches[1].pad == 2
     np.testing.assert_array_equal(batches[1].data[0].asnumpy(), np.arange(12.0).reshape(6, 2)[[4, 5, 0, 1]])
+
+
+# -- MNISTIter (MXNet's C++ iterator, src/io/iter_mnist.cc) ---------------------------------------------------------
+
+def _write_idx(path, array, gz=False):
+    import gzip
+    arr = np.asarray(array, np.uint8)
+    header = bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    with (gzip.open if gz else open)(path, "wb") as f:
+        f.write(header + arr.tobytes())
+
+
+def test_mnist_iter_reads_idx_files_as_mxnet_does(tmp_path):
+    from dnnbind import io as dio
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (10, 4, 3))
+    labels = rng.integers(0, 10, 10)
+    _write_idx(tmp_path / "img", images)
+    _write_idx(tmp_path / "lbl.gz", labels, gz=True)  # the .gz beside the name given is read too
+    it = dio.MNISTIter(image=str(tmp_path / "img"), label=str(tmp_path / "lbl"), batch_size=4, shuffle=False,
+                       silent=True, data_shape=(12,))  # data_shape: MXNet's examples pass it; it is ignored
+    batches = list(it)
+    assert len(batches) == 2  # the last incomplete batch is dropped, as MXNet's
+    np.testing.assert_array_equal(batches[0].data[0].asnumpy(), images[:4, None] / 256.0)
+    np.testing.assert_array_equal(batches[1].label[0].asnumpy(), labels[4:8])
+    assert it.provide_data[0].shape == (4, 1, 4, 3) and it.provide_label[0].shape == (4,)
+    it.reset()
+    assert len(list(it)) == 2
+    flat = dio.MNISTIter(image=str(tmp_path / "img"), label=str(tmp_path / "lbl"), batch_size=5, flat=True,
+                         shuffle=True, seed=3, silent=True)
+    first = [b.label[0].asnumpy() for b in flat]
+    flat.reset()
+    assert [b.label[0].asnumpy().tolist() for b in flat] == [f.tolist() for f in first]  # shuffled once only
+    assert sorted(np.concatenate(first).tolist()) == sorted(labels.tolist())
+    assert flat.provide_data[0].shape == (5, 12)
+
+
+def test_mnist_iter_names_a_missing_file(tmp_path):
+    from dnnbind import io as dio
+    with pytest.raises(FileNotFoundError, match="image file .*nope"):
+        dio.MNISTIter(image=str(tmp_path / "nope"), label=str(tmp_path / "nope2"))

@@ -206,6 +206,9 @@ def install_mxnet_alias() -> types.ModuleType:
         # d2l-zh's use_svg_display() calls IPython.display.set_matplotlib_formats, which IPython 9 removed.
         from . import _ipython_compat
         _ipython_compat.install()
+        # MXNet-era code reads IDX files with np.fromstring's binary mode and uses np.float & co.: numpy 2 removed them.
+        from . import _numpy_compat
+        _numpy_compat.install()
     return importlib.import_module(ALIAS)
 
 
