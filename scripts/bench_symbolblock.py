@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dnnbind as mx  # noqa: E402
 from dnnbind import autograd, gluon, nd  # noqa: E402
 from dnnbind.gluon import nn  # noqa: E402
+from dnnbind.runtime.device import gpu_properties  # noqa: E402
 
 
 class Residual(gluon.HybridBlock):
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
 
     best_torch = min((v for k, v in rows.items() if k.startswith("PyTorch")), default=None)
     print(f"ResNet-18, batch {args.batch}, 3x{args.size}x{args.size}, TF32, inference "
-          f"({mx.gpu_properties(0)[0]}); SymbolBlock vs Block relative difference {err:.1e}")
+          f"({gpu_properties(0)[0]}); SymbolBlock vs Block relative difference {err:.1e}")
     print(f"{'run':45s} {'ms/batch':>9s} {'images/s':>10s} {'vs best PyTorch':>16s}")
     for k, v in rows.items():
         ratio = f"{v / best_torch:.2f}x" if best_torch else "-"
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"batch": args.batch, "size": args.size, "ms": rows, "rel_err": err,
-                       "gpu": mx.gpu_properties(0)[0], "date": time.strftime("%Y-%m-%d")}, f, indent=1)
+                       "gpu": gpu_properties(0)[0], "date": time.strftime("%Y-%m-%d")}, f, indent=1)
     return 0
 
 
