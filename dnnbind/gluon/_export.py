@@ -17,7 +17,7 @@ from .._lib.errors import DnnbindValueError
 from ..features import UnsupportedFeature
 from ..symbol import Symbol, compose
 
-__all__ = ["trace", "export"]
+__all__ = ["TRACERS", "export", "register", "trace"]
 
 
 def _var(p):
@@ -28,7 +28,7 @@ def _act(block, y):
     return trace(block.act, [y]) if getattr(block, "act", None) is not None else y
 
 
-def _conv(block, x):
+def conv(block, x):
     kw = dict(kernel=block._kernel, stride=block._strides, dilate=block._dilation, pad=block._padding,
               num_filter=block._channels, num_group=block._groups, no_bias=block.bias is None,
               layout=block._layout)
@@ -39,18 +39,18 @@ def _conv(block, x):
     return _act(block, sym.make(op, *args, name=block.prefix + "fwd", **kw))
 
 
-def _dense(block, x):
+def dense(block, x):
     args = [x, _var(block.weight)] + ([_var(block.bias)] if block.bias is not None else [])
     y = sym.make("FullyConnected", *args, name=block.prefix + "fwd", num_hidden=block._units,
                  no_bias=block.bias is None, flatten=block._flatten)
     return _act(block, y)
 
 
-def _batchnorm(block, x):
+def batchnorm(block, x):
     return sym.make("BatchNorm", x, *[_var(p) for p in block._params4()], name=block.prefix + "fwd", **block._kwargs)
 
 
-def _pool(block, x):
+def pool(block, x):
     kw = dict(kernel=block._size, pool_type=block._pool_type, global_pool=block._global,
               pooling_convention="full" if block._ceil else "valid", stride=block._strides, pad=block._padding)
     if block._pool_type == "avg":
@@ -60,47 +60,47 @@ def _pool(block, x):
     return sym.make("Pooling", x, name=block.prefix + "fwd", **kw)
 
 
-def _sequential(block, x, *args):
+def sequential(block, x, *args):
     for child in block._children.values():
         x = trace(child, [x, *args])
         args = ()
     return x
 
 
-def _symbol_block(block, *inputs):
+def symbol_block(block, *inputs):
     return compose(block._symbol, dict(zip(block._input_names, inputs)))
 
 
-def _tracers() -> dict:
-    from .nn import basic_layers as b, conv_layers as c, norm_layers as n
-    from .symbol_block import SymbolBlock
-    return {
-        SymbolBlock: _symbol_block,
-        b.Sequential: _sequential,
-        b.Dense: _dense,
-        b.Activation: lambda blk, x: sym.make("Activation", x, name=blk.prefix + "fwd", act_type=blk._act_type),
-        b.Dropout: lambda blk, x: sym.make("Dropout", x, name=blk.prefix + "fwd", p=blk._rate, axes=blk._axes),
-        b.Flatten: lambda blk, x: sym.make("Flatten", x, name=blk.prefix + "flatten0"),
-        c._Conv: _conv,
-        c._Pool: _pool,
-        n.BatchNorm: _batchnorm,
-    }
+def activation(block, x):
+    return sym.make("Activation", x, name=block.prefix + "fwd", act_type=block._act_type)
 
 
-_table: dict = {}
+def dropout(block, x):
+    return sym.make("Dropout", x, name=block.prefix + "fwd", p=block._rate, axes=block._axes)
+
+
+def flatten(block, x):
+    return sym.make("Flatten", x, name=block.prefix + "flatten0")
+
+
+# Block class -> its tracer. The layer modules register theirs (gluon/nn/__init__.py, symbol_block.py) so that this
+# module imports none of them: they import block.py, which imports this module.
+TRACERS: dict = {}
+
+
+def register(cls, fn) -> None:
+    TRACERS[cls] = fn
 
 
 def trace(block, inputs: list) -> Symbol:
     """``block`` called on Symbols: its graph."""
-    if not _table:
-        _table.update(_tracers())
     hybrid = getattr(block, "hybrid_forward", None)  # a user's MXNet 1.x Block (gluon's own layers have none)
     if hybrid is not None:
         params = {name: _var(p) for name, p in block._reg_params.items() if p is not None}
         with sym.Prefix(block.prefix):
             return hybrid(sym, *inputs, **params)
     for cls in type(block).__mro__:
-        fn = _table.get(cls)
+        fn = TRACERS.get(cls)
         if fn is not None:
             return fn(block, *inputs)
     raise UnsupportedFeature(f"export: {type(block).__name__} ({block.name}) cannot be traced to a symbol graph yet "

@@ -14,6 +14,7 @@ from __future__ import annotations
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 from ..symbol import Group, Symbol, load, var
 from ..symbol._exec import check, evaluate
+from . import _export
 from .block import Block
 from .parameter import DeferredInitializationError
 from .parameter_dict import ParameterDict
@@ -108,3 +109,6 @@ class SymbolBlock(Block):
 
     def __repr__(self) -> str:
         return f"SymbolBlock({', '.join(self._input_names)} -> {', '.join(self._symbol.list_outputs())})"
+
+
+_export.register(SymbolBlock, _export.symbol_block)  # export() composes its graph with the inputs given

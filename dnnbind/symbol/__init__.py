@@ -13,8 +13,18 @@ parsing and errors. What runs a graph (shape inference, the executor, SymbolBloc
 from __future__ import annotations
 
 from ..nd._mxnet_params import ALIASES, DECLARED
+from . import _executor, _infer, _json
 from ._graph import AttrScope, Group, NameManager, Prefix, Symbol, compose, make, var
 from ._json import loads as load_json
+
+# The Symbol methods that live beside the graph (each of these modules imports _graph, so _graph cannot import them)
+Symbol.tojson = _json.dumps
+Symbol.__deepcopy__ = lambda self, memo: _json.loads(_json.dumps(self))
+Symbol.infer_shape = _infer.infer_shape
+Symbol.infer_shape_partial = _infer.infer_shape_partial
+Symbol.infer_type = _infer.infer_type
+Symbol.simple_bind = _executor.simple_bind
+Symbol.bind = _executor.bind
 
 __all__ = ["AttrScope", "Group", "NameManager", "Prefix", "Symbol", "Variable", "compose", "load", "load_json", "var"]
 

@@ -247,52 +247,8 @@ class Symbol:
             for n, _ in self._outputs:
                 n.attrs[k] = v
 
-    # -- inference
-    def _given(self, what: str, args, kwargs) -> dict:
-        if args and kwargs:
-            raise DnnbindValueError(f"{what}: give the inputs by position or by name, not both")
-        if args:
-            names = self.list_arguments()
-            if len(args) > len(names):
-                raise DnnbindValueError(f"{what}: {len(args)} values for {len(names)} arguments ({names})")
-            return {n: a for n, a in zip(names, args) if a is not None}
-        return {k: v for k, v in kwargs.items() if v is not None}
-
-    def infer_shape(self, *args, **kwargs):
-        """(arg shapes, output shapes, aux shapes) from the shapes given (by name or in list_arguments order);
-        (None, None, None) when some cannot be found."""
-        from ._infer import infer_shapes
-        return infer_shapes(self, self._given("infer_shape", args, kwargs), partial=False)
-
-    def infer_shape_partial(self, *args, **kwargs):
-        """As infer_shape, with () for the shapes that stay unknown."""
-        from ._infer import infer_shapes
-        return infer_shapes(self, self._given("infer_shape_partial", args, kwargs), partial=True)
-
-    def infer_type(self, *args, **kwargs):
-        """(arg types, output types, aux types) as numpy types from the types given."""
-        from ._infer import infer_types
-        return infer_types(self, self._given("infer_type", args, kwargs))
-
-    # -- executors
-    def simple_bind(self, ctx, grad_req="write", type_dict=None, stype_dict=None, group2ctx=None,
-                    shared_arg_names=None, shared_exec=None, shared_buffer=None, **kwargs):
-        """An Executor with arrays of the shapes inferred from ``kwargs`` (see symbol._executor)."""
-        from ._executor import simple_bind
-        return simple_bind(self, ctx, grad_req, type_dict, stype_dict, group2ctx, shared_arg_names, shared_exec,
-                           shared_buffer, **kwargs)
-
-    def bind(self, ctx, args, args_grad=None, grad_req="write", aux_states=None, group2ctx=None,
-             shared_exec=None):
-        """An Executor over the caller's arrays (see symbol._executor)."""
-        from ._executor import bind
-        return bind(self, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)
-
-    # -- files
-    def tojson(self) -> str:
-        from ._json import dumps
-        return dumps(self)
-
+    # -- files (tojson, and infer_shape/infer_type, simple_bind/bind, are installed by the package's __init__:
+    # they live in _json.py, _infer.py and _executor.py, which import this module)
     def save(self, fname: str, remove_amp_cast: bool = True) -> None:
         """Write the JSON to ``fname`` atomically (a crash leaves the old file or the whole new one)."""
         from ..serialization import atomic_write
@@ -309,10 +265,6 @@ class Symbol:
 
     def __copy__(self) -> Symbol:
         return Symbol(self._outputs)
-
-    def __deepcopy__(self, memo) -> Symbol:
-        from ._json import loads
-        return loads(self.tojson())
 
     def __bool__(self):
         raise NotImplementedError("The truth value of a Symbol is ambiguous (MXNet refuses it too)")

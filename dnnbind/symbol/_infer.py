@@ -347,3 +347,32 @@ def infer_types(symbol: Symbol, given: dict):
     if any(t is None for t in args + auxs + outs):
         return None, None, None
     return [t.type for t in args], [t.type for t in outs], [t.type for t in auxs]
+
+
+# -- the Symbol methods (installed on Symbol by the package's __init__) ---------------------------------------------
+
+def _given(sym: Symbol, what: str, args, kwargs) -> dict:
+    if args and kwargs:
+        raise DnnbindValueError(f"{what}: give the inputs by position or by name, not both")
+    if args:
+        names = sym.list_arguments()
+        if len(args) > len(names):
+            raise DnnbindValueError(f"{what}: {len(args)} values for {len(names)} arguments ({names})")
+        return {n: a for n, a in zip(names, args) if a is not None}
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def infer_shape(self, *args, **kwargs):
+    """(arg shapes, output shapes, aux shapes) from the shapes given (by name or in list_arguments order);
+    (None, None, None) when some cannot be found."""
+    return infer_shapes(self, _given(self, "infer_shape", args, kwargs), partial=False)
+
+
+def infer_shape_partial(self, *args, **kwargs):
+    """As infer_shape, with () for the shapes that stay unknown."""
+    return infer_shapes(self, _given(self, "infer_shape_partial", args, kwargs), partial=True)
+
+
+def infer_type(self, *args, **kwargs):
+    """(arg types, output types, aux types) as numpy types from the types given."""
+    return infer_types(self, _given(self, "infer_type", args, kwargs))

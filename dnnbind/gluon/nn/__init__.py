@@ -38,6 +38,17 @@ from .conv_layers import (
     MaxPool2D,
 )
 from .norm_layers import BatchNorm, InstanceNorm, LayerNorm  # noqa: E402
+
+# How export() traces these layers to MXNet's operators (gluon/_export.py holds the tracers).
+from .. import _export  # noqa: E402
+from . import basic_layers as _basic, conv_layers as _conv  # noqa: E402
+
+for _cls, _fn in ((_basic.Sequential, _export.sequential), (_basic.Dense, _export.dense),
+                  (_basic.Activation, _export.activation), (_basic.Dropout, _export.dropout),
+                  (_basic.Flatten, _export.flatten), (_conv._Conv, _export.conv), (_conv._Pool, _export.pool),
+                  (BatchNorm, _export.batchnorm)):
+    _export.register(_cls, _fn)
+del _cls, _fn
 from .fused_layers import BatchNormAddRelu  # noqa: E402
 
 __all__ = [
