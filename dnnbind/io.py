@@ -584,8 +584,8 @@ class MNISTIter(DataIter):
         self._label = labels[order].astype(np.float32)
         self._cursor = -self.batch_size
         if not silent:
-            print(f"MNISTIter: load {len(order)} images, shuffle={int(bool(shuffle))}, "
-                  f"shape={(self.batch_size,) + self._data.shape[1:]}")
+            print(f"MNISTIter: load {len(order)} images, shuffle={int(bool(shuffle))}, "  # MXNet's LOG(INFO)
+                  f"shape={(self.batch_size,) + self._data.shape[1:]}", file=sys.stderr)
 
     @property
     def provide_data(self):
