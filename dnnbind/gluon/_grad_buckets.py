@@ -52,7 +52,7 @@ import weakref
 
 from .. import autograd
 from .._lib import cudart, hooks
-from ..runtime.stream import Event, Stream, current_stream
+from ..runtime.stream import Stream, current_stream, wait_for
 
 __all__ = ["DEFAULT_BUCKET_MB", "GradBuckets", "bucket_bytes", "partition"]
 
@@ -163,7 +163,6 @@ class GradBuckets:
         self._backwards = 0  # backward passes that reached these Parameters since the last step
         self._launched = False  # some bucket launched since the last step
         self._unjoined = False  # launched on the communication stream, not yet waited for by the compute stream
-        self._events = None
         self.early_launches = 0  # buckets launched during a backward, over this object's life (tests, benchmarks)
         self._finalizer = None
 
@@ -286,11 +285,7 @@ class GradBuckets:
                 self._comm.all_reduce(grad, out=grad)
             return
         stream = _comm_stream(self._device)
-        if self._events is None:
-            self._events = (Event(self._device, timing=False), Event(self._device, timing=False))
-        ready = self._events[0].record(current_stream(self._device))
-        self._device.activate()  # the stream's device current for the wait (Event.record made it so too)
-        cudart.call("cudaStreamWaitEvent", stream.handle, ready.handle, 0)
+        wait_for(stream, current_stream(self._device))
         with stream:  # Communicator.all_reduce runs on the device's current stream
             for grad, _ in parts:
                 self._comm.all_reduce(grad, out=grad)
@@ -301,6 +296,4 @@ class GradBuckets:
         if not self._unjoined:
             return
         self._unjoined = False
-        done = self._events[1].record(_comm_stream(self._device))
-        self._device.activate()
-        cudart.call("cudaStreamWaitEvent", current_stream(self._device).handle, done.handle, 0)
+        wait_for(current_stream(self._device), _comm_stream(self._device))
