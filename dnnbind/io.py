@@ -355,7 +355,23 @@ class NDArrayIter(DataIter):
 
 # -- wrappers ----------------------------------------------------------------------------------------------------
 
-class ResizeIter(DataIter):
+class _BatchHolder(DataIter):
+    """An iterator that holds whole DataBatches (``current_batch``) and reads its parts from it."""
+
+    def getdata(self):
+        return self.current_batch.data
+
+    def getlabel(self):
+        return self.current_batch.label
+
+    def getindex(self):
+        return self.current_batch.index
+
+    def getpad(self):
+        return self.current_batch.pad
+
+
+class ResizeIter(_BatchHolder):
     """``size`` batches per epoch from ``data_iter``, which is reset (and goes on) whenever it runs out first."""
 
     def __init__(self, data_iter: DataIter, size: int, reset_internal: bool = True):
@@ -385,17 +401,6 @@ class ResizeIter(DataIter):
         self.cur += 1
         return True
 
-    def getdata(self):
-        return self.current_batch.data
-
-    def getlabel(self):
-        return self.current_batch.label
-
-    def getindex(self):
-        return self.current_batch.index
-
-    def getpad(self):
-        return self.current_batch.pad
 
 
 class _Prefetcher:
@@ -440,7 +445,7 @@ def _stop(prefetchers: list) -> None:
             p.thread.join()
 
 
-class PrefetchingIter(DataIter):
+class PrefetchingIter(_BatchHolder):
     """Reads one batch ahead of each iterator in ``iters`` on a background thread per iterator; a batch holds the
     data (and labels) of every iterator's batch, in order. ``rename_data`` / ``rename_label``: a dict
     ``{old name: new name}`` per iterator for ``provide_data`` / ``provide_label``."""
@@ -520,17 +525,6 @@ class PrefetchingIter(DataIter):
             raise StopIteration
         return self.current_batch
 
-    def getdata(self):
-        return self.current_batch.data
-
-    def getlabel(self):
-        return self.current_batch.label
-
-    def getindex(self):
-        return self.current_batch.index
-
-    def getpad(self):
-        return self.current_batch.pad
 
 
 # -- MNISTIter ----------------------------------------------------------------------------------------------------
