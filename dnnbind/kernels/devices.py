@@ -46,10 +46,10 @@ def make_current(device: int) -> None:
 
 
 def _stream_device(stream: Any) -> int:
-    """A dnnbind Stream knows its device: launch there, whatever the default device is."""
+    """A dnnbind Stream knows its device: launch there, whatever the default device is. (The launch itself makes
+    it current, ``make_current``: once per launch, not here as well.)"""
     dev = getattr(stream, "device", None)
     if dev is not None and getattr(dev, "kind", None) == "gpu":
-        dev.activate()
         return dev.index
     return current_device()
 
