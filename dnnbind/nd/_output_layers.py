@@ -23,39 +23,12 @@ from ._shape import expand_dims
 __all__ = ["SoftmaxOutput", "LinearRegressionOutput", "LogisticRegressionOutput", "MAERegressionOutput", "MakeLoss"]
 
 
-class _Ops:
-    """The nd ops these layers are made of, from the modules that define them (not the nd package, which
-    imports this module)."""
-
-    softmax = staticmethod(softmax)
-    one_hot = staticmethod(one_hot)
-    expand_dims = staticmethod(expand_dims)
-    ones_like = staticmethod(ones_like)
-
-    @staticmethod
-    def transpose(x, axes):
-        return _call("transpose", x, axes=axes)
-
-    @staticmethod
-    def maximum(a, b):
-        return _call("maximum", a, b)
-
-    @staticmethod
-    def sigmoid(x):
-        return _call("sigmoid", x)
-
-    @staticmethod
-    def sign(x):
-        return _call("sign", x)
-
-
 def SoftmaxOutput(data=None, label=None, grad_scale=1.0, ignore_label=-1.0, multi_output=False, use_ignore=False,
                   preserve_shape=False, normalization="null", out_grad=False, smooth_alpha=0.0, out=None,
                   name=None, **kwargs):
     """softmax of ``data`` (over axis 1 with ``multi_output``, else over the last axis); its backward gives
     ``data`` the gradient of cross-entropy with ``label`` (class indices), as MXNet's SoftmaxOutput."""
     _params.reject("SoftmaxOutput", kwargs)
-    nd = _Ops
     data = _params.array_arg("SoftmaxOutput", "data", data)
     label = _params.array_arg("SoftmaxOutput", "label", label, like=data)
     normalization = _params.choice_arg("SoftmaxOutput", "normalization", normalization, ("batch", "null", "valid"))
@@ -71,12 +44,12 @@ def SoftmaxOutput(data=None, label=None, grad_scale=1.0, ignore_label=-1.0, mult
     lab = label.reshape((-1,))[:data.shape[0]] if flat else label
     axis = 1 if multi_output else -1
     with autograd.pause():
-        y = nd.softmax(x, axis=axis)
+        y = softmax(x, axis=axis)
     spatial = data.size // (data.shape[0] * data.shape[1]) if multi_output else 1
 
     def backward(g):
         with autograd.pause():
-            grad = _softmax_grad(nd, y, lab, x.shape[axis], multi_output, use_ignore, ignore_label, smooth_alpha,
+            grad = _softmax_grad(y, lab, x.shape[axis], multi_output, use_ignore, ignore_label, smooth_alpha,
                                  normalization, float(grad_scale), spatial, data.shape[0])
             if out_grad:
                 grad = grad * (g.reshape(grad.shape) if flat else g)
@@ -86,24 +59,24 @@ def SoftmaxOutput(data=None, label=None, grad_scale=1.0, ignore_label=-1.0, mult
     return _params.into(out, autograd.record_op("SoftmaxOutput", out_y, (data, label), backward))
 
 
-def _softmax_grad(nd, y, label, k, multi_output, use_ignore, ignore_label, smooth_alpha, normalization, grad_scale,
+def _softmax_grad(y, label, k, multi_output, use_ignore, ignore_label, smooth_alpha, normalization, grad_scale,
                   spatial, batch):
     """(softmax - target) scaled as MXNet's SoftmaxOutput scales it: 'null' by grad_scale (divided by the
     positions per sample with multi_output), 'batch' also by the batch size, 'valid' by the labels not ignored."""
-    hot = nd.one_hot(label, k, dtype=y.dtype)
+    hot = one_hot(label, k, dtype=y.dtype)
     if multi_output:  # one_hot appends the class axis: (n, ..., k) -> (n, k, ...)
-        hot = nd.transpose(hot, axes=(0, hot.ndim - 1, *range(1, hot.ndim - 1)))
+        hot = _call("transpose", hot, axes=(0, hot.ndim - 1, *range(1, hot.ndim - 1)))
     if smooth_alpha:  # MXNet's label smoothing: 1 - alpha on the class, alpha / (k - 1) elsewhere
         hot = hot * (1.0 - smooth_alpha - smooth_alpha / (k - 1)) + smooth_alpha / (k - 1)
     grad = y - hot
     count = float(label.size)
     if use_ignore:
         keep = (label != ignore_label).astype(y.dtype)
-        grad = grad * nd.expand_dims(keep, axis=1 if multi_output else keep.ndim)
+        grad = grad * expand_dims(keep, axis=1 if multi_output else keep.ndim)
         count = keep.sum()
     if normalization == "valid":
         if isinstance(count, NDArray):
-            return grad * grad_scale / nd.maximum(count, 1.0).reshape((1,) * grad.ndim)
+            return grad * grad_scale / _call("maximum", count, 1.0).reshape((1,) * grad.ndim)
         return grad * (grad_scale / max(count, 1.0))
     scale = grad_scale / spatial
     return grad * (scale / batch if normalization == "batch" else scale)
@@ -132,14 +105,13 @@ def _regression(op: str, forward, gradient):
 
 
 LinearRegressionOutput = _regression("LinearRegressionOutput", lambda x: x.copy(), lambda y, t: y - t)
-LogisticRegressionOutput = _regression("LogisticRegressionOutput", lambda x: _Ops.sigmoid(x), lambda y, t: y - t)
-MAERegressionOutput = _regression("MAERegressionOutput", lambda x: x.copy(), lambda y, t: _Ops.sign(y - t))
+LogisticRegressionOutput = _regression("LogisticRegressionOutput", lambda x: _call("sigmoid", x), lambda y, t: y - t)
+MAERegressionOutput = _regression("MAERegressionOutput", lambda x: x.copy(), lambda y, t: _call("sign", y - t))
 
 
 def MakeLoss(data=None, grad_scale=1.0, valid_thresh=0.0, normalization="null", out=None, name=None, **kwargs):
     """``data`` itself as a loss: its backward gives ``data`` grad_scale (normalized), whatever arrives."""
     _params.reject("MakeLoss", kwargs)
-    nd = _Ops
     data = _params.array_arg("MakeLoss", "data", data)
     normalization = _params.choice_arg("MakeLoss", "normalization", normalization, ("batch", "null", "valid"))
     with autograd.pause():
@@ -147,11 +119,11 @@ def MakeLoss(data=None, grad_scale=1.0, valid_thresh=0.0, normalization="null", 
 
     def backward(g):
         with autograd.pause():
-            ones = nd.ones_like(data) * float(grad_scale)
+            ones = ones_like(data) * float(grad_scale)
             if normalization == "batch":
                 return ones / data.shape[0],
             if normalization == "valid":
                 valid = (data > valid_thresh).astype(data.dtype).sum()
-                return ones / nd.maximum(valid, 1.0),
+                return ones / _call("maximum", valid, 1.0),
             return ones,
     return _params.into(out, autograd.record_op("MakeLoss", y, (data,), backward))
