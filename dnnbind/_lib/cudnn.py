@@ -39,6 +39,8 @@ CUDNN_ACTIVATION_CLIPPED_RELU, CUDNN_ACTIVATION_ELU, CUDNN_ACTIVATION_IDENTITY =
 # cudnnPoolingMode_t
 CUDNN_POOLING_MAX, CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING = 0, 1
 CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING, CUDNN_POOLING_MAX_DETERMINISTIC = 2, 3
+# cudnnLRNMode_t
+CUDNN_LRN_CROSS_CHANNEL_DIM1 = 0
 # cudnnSoftmaxAlgorithm_t / cudnnSoftmaxMode_t
 CUDNN_SOFTMAX_FAST, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_LOG = 0, 1, 2
 CUDNN_SOFTMAX_MODE_INSTANCE, CUDNN_SOFTMAX_MODE_CHANNEL = 0, 1
@@ -292,6 +294,17 @@ _TABLE = {
     # cudnnStatus_t cudnnPoolingBackward(handle, poolingDesc, const void *alpha, yDesc, const void *y,
     #     dyDesc, const void *dy, xDesc, const void *x, const void *beta, dxDesc, void *dx)
     "cudnnPoolingBackward": (STATUS, [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp]),
+    # cudnnStatus_t cudnnCreateLRNDescriptor(cudnnLRNDescriptor_t *normDesc)
+    "cudnnCreateLRNDescriptor": (STATUS, [P(vp)]),
+    # cudnnStatus_t cudnnSetLRNDescriptor(normDesc, unsigned lrnN, double lrnAlpha, double lrnBeta, double lrnK)
+    "cudnnSetLRNDescriptor": (STATUS, [vp, ctypes.c_uint, f64, f64, f64]),
+    "cudnnDestroyLRNDescriptor": (STATUS, [vp]),
+    # cudnnStatus_t cudnnLRNCrossChannelForward(handle, normDesc, cudnnLRNMode_t lrnMode, const void *alpha,
+    #     xDesc, const void *x, const void *beta, yDesc, void *y)
+    "cudnnLRNCrossChannelForward": (STATUS, [vp, vp, i32, vp, vp, vp, vp, vp, vp]),
+    # cudnnStatus_t cudnnLRNCrossChannelBackward(handle, normDesc, lrnMode, const void *alpha, yDesc,
+    #     const void *y, dyDesc, const void *dy, xDesc, const void *x, const void *beta, dxDesc, void *dx)
+    "cudnnLRNCrossChannelBackward": (STATUS, [vp, vp, i32, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp]),
     # cudnnStatus_t cudnnSoftmaxForward(handle, cudnnSoftmaxAlgorithm_t algo, cudnnSoftmaxMode_t mode,
     #     const void *alpha, xDesc, const void *x, const void *beta, yDesc, void *y)
     "cudnnSoftmaxForward": (STATUS, [vp, i32, i32, vp, vp, vp, vp, vp, vp]),

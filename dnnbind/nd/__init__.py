@@ -25,8 +25,16 @@ ElementWiseSum = add_n
 from ._nn_extra import Embedding, LeakyReLU  # noqa: F401,E402
 from ._output_layers import (LinearRegressionOutput, LogisticRegressionOutput, MAERegressionOutput,  # noqa: F401,E402
                              MakeLoss, SoftmaxOutput)
-from ._registry import REGISTRY, Op, call, invoke  # noqa: F401
-from ._params import reject  # noqa: E402
+from ._registry import REGISTRY, Op, call, invoke, lib_op  # noqa: F401
+from ._params import into, reject  # noqa: E402
+from ..ops import defs as _defs  # noqa: E402,F401  (declares the library-backed operators)
+from ..ops.opdef import DEFS as _DEFS, set_table as _set_table  # noqa: E402
+from ._registry import untaped_call as _untaped_call  # noqa: E402
+
+_set_table(_untaped_call)
+
+for _d in _DEFS.values():
+    lib_op(_d)
 from . import random  # noqa: E402,F401
 
 def _accepted(op: Op) -> tuple:
@@ -98,13 +106,46 @@ def _make_function(op: Op, nd_name: str):
     return fn
 
 
+def _make_lib_function(op: Op, nd_name: str):
+    """``nd.<Op>`` of a lib op, with MXNet's calling convention: the input arrays first (by position or by name),
+    then the parameters (by name, or by position in MXNet's declared order), ``out=`` and ``name=``."""
+    inputs = tuple(i.name for i in op.schema.inputs)
+    names = tuple(p.name for p in op.schema.params)
+    n, input_set = len(inputs), frozenset(inputs)
+
+    def fn(*args, out=None, name=None, **params):
+        if len(args) > n or not input_set.isdisjoint(params):
+            arrays = list(args[:n]) + [None] * (n - len(args))  # (a negative count makes no Nones)
+            for k, v in zip(names, args[n:]):
+                if k in params:
+                    raise DnnbindTypeError(f"{nd_name}() got multiple values for argument {k!r}")
+                params[k] = v
+            if len(args) > n + len(names):
+                raise DnnbindTypeError(f"{nd_name}() takes at most {n + len(names)} positional arguments, got "
+                                       f"{len(args)}")
+            for i, k in enumerate(inputs):
+                if k in params:
+                    if arrays[i] is not None:
+                        raise DnnbindTypeError(f"{nd_name}() got multiple values for argument {k!r}")
+                    arrays[i] = params.pop(k)
+            while arrays and arrays[-1] is None:
+                arrays.pop()
+            args = tuple(arrays)
+        result = invoke(op, args, params)
+        return result if out is None else into(out, result)
+
+    fn.__name__ = fn.__qualname__ = nd_name
+    fn.__doc__ = f"{op.doc}\n\n{op.schema.doc()}" if op.doc else op.schema.doc()
+    return fn
+
+
 def _build_namespace(ns: dict) -> list:
     made = []
     for op in REGISTRY.values():
         for nd_name in op.nd_names:
             if nd_name in ns and not getattr(ns[nd_name], "_generated", False):
                 raise RuntimeError(f"nd.{nd_name} is defined twice (table op {op.name!r} and a function)")
-            fn = _make_function(op, nd_name)
+            fn = (_make_lib_function if op.kind == "lib" else _make_function)(op, nd_name)
             fn._generated = True
             ns[nd_name] = fn
             made.append(nd_name)

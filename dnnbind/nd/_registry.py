@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import autograd
 from .._lib.cfunc import TRACING
+from ..ops.opdef import Call, Grads
 from ..runtime.array import NDArray, empty
 from ..runtime.device import Device, as_device, default_device
 from . import _lower
@@ -46,13 +47,13 @@ class Op:
 
     __slots__ = ("name", "kind", "numpy", "expr", "lib", "grad", "check", "cpu", "gpu", "reduce", "map_expr",
                  "post_expr", "ints", "out_dtype", "nd_names", "methods", "differentiable", "doc", "_exprs", "arity",
-                 "params", "same", "saves")
+                 "params", "same", "saves", "opdef", "schema")
 
     def __init__(self, name: str, kind: str, numpy=None, *, expr: str | None = None, lib=None, grad=None,
                  check=None, cpu=None, gpu=None, reduce: str | None = None, map_expr: str = "a",
                  post_expr: str = "acc", ints: bool = True, out_dtype=None, nd=None, methods=(),
                  differentiable: bool = True, doc: str = "", arity: int = 1, params: tuple = (),
-                 same: tuple | None = None, saves: tuple | None = None):
+                 same: tuple | None = None, saves: tuple | None = None, opdef=None):
         self.name, self.kind, self.numpy, self.expr, self.lib, self.grad = name, kind, numpy, expr, lib, grad
         self.check, self.cpu, self.gpu, self.reduce = check, cpu, gpu, reduce
         self.map_expr, self.post_expr, self.ints, self.out_dtype = map_expr, post_expr, ints, out_dtype
@@ -65,6 +66,9 @@ class Op:
         # saves: what ``grad`` reads, "out" and/or operand indices (None: everything). The backward closure keeps
         # only those alive; the other array operands become autograd.Released (shape, dtype, needs-gradient).
         self.saves = None if saves is None else tuple(saves)
+        # a "lib" op: its ops.opdef.OpDef (lowerings, geometry, inference) and its parameter schema (MXNet's
+        # declared parameters plus the entry's extras), see _lib_call
+        self.opdef, self.schema = opdef, None
 
     def __repr__(self) -> str:
         return f"<nd op {self.name} ({self.kind})>"
@@ -166,6 +170,8 @@ def _scope(name: str):
 def invoke(op: Op, args: tuple, params: dict):
     """Run ``op`` on ``args`` (arrays or, for map ops, scalars) with ``params``; tape its gradient."""
     kind = op.kind
+    if kind == "lib":
+        return _lib_call(op, args, params)
     if kind == "map":
         out, arrays = _map(op, args, params)
     elif kind == "reduce":
@@ -439,4 +445,128 @@ def call(name: str, *args, **params):
     return invoke(REGISTRY[name], args, params)
 
 
+def untaped_call(name: str, *args, **params):
+    """Invoke a registered op by name without taping it (inside a lib op's lowering, which tapes itself)."""
+    tls = autograd._tls.__dict__
+    if not tls.get("recording"):
+        return invoke(REGISTRY[name], args, params)
+    tls["recording"] = False
+    try:
+        return invoke(REGISTRY[name], args, params)
+    finally:
+        tls["recording"] = True
+
+
 Callable  # noqa: B018  (re-exported type for the table's annotations)
+
+
+# lib: operators declared by an ops.opdef.OpDef (library forward/backward pairs) ---------------------------------
+
+def lib_op(d) -> Op:
+    """Register the ops.opdef.OpDef ``d`` as a "lib" op: ``nd.<name>`` and ``sym.<name>`` come from it."""
+    from ._schema import Schema, parse_type_info, schema
+    op = Op(d.name, "lib", nd=d.nd, doc=d.doc, opdef=d)
+    base = schema(d.name)
+    extra = tuple(parse_type_info(d.name, n, info) for n, info in d.extra)
+    op.schema = Schema(base.op, base.inputs, base.params + extra)
+    op.arity = len(base.inputs)
+    return register(op)
+
+
+_PREPARED: dict = {}  # (op, shapes, dtype, device, parameter names, ids) -> (parsed parameters, geometry, values)
+
+
+def _lib_params(op: Op, params: dict) -> dict:
+    """The call's parameters parsed as MXNet parses them (each value as its ``str()``; a dtype as its name), every
+    name declared, every required one given, defaults filled in."""
+    if "dtype" in params and params["dtype"] is not None and not isinstance(params["dtype"], str):
+        params = dict(params, dtype=np.dtype(params["dtype"]).name)
+    return op.schema.parse(params)
+
+
+def _lib_arrays(op: Op, args: tuple) -> tuple:
+    """The inputs as NDArrays on one device (numpy arrays and lists go to the first NDArray's device); None only
+    where the entry lists the input as optional."""
+    names = [i.name for i in op.schema.inputs]
+    if len(args) > len(names):
+        raise DnnbindTypeError(f"{op.name}: takes {len(names)} input array(s) ({', '.join(names)}), got {len(args)}")
+    args = tuple(args) + (None,) * (len(names) - len(args))
+    first = next((a for a in args if isinstance(a, NDArray)), None)
+    out = []
+    for a, n in zip(args, names):
+        if a is None:
+            if n not in op.opdef.optional:
+                raise DnnbindTypeError(f"{op.name}: {n} must be an array (NDArray, or numpy), got None")
+            out.append(None)
+        else:
+            out.append(as_array(op.name, n, a, first))
+    same_device(op.name, out, names)
+    return tuple(out)
+
+
+def _lib_call(op: Op, args: tuple, params: dict):
+    """One call of a lib op: arrays checked, parameters parsed and the geometry prepared (both cached per call
+    signature), the backend decided once, the lowering run, the backward taped."""
+    if len(args) != op.arity or any(type(a) is not NDArray for a in args if a is not None):
+        args = _lib_arrays(op, args)
+    x0 = args[0]
+    dev = x0._device
+    for a in args:
+        if a is not None and a._device is not dev:
+            args = _lib_arrays(op, args)  # raises, naming the devices
+    values = tuple(params.values())
+    key = (op, tuple(None if a is None else a._shape for a in args), x0._dtype, dev, tuple(params),
+           tuple(map(id, values)))
+    hit = _PREPARED.get(key)
+    d = op.opdef
+    if hit is None:
+        p = _lib_params(op, params)
+        geo = d.prepare(p, *args)
+        if list not in map(type, values):  # a list may change under the same id: never cached
+            if len(_PREPARED) >= 4096:
+                _PREPARED.clear()
+            _PREPARED[key] = (p, geo, values)  # the values stay alive while cached: their ids are not reused
+    else:
+        p, geo = hit[0], hit[1]
+    c = Call(geo, p, dev, autograd.is_training())
+    if dev.kind == "gpu":
+        low = d.gpu
+        if TRACING:
+            with _scope(op.name):
+                out, saved = low.forward(c, *args)
+        else:
+            out, saved = low.forward(c, *args)
+    else:
+        low = d.cpu
+        host = [None if a is None else a._data for a in args]
+        if TRACING:
+            from .._lib import hooks
+            out, saved = hooks.timed_numpy(op.name, low.forward, c, *host)
+        else:
+            out, saved = low.forward(c, *host)
+        out = tuple(_host_array(o) for o in out) if isinstance(out, tuple) else _host_array(out)
+    if autograd._tls.__dict__.get("recording"):
+        first = out[0] if isinstance(out, tuple) else out
+        if low.backward is not None and any(autograd.needs_grad(a) for a in args if a is not None):
+            autograd.record_op(op.name, first, args, _lib_backward(low, c, saved, args, dev.kind == "gpu"))
+        else:
+            autograd.hold(out, args)
+    return out
+
+
+def _host_array(r):
+    if r is None or isinstance(r, NDArray):
+        return r
+    return NDArray._from_numpy(np.ascontiguousarray(r))
+
+
+def _lib_backward(low, c, saved, args, gpu: bool):
+    def backward(dy):
+        needs = tuple(autograd.needs_grad(a) for a in args)
+        into = tuple(autograd.grad_out(a) if a is not None else None for a in args) if gpu else (None,) * len(args)
+        grads = Grads(needs, into, autograd.frees_graph())
+        if gpu:
+            return low.backward(c, saved, grads, dy)
+        dxs = low.backward(c, saved, grads, dy._data)
+        return tuple(_host_array(g) for g in dxs)
+    return backward

@@ -128,6 +128,15 @@ class ActivationDesc(_Descriptor):
         L.cudnnSetActivationDescriptor(self, self.MODES[mode], cudnn.CUDNN_PROPAGATE_NAN, float(coef))
 
 
+class LRNDesc(_Descriptor):
+    _create, _destroy = "cudnnCreateLRNDescriptor", "cudnnDestroyLRNDescriptor"
+    __slots__ = ()
+
+    def __init__(self, n: int, alpha: float, beta: float, k: float):
+        super().__init__()
+        L.cudnnSetLRNDescriptor(self, n, alpha, beta, k)  # cuDNN divides alpha by n itself, as MXNet's LRN does
+
+
 class PoolingDesc(_Descriptor):
     _create, _destroy = "cudnnCreatePoolingDescriptor", "cudnnDestroyPoolingDescriptor"
     __slots__ = ()
@@ -197,6 +206,11 @@ def conv(padding, stride, dilation, groups, dtype, math: str) -> ConvDesc:
 def activation(mode: str, coef: float) -> ActivationDesc:
     key = ("a", mode, coef)
     return _cache.get(key) or _insert(key, lambda: ActivationDesc(mode, coef))
+
+
+def lrn(n: int, alpha: float, beta: float, k: float) -> LRNDesc:
+    key = ("lrn", n, alpha, beta, k)
+    return _cache.get(key) or _insert(key, lambda: LRNDesc(n, alpha, beta, k))
 
 
 def pooling(mode: str, window, padding, stride) -> PoolingDesc:

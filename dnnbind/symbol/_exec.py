@@ -114,6 +114,14 @@ OPS: dict[str, Callable] = {
 }
 
 
+def _lib(op):
+    """An operator declared by an OpDef: the nd dispatch itself, with the node's inputs and given parameters."""
+    return lambda inputs, given, node: nd.invoke(op, tuple(inputs), dict(given))
+
+
+OPS.update({name: _lib(op) for name, op in nd.REGISTRY.items() if op.kind == "lib"})
+
+
 def check(symbol: Symbol) -> None:
     """Refuse a graph with operators dnnbind cannot run, naming each (with a node that uses it)."""
     missing: dict[str, str] = {}

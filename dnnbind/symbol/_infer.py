@@ -17,6 +17,7 @@ import numpy as np
 from .._lib.errors import DnnbindValueError
 from ..nd._schema import Param, parse_value
 from ..nd._shape import infer_reshape
+from . import _opio
 from ._graph import Node, Symbol
 
 __all__ = ["infer_shapes", "infer_types"]
@@ -219,7 +220,7 @@ RULES = {
     "SliceChannel": _slice_channel, "Reshape": _reshape, "UpSampling": _upsampling,
     **{op: _same for op in (
         "Activation", "Dropout", "softmax", "log_softmax", "softmin", "clip", "Cast", "BlockGrad", "_copy",
-        "MakeLoss", "relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "square", "negative", "LRN",
+        "MakeLoss", "relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "square", "negative",
         "SoftmaxActivation", "L2Normalization", "elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div",
         "add_n", "_plus_scalar", "_minus_scalar", "_rminus_scalar", "_mul_scalar", "_div_scalar", "_rdiv_scalar",
         "_mod_scalar", "_rmod_scalar", "_power_scalar", "_rpower_scalar", "_maximum_scalar", "_minimum_scalar",
@@ -276,8 +277,10 @@ def infer_shapes(symbol: Symbol, given: dict, partial: bool):
         if n.op is None:
             continue
         ins = [shapes.get((id(src), i)) for src, i in n.inputs]
-        rule = RULES.get(n.op)
-        if not ins or not _known(ins[0]) or (rule not in _FILLS and not all(_known(s) for s in ins)):
+        d = _opio.opdef(n.op)
+        rule = d.infer if d is not None else RULES.get(n.op)
+        fills = d is not None or rule in _FILLS  # an OpDef's rule fills in its learned inputs from the data
+        if not ins or not _known(ins[0]) or (not fills and not all(_known(s) for s in ins)):
             continue  # not yet: a later call with more shapes given may get further
         try:
             if rule is not None:

@@ -7,13 +7,21 @@ MXNet: list_arguments, list_auxiliary_states, list_outputs and the node's output
 count of hidden outputs is the pip wheel's, built with oneDNN, and only shows in a file's ``node_row_ptr``). An
 operator not listed here takes the inputs its schema declares and has one output named ``output``.
 
-NOTE: this is the part of an operator's declaration the symbol layer adds; it belongs in the unified op registry
-entries (issue 23), beside the parameters, and moves there with them.
+An operator declared by an ``OpDef`` (ops/defs/, registered in nd's registry) carries all of this in its entry
+(``aux``, ``optional``, ``init``, ``outputs``), which is read first; the tables below hold the rest, until their
+operators become entries too.
 """
 
 from __future__ import annotations
 
+from .. import nd
 from ..nd._schema import Schema
+
+
+def opdef(op: str):
+    """The OpDef of operator ``op`` (None for an operator not declared by one)."""
+    entry = nd.REGISTRY.get(op)
+    return entry.opdef if entry is not None else None
 
 # operator -> its auxiliary-state inputs (mutated by the op, not learned)
 AUX: dict[str, tuple[str, ...]] = {
@@ -67,7 +75,6 @@ OUTPUTS = {
     # MXNet 1.9.1's pip wheel (oneDNN) gives max pooling in a channels-first layout a second, workspace output
     "Pooling": lambda p: (2 if p.get("pool_type") == "max" and p.get("layout") in (None, "NCW", "NCHW", "NCDHW")
                           else 1, ["output"]),
-    "LRN": lambda p: (2, ["output"]),
     "L2Normalization": lambda p: (2, ["output"]),
     "sort": lambda p: (2, ["output0"]),
     "SliceChannel": lambda p: (_n("num_outputs")(p), [f"output{i}" for i in range(_n("num_outputs")(p))]),
@@ -94,18 +101,24 @@ def inputs(op: str, schema: Schema, params: dict, given: int) -> list[str]:
         if op == "UpSampling" and params.get("sample_type") == "bilinear":
             names = names[:1] + ["weight"]  # bilinear upsampling is a deconvolution with a learned kernel
         return names
-    optional = OPTIONAL_INPUTS.get(op, {})
+    d = opdef(op)
+    optional = d.optional if d is not None else OPTIONAL_INPUTS.get(op, {})
     return [i.name for i in schema.inputs if i.name not in optional or optional[i.name](params)]
 
 
 def outputs(op: str, params: dict) -> tuple[int, list[str]]:
+    d = opdef(op)
+    if d is not None:
+        return d.outputs(params)
     rule = OUTPUTS.get(op)
     return (1, ["output"]) if rule is None else rule(params)
 
 
 def aux_inputs(op: str) -> tuple[str, ...]:
-    return AUX.get(op, ())
+    d = opdef(op)
+    return d.aux if d is not None else AUX.get(op, ())
 
 
 def input_init(op: str) -> dict[str, str]:
-    return INPUT_INIT.get(op, {})
+    d = opdef(op)
+    return d.init if d is not None else INPUT_INIT.get(op, {})

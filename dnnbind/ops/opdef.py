@@ -1,0 +1,118 @@
+"""Layer ops: ``OpDef``, the registry entry of an operator whose forward and backward are library calls (cuDNN,
+cuBLAS) or hand-written kernels, declared once beside those calls. Imports runtime and _lib only.
+
+MXNet registers an operator once (``NNVM_REGISTER_OP``: parameters, shape and type inference, compute per device,
+gradient); an OpDef is that registration for dnnbind. One entry carries:
+
+- ``name``: MXNet's operator name. Its parameters (names, types, defaults, which are required) are MXNet 1.9.1's own
+  declarations (nd/_mxnet_params.py, parsed by nd/_schema.py): they are looked up, not restated. ``extra`` declares
+  dnnbind's additions in MXNet's type-info syntax (Convolution's ``act_type``, which fuses a ReLU).
+- ``prepare(p, *arrays) -> geo``: every check of the arrays against the parsed parameters ``p``
+  (ValueError/TypeError naming the op, the argument and the shapes, before any library call), returning what the
+  lowerings want precomputed (the geometry). The dispatch caches it per (shapes, dtype, device, parameters), so a
+  call seen before is checked once.
+- ``infer(p, shapes) -> (input shapes, output shapes)``: shape inference without running, for symbol graphs
+  (learned inputs such as a weight are filled in from the data's shape).
+- ``aux``, ``optional``, ``init``, ``outputs``: what a graph node needs beyond that (auxiliary states, the inputs
+  a parameter turns off, the initializer MXNet attaches to an input's variable, the count and visible names of
+  the outputs).
+- ``cpu`` and ``gpu``: a ``Lowering`` each, (forward, backward). ``forward(c, *arrays) -> (outputs, saved)`` and
+  ``backward(c, saved, grads, dy) -> one gradient per input`` (None where ``grads.needs`` says no); ``c`` is the
+  call (``Call``: the geometry, the parsed parameters, the device, whether in training mode).
+  The cpu lowering is the numpy twin: it takes and returns numpy arrays, is the cpu backend and is the tests'
+  oracle. The gpu lowering takes and returns NDArrays and makes the library calls; its backend tactics (fusions,
+  small-filter kernels, refusal caches) live with it, here in ops.
+- ``samples(rng)``: valid calls (numpy inputs, parameters) for the tests parametrized over the registry.
+
+The dispatch (nd/_registry.py ``invoke``) parses the parameters, decides the backend once per call, runs the
+lowering inside a trace scope named after the op, and tapes the backward with a ``Grads`` context: which inputs
+want a gradient, the buffers a backward may write them into, whether the graph is freed as the backward runs.
+A lowering never reads autograd's thread state.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from ..runtime.array import NDArray
+
+__all__ = ["Call", "DEFS", "Grads", "Lowering", "OpDef", "define", "table", "view"]
+
+
+class Lowering(NamedTuple):
+    forward: Callable
+    backward: Callable | None = None
+
+
+class Call:
+    """One call of an operator, as the dispatch resolved it once: ``geo`` (what ``prepare`` returned), ``p`` (the
+    parsed parameters, MXNet's defaults filled in), ``device`` and ``training`` (autograd's train mode)."""
+    __slots__ = ("geo", "p", "device", "training")
+
+    def __init__(self, geo, p: dict, device, training: bool):
+        self.geo, self.p, self.device, self.training = geo, p, device, training
+
+
+class Grads:
+    """What a backward is told: ``needs[i]`` whether input i wants a gradient, ``into[i]`` a buffer its gradient may
+    be written into directly (a Parameter's grad buffer) or None, ``frees`` whether nothing reads what the forward
+    saved after this backward (so it may drop it early)."""
+    __slots__ = ("needs", "into", "frees")
+
+    def __init__(self, needs: tuple, into: tuple, frees: bool):
+        self.needs, self.into, self.frees = needs, into, frees
+
+
+def _one_output(p) -> tuple:
+    return 1, ["output"]
+
+
+class OpDef:
+    __slots__ = ("name", "extra", "prepare", "infer", "aux", "optional", "init", "outputs", "cpu", "gpu",
+                 "samples", "nd", "doc")
+
+    def __init__(self, name: str, *, prepare: Callable, infer: Callable, cpu: Lowering, gpu: Lowering,
+                 samples: Callable, extra: tuple = (), aux: tuple = (), optional: dict | None = None,
+                 init: dict | None = None, outputs: Callable = _one_output, nd: tuple | None = None,
+                 doc: str = ""):
+        self.name, self.extra, self.prepare, self.infer = name, tuple(extra), prepare, infer
+        self.aux, self.optional, self.init, self.outputs = tuple(aux), dict(optional or {}), dict(init or {}), outputs
+        self.cpu, self.gpu, self.samples, self.doc = cpu, gpu, samples, doc
+        self.nd = (name,) if nd is None else tuple(nd)
+
+    def __repr__(self) -> str:
+        return f"<OpDef {self.name}>"
+
+
+DEFS: dict[str, OpDef] = {}
+
+
+def define(d: OpDef) -> OpDef:
+    """Declare an operator (at import of its module in ops/defs/); nd registers every declared one."""
+    if d.name in DEFS:
+        raise ValueError(f"operator {d.name!r} is declared twice")
+    DEFS[d.name] = d
+    return d
+
+
+def view(x: NDArray, shape: tuple) -> NDArray:
+    """``x`` seen with another shape of the same size, not taped (a lowering's reshapes are inside its op)."""
+    if x._data is not None:
+        return NDArray._from_numpy(x._data.reshape(shape))
+    return NDArray._from_ptr(x._ptr, shape, x._dtype, x._device, x._owner)
+
+
+_table_call: Callable | None = None
+
+
+def table(name: str, *args, **params):
+    """Run nd's table op ``name`` (element-wise, reduction, shape op; nd/_table.py) untaped, on either backend: what
+    a lowering composes where no library call fits (softrelu, softmax over a middle axis). Its own backward
+    composes the gradient the same way. nd installs the entry point at import (``set_table``), so ops does not
+    import nd."""
+    return _table_call(name, *args, **params)
+
+
+def set_table(call: Callable) -> None:
+    global _table_call
+    _table_call = call
