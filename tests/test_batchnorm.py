@@ -296,6 +296,27 @@ def test_nd_use_global_stats_in_record_matches_mxnet():
     assert_close(mv, np.float32([1.5, 0.7, 2.0]), 0, 0, "moving_var untouched")
 
 
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("use_global_stats", [False, True])
+def test_nd_moving_statistics_get_no_gradient(use_global_stats, train):
+    """MXNet 1.9.1 writes no gradient into the auxiliary states, in any mode (their grad buffers keep what they
+    held, though their values scale the output with use_global_stats or in predict mode); the predict-mode
+    gradient of data is the affine one (MXNet's with backward(train_mode=False): what the forward computed)."""
+    x = np.random.RandomState(2).randn(2, 3, 4)
+    xx, mm, mv = _a(x, np.float64), _a([0.2, -0.3, 0.1], np.float64), _a([1.5, 0.7, 2.0], np.float64)
+    for a in (xx, mm, mv):
+        a.attach_grad()
+        a.grad[:] = 7.0
+    with autograd.record(train_mode=train):
+        y = nd.BatchNorm(xx, _a([2.0, -1.0, 0.5], np.float64), _a([0.1, 0.2, 0.3], np.float64), mm, mv,
+                         fix_gamma=False, use_global_stats=use_global_stats, eps=1e-5)
+    y.backward(_a(x[::-1].copy(), np.float64))
+    assert (mm.grad.asnumpy() == 7).all() and (mv.grad.asnumpy() == 7).all()
+    if use_global_stats or not train:
+        scale = np.array([2.0, -1.0, 0.5]) / np.sqrt(np.array([1.5, 0.7, 2.0]) + 1e-5)
+        assert_close(xx.grad, x[::-1] * scale.reshape(1, 3, 1), 1e-12, 1e-12, "affine dx")
+
+
 @pytest.mark.parametrize("use_global_stats", [False, True])
 def test_nd_gradient_by_central_differences(use_global_stats):
     shape = (3, 2, 2, 3)

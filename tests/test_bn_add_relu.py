@@ -272,7 +272,8 @@ def test_nd_fused_path_matches_the_composed_one(fused_on_cpu, shape, fix_gamma):
         y, mean, inv_std = nd.BatchNormAddRelu(x, z, gamma, beta, rm, rv, axis=-1, output_mean_var=True)
     x64 = x.asnumpy()
     assert_close(mean, x64.mean(axis=(0, 1, 2)), 1e-12, 1e-12, "mean")
-    assert_close(inv_std, 1 / np.sqrt(x64.var(axis=(0, 1, 2)) + 1e-3), 1e-12, 1e-12, "inverse std")
+    eps = float(np.float32(1e-3))  # the default eps: MXNet's declared 1e-3, a C float (nd.BatchNorm's too)
+    assert_close(inv_std, 1 / np.sqrt(x64.var(axis=(0, 1, 2)) + eps), 1e-12, 1e-12, "inverse std")
 
 
 def test_nd_shape_cudnn_refuses_is_composed_from_then_on(fused_on_cpu, monkeypatch):

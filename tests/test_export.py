@@ -44,14 +44,16 @@ def _models():
     seq = nn.HybridSequential()
     seq.add(nn.Conv2D(6, 3, strides=2), nn.BatchNorm(), nn.Activation("relu"), nn.AvgPool2D(ceil_mode=True),
             nn.Flatten(), nn.Dense(4, activation="sigmoid"), nn.Dense(2, use_bias=False))
-    return {"twobranch": TwoBranch(), "sequential": seq}
+    up = nn.HybridSequential()  # a transposed conv's output_padding is the node's adj (it changes the shape)
+    up.add(nn.Conv2DTranspose(3, 3, strides=2, output_padding=1), nn.Activation("tanh"))
+    return {"twobranch": TwoBranch(), "sequential": seq, "transposed": up}
 
 
 def _x():
     return nd.array(np.random.default_rng(0).standard_normal((2, 3, 9, 9)).astype(np.float32), ctx=CPU)
 
 
-@pytest.mark.parametrize("name", ["twobranch", "sequential"])
+@pytest.mark.parametrize("name", ["twobranch", "sequential", "transposed"])
 def test_exported_files_load_back_to_the_same_outputs(tmp_path, name):
     net = _models()[name]
     net.initialize(mx.init.Xavier(), ctx=CPU)
@@ -80,7 +82,7 @@ def test_writes_for_mxnet(tmp_path):
         net.initialize(mx.init.Xavier(), ctx=CPU)
         np.save(tmp_path / f"{name}-out.npy", net(x).asnumpy())
         net.export(str(tmp_path / name))
-    assert len(list(tmp_path.glob("*-symbol.json"))) == 2
+    assert len(list(tmp_path.glob("*-symbol.json"))) == 3
 
 
 def test_export_needs_known_shapes_and_traceable_blocks(tmp_path):

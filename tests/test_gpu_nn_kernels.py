@@ -24,7 +24,7 @@ import pytest
 import dnnbind as mx
 from dnnbind import autograd, gluon, nd
 from dnnbind.graph import CapturedStep, RecordedStep
-from dnnbind.nd import _layers
+from dnnbind.ops.defs import convolution as conv_def
 from dnnbind.ops import bias_relu as BR
 from dnnbind.ops import pooling as PO
 from dnnbind.ops import reference as R
@@ -148,7 +148,7 @@ def _compare_conv_paths(monkeypatch, xs, k, layout, dtype):
     y_shape = nhwc_shape((xs[0], k, xs[2], xs[3]), layout)
     dy = rng.standard_normal(y_shape).astype(dtype)
     y1, new = _conv_grads(x, w, b, dy, layout, dtype)
-    monkeypatch.setattr(_layers, "RELU_BIAS_KERNEL", False)
+    monkeypatch.setattr(conv_def, "RELU_BIAS_KERNEL", False)
     y0, old = _conv_grads(x, w, b, dy, layout, dtype)
     np.testing.assert_array_equal(y1, y0)
     k_tol = 1e-2 if dtype == F16 else 1e-5

@@ -160,8 +160,8 @@ def test_gpu_conv_nhwc_through_chosen_backend_plans(monkeypatch):
 @pytest.mark.parametrize("shape", [(16, 16, 14, 14), (3, 8, 9, 7)], ids=["resnet-like", "odd"])
 def test_gpu_fused_conv_bias_relu_float16_nhwc(shape):
     """act_type='relu' in float16 NHWC runs fused (one legacy call or backend plan; the shape never lands in
-    _UNFUSED) and matches relu(conv + b) and its gradients."""
-    from dnnbind.nd import _layers
+    ops.defs.convolution.UNFUSED) and matches relu(conv + b) and its gradients."""
+    from dnnbind.ops.defs import convolution as conv_def
     n, c, h, wd = shape
     case = (shape, (32, c, 3, 3), (1, 1), (1, 1), (1, 1), 1)
     x, w = nhwc(rnd(shape, 13, F16)), nhwc(rnd(case[1], 14, F16))
@@ -177,7 +177,7 @@ def test_gpu_fused_conv_bias_relu_float16_nhwc(shape):
         y = nd.Convolution(*arrs, kernel=(3, 3), pad=(1, 1), num_filter=32, act_type="relu", layout="NHWC")
     y.backward(g(dy))
     key = (x.shape, w.shape, F16, (1, 1), (1, 1), (1, 1), 1, "NHWC")
-    assert key not in _layers._UNFUSED, "cuDNN refused the fused conv+bias+ReLU in float16 NHWC"
+    assert key not in conv_def.UNFUSED, "cuDNN refused the fused conv+bias+ReLU in float16 NHWC"
     assert_close(y, ref, *tol(ref, F16), name="fused y")
     dz = f64(dy) * (y.asnumpy() > 0)  # ReLU's gradient at the GPU's own output (a near-zero z may round either way)
     _, dx, dw, db = conv_refs(x, w, b, dz, case)

@@ -2,9 +2,10 @@
 tested by these without a line here. For each of the entry's sample calls:
 
 - cpu: the nd function against shape inference (``infer``), the symbol executor against the nd function, and
-  autograd against central differences (float64);
+  autograd against central differences (float64), in train mode and in predict mode (the differences taken in the
+  mode the gradient was recorded in; auxiliary states, which MXNet gives no gradient, held fixed);
 - bad input: an unknown argument, a parameter value MXNet's parser refuses, a required parameter left out;
-- gpu: forward and every input gradient against the numpy twin, float32 and float64.
+- gpu: forward and every input gradient against the numpy twin, float32 and float64, in both modes.
 
 Plus the entries' own fixtures from the real MXNet 1.9.1 (LRN: tests/fixtures/mxnet_lrn).
 """
@@ -59,20 +60,34 @@ def test_symbol_executor_matches_nd(name, i):
         pytest.skip(f"{name} sample uses dnnbind's extra parameters")
     inputs = [sym.var(k) for k in arrays]
     s = getattr(sym, name)(*inputs, **params, name="op")
-    ex = s.bind(dnnbind.cpu(), {k: nd.array(v, dtype="float64") for k, v in arrays.items()})
+    given = {k: nd.array(v, dtype="float64") for k, v in arrays.items()}
+    ex = s.bind(dnnbind.cpu(), {k: v for k, v in given.items() if k not in d.aux},
+                aux_states={k: v for k, v in given.items() if k in d.aux})
     y = ex.forward(is_train=False)[0]
     expected = _call(name, arrays, params, dnnbind.cpu())
     assert_close(y, expected[0] if isinstance(expected, tuple) else expected, rtol=1e-12, atol=1e-12)
 
 
+def _mode(train: bool):
+    return autograd.train_mode() if train else autograd.predict_mode()
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "predict"])
 @pytest.mark.parametrize("name,i", CASES)
-def test_gradients_by_central_differences(name, i):
+def test_gradients_by_central_differences(name, i, train):
     d, arrays, params = _sample(name, i)
     if d.cpu.backward is None:
         pytest.skip(f"{name} has no gradient")
-    names = list(arrays)
-    nd_gradcheck(lambda *xs: getattr(nd, name)(**dict(zip(names, xs)), **params), list(arrays.values()),
-                 dnnbind.cpu(), rtol=1e-5, atol=1e-7)
+    names = [k for k in arrays if k not in d.aux]
+    aux = {k: v for k, v in arrays.items() if k in d.aux}
+
+    def fn(*xs):  # a fresh copy of each auxiliary state per call: the op may update it in place
+        with _mode(train):
+            y = getattr(nd, name)(**dict(zip(names, xs)), **{k: nd.array(v, ctx=dnnbind.cpu(), dtype="float64")
+                                                            for k, v in aux.items()}, **params)
+        return y[0] if isinstance(y, tuple) else y
+
+    nd_gradcheck(fn, [arrays[k] for k in names], dnnbind.cpu(), rtol=1e-5, atol=1e-7)
 
 
 def _bad_value(p):
@@ -100,25 +115,29 @@ def test_bad_arguments_are_refused_before_running(name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("train", [True, False], ids=["train", "predict"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("name,i", CASES)
-def test_gpu_lowering_matches_the_twin(name, i, dtype, gpu):
+def test_gpu_lowering_matches_the_twin(name, i, dtype, train, gpu):
     d, arrays, params = _sample(name, i)
     results = {}
     for ctx in (dnnbind.cpu(), gpu):
         xs = {k: nd.array(v, ctx=ctx, dtype=dtype) for k, v in arrays.items()}
         for v in xs.values():
             v.attach_grad()
-        with autograd.record():
+        with autograd.record(train_mode=train):
             y = getattr(nd, name)(**xs, **params)
-        y = y[0] if isinstance(y, tuple) else y
+        outs = y if isinstance(y, tuple) else (y,)
+        y = outs[0]
         dy = np.random.default_rng(1).uniform(0.5, 1.5, y.shape)
         if d.cpu.backward is not None:
             y.backward(nd.array(dy, ctx=ctx, dtype=dtype))
-        results[ctx.kind] = (y.numpy(), [v.grad.numpy() if d.cpu.backward is not None else None
-                                         for v in xs.values()])
+        # every output, and every input after the call (an auxiliary state the op updates in place)
+        results[ctx.kind] = ([o.numpy() for o in outs] + [v.numpy() for v in xs.values()],
+                             [v.grad.numpy() if d.cpu.backward is not None else None for v in xs.values()])
     tol = 2e-5 if dtype == "float32" else 1e-10
-    assert_close(results["gpu"][0], results["cpu"][0], rtol=tol, atol=tol, name=f"{name} forward")
+    for k, (g, c) in enumerate(zip(*(results[kind][0] for kind in ("gpu", "cpu")))):
+        assert_close(g, c, rtol=tol, atol=tol, name=f"{name} forward, output or updated input {k}")
     for k, (g, c) in enumerate(zip(results["gpu"][1], results["cpu"][1])):
         if c is not None:
             assert_close(g, c, rtol=tol * 10, atol=tol * 10, name=f"{name} gradient of input {k}")

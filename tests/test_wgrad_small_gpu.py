@@ -4,7 +4,7 @@ conv + bias + ReLU with at most 32 filter taps, in one pass over x, y and dy.
 Held to the float64 numpy twin at SimpleCNN's conv1, RGB-like first layers (stride 1 and 2), 5x5, dilated, size-1
 and odd shapes, NCHW and NHWC, float32 and float16; run twice for bitwise determinism; and through
 nd.Convolution(act_type='relu') with data that needs no gradient, against the path it replaces
-(ops.bias_relu_backward + cuDNN's backward-filter, _layers.SMALL_WGRAD_KERNEL = False).
+(ops.bias_relu_backward + cuDNN's backward-filter, ops.defs.convolution.SMALL_WGRAD_KERNEL = False).
 
 Tolerances: float32 sums of float32 products, 1e-5 relative and 1e-5 of the largest sum |dz * x| (|dz| for db)
 absolute (the summation order differs from numpy's); float16: the float32 sum rounded to float16, 2e-3 relative (2
@@ -19,7 +19,9 @@ import pytest
 
 import dnnbind as mx
 from dnnbind import autograd, nd
-from dnnbind.nd import _layers
+from dnnbind.ops import bias_relu as ops_bias_relu
+from dnnbind.ops import conv as ops_conv
+from dnnbind.ops.defs import convolution as conv_def
 from dnnbind.ops import reference as R
 from tests._helpers import assert_close
 from tests.test_nn_kernels import nhwc_shape
@@ -93,8 +95,8 @@ def test_nan_rules():
 # -- through nd.Convolution, against the path it replaces ---------------------------------------------------
 
 class _Counted:
-    """An op that notes its name in ``calls`` when called (directly or through ``.gpu``, as _layers calls
-    conv_backward_filter)."""
+    """An op that notes its name in ``calls`` when called (directly or through ``.gpu``, as Convolution's GPU
+    lowering calls them)."""
 
     def __init__(self, name, fn, calls):
         self.name, self.fn, self.calls = name, fn, calls
@@ -120,8 +122,9 @@ def _conv_grads(monkeypatch, x, w, b, dy, kwargs, dtype, data_grad=False):
         y = nd.Convolution(xs, ws, bs, act_type="relu", **kwargs)
     calls = []
     with monkeypatch.context() as m:
-        for name in WATCHED:
-            m.setattr(mx.ops, name, _Counted(name, getattr(mx.ops, name), calls))
+        for name in WATCHED:  # in the modules the lowering calls them from (ops/defs/convolution.py)
+            module = ops_bias_relu if name.startswith("bias_relu") else ops_conv
+            m.setattr(module, name, _Counted(name, getattr(module, name), calls))
         y.backward(nd.array(dy, ctx=mx.gpu(0), dtype=dtype))
     return y.numpy(), ws.grad.numpy(), bs.grad.numpy(), (xs.grad.numpy() if data_grad else None), calls
 
@@ -149,7 +152,7 @@ def test_nd_convolution_first_layer_gradients_equal_the_library_path(monkeypatch
         dy = rng.standard_normal(nhwc_shape((xs[0], k, p, q), layout)).astype(dtype)
         y1, dw1, db1, _, calls1 = _conv_grads(monkeypatch, x, w, b, dy, kwargs, dtype)
         assert calls1 == ["bias_relu_wgrad"], calls1  # one kernel pass: no dz, no dx, no cuDNN backward-filter
-        monkeypatch.setattr(_layers, "SMALL_WGRAD_KERNEL", False)
+        monkeypatch.setattr(conv_def, "SMALL_WGRAD_KERNEL", False)
         y0, dw0, db0, _, calls0 = _conv_grads(monkeypatch, x, w, b, dy, kwargs, dtype)
         assert calls0 == ["bias_relu_backward", "conv_backward_filter"], calls0
         np.testing.assert_array_equal(y1, y0)

@@ -35,7 +35,7 @@ def conv(block, x):
     args = [x, _var(block.weight)] + ([_var(block.bias)] if block.bias is not None else [])
     op = "Deconvolution" if "Transpose" in type(block).__name__ else "Convolution"
     if op == "Deconvolution":
-        kw["adj"] = getattr(block, "_output_padding", (0,) * len(block._kernel))
+        kw["adj"] = block._outpad
     return _act(block, sym.make(op, *args, name=block.prefix + "fwd", **kw))
 
 

@@ -1,9 +1,14 @@
-"""Layer nd: MXNet 1.x's ``nd`` namespace. Imports ops, autograd, runtime, kernels (through its modules).
+"""Layer nd: MXNet 1.x's ``nd`` namespace, generated from the one operator registry (nd/_registry.py ``REGISTRY``).
+Imports ops, autograd, runtime, kernels (through its modules).
 
-Every table op (``_table.py`` element-wise and reductions, ``_shape.py``, ``_index.py``, ``_linalg.py``,
-``_sort.py``) becomes an ``nd.<name>`` function and, where MXNet has one, an NDArray method, generated here from
-the registry; the hand-written layer ops (``Convolution``, ``FullyConnected``, ``Pooling``, ...) come from
-``_layers.py``. Creation functions take MXNet's ``ctx=`` and ``dtype=``.
+Every registered op becomes an ``nd.<name>`` function (and, where MXNet has one, an NDArray method):
+- the table ops (element-wise and reductions in ``_table.py``; ``_shape.py``, ``_indexing.py``, ``_linalg.py``,
+  ``_sort.py``), each one ``Op`` row;
+- the library-backed operators (Convolution, FullyConnected, BatchNorm, Pooling, softmax, Dropout, LRN, ...), each
+  one ``OpDef`` in ops/defs/ registered here as a "lib" op: the function takes MXNet's inputs and parameters,
+  parsed by MXNet's declared schema, with its docstring generated from it.
+Creation functions take MXNet's ``ctx=`` and ``dtype=``; ``_helpers.py`` holds the few functions that are not
+operators (loss helpers, add_n, waitall).
 """
 
 from __future__ import annotations
@@ -14,12 +19,8 @@ from ..runtime.array import NDArray  # noqa: F401  (nd.NDArray)
 from . import _indexing, _linalg, _shape, _sort, _table  # noqa: F401  (each registers its ops)
 from ._creation import (arange, array, empty, eye, full, linspace, ones, ones_like, zeros,  # noqa: F401
                         zeros_like)
-from ._layers import BatchNorm  # noqa: F401
 from ._bn_fused import BatchNormAddRelu  # noqa: F401
-from ._deconv import Deconvolution  # noqa: F401
-from ._pooling import Pooling  # noqa: F401
-from ._layers import (Activation, Convolution, Dropout, Flatten, FullyConnected, add_n,  # noqa: F401
-                      log_softmax, pick_nll, reshape_like, softmax, softmax_cross_entropy, waitall)
+from ._helpers import add_n, pick_nll, reshape_like, softmax_cross_entropy, waitall  # noqa: F401
 
 ElementWiseSum = add_n
 from ._nn_extra import Embedding, LeakyReLU  # noqa: F401,E402
@@ -132,7 +133,13 @@ def _make_lib_function(op: Op, nd_name: str):
                 arrays.pop()
             args = tuple(arrays)
         result = invoke(op, args, params)
-        return result if out is None else into(out, result)
+        if out is None:
+            return result
+        if isinstance(result, tuple):  # several outputs: out is a list of arrays, one per output (MXNet's)
+            if not isinstance(out, (list, tuple)) or len(out) != len(result):
+                raise DnnbindTypeError(f"{nd_name}: out must be a list of {len(result)} NDArrays (one per output)")
+            return tuple(into(o, r) for o, r in zip(out, result))
+        return into(out, result)
 
     fn.__name__ = fn.__qualname__ = nd_name
     fn.__doc__ = f"{op.doc}\n\n{op.schema.doc()}" if op.doc else op.schema.doc()

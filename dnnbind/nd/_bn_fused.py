@@ -24,10 +24,11 @@ from .._lib.errors import CudnnBadParam, CudnnNotSupported
 from ..autograd import is_recording, is_training, record_op
 from ..ops import batchnorm_fused as _fused
 from ..ops.blas import fill as _fill
+from ..ops.defs.batchnorm import check as _bn_check
 from ..ops.reference.batchnorm import bn_dtypes
 from ..runtime.array import NDArray
 from ..runtime.array import zeros as _zeros
-from ._layers import BatchNorm
+from ._schema import Schema, schema
 
 __all__ = ["BatchNormAddRelu"]
 
@@ -65,26 +66,41 @@ def _check(data, addend, gamma, beta, moving_mean, moving_var, axis, act_type) -
 
 # NVIDIA's BatchNormAddRelu takes BatchNorm's parameters and act_type; an unknown keyword lists these.
 DECLARED = ("eps", "momentum", "fix_gamma", "use_global_stats", "output_mean_var", "axis", "cudnn_off", "act_type")
+# BatchNorm's declarations of those parameters (MXNet 1.9.1's), parsed as MXNet parses them under this op's name;
+# act_type is checked by _check (only 'relu', the activation cuDNN fuses)
+_PARAMS = Schema(NAME, schema("BatchNorm").inputs, tuple(q for q in schema("BatchNorm").params if q.name in DECLARED))
 
 
-def BatchNormAddRelu(data=None, addend=None, gamma=None, beta=None, moving_mean=None, moving_var=None, eps=1e-3,
-                     momentum=0.9, fix_gamma=True, use_global_stats=False, output_mean_var=False, axis=1,
+# eps and momentum default to nd.BatchNorm's own defaults (MXNet's declared values, 1e-3 and 0.9 as C floats), so
+# the composed path and nd.BatchNorm called without them agree to the bit
+_EPS, _MOMENTUM = _PARAMS.param("eps").default, _PARAMS.param("momentum").default
+
+
+def BatchNormAddRelu(data=None, addend=None, gamma=None, beta=None, moving_mean=None, moving_var=None, eps=_EPS,
+                     momentum=_MOMENTUM, fix_gamma=True, use_global_stats=False, output_mean_var=False, axis=1,
                      cudnn_off=False, act_type="relu", out=None, name=None, **kwargs):
     """relu(BatchNorm(data) + addend) with MXNet BatchNorm's arguments (see the module docstring); ``addend`` has
     data's shape and dtype. ``output_mean_var=True`` also returns BatchNorm's mean and inverse standard deviation.
     ``name`` is ignored; ``out`` takes the output."""
-    from ._layers import _bn_args
-    from ._params import array_arg, into
+    from ._params import array_arg, into, reject
     from ._registry import call
-    data, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma, use_global_stats, output_mean_var, axis = \
-        _bn_args(NAME, kwargs, data, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma,
-                 use_global_stats, output_mean_var, axis, cudnn_off, None, None, DECLARED)
+    if kwargs:
+        reject(NAME, kwargs, DECLARED)
+    given = {"eps": eps, "momentum": momentum, "fix_gamma": fix_gamma, "use_global_stats": use_global_stats,
+             "output_mean_var": output_mean_var, "axis": axis, "cudnn_off": cudnn_off}
+    p = _PARAMS.parse(given)
+    eps, momentum, fix_gamma, use_global_stats, output_mean_var, axis, cudnn_off = (p[k] for k in given)
+    # gamma and the moving statistics are written in place: NDArrays only
+    data = array_arg(NAME, "data", data)
+    gamma, beta, moving_mean, moving_var = (array_arg(NAME, n, a, data, numpy_ok=False) for n, a in (
+        ("gamma", gamma), ("beta", beta), ("moving_mean", moving_mean), ("moving_var", moving_var)))
     addend = array_arg(NAME, "addend", addend, data)
     if out is not None:
         res = BatchNormAddRelu(data, addend, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma,
                                use_global_stats, output_mean_var, axis, cudnn_off, act_type)
         return (into(out, res[0]),) + tuple(res[1:]) if output_mean_var else into(out, res)
     ax, pdtype = _check(data, addend, gamma, beta, moving_mean, moving_var, axis, act_type)
+    _bn_check(NAME, p, data, gamma, beta, moving_mean, moving_var)  # BatchNorm's own checks (dtypes, eps, momentum)
     key = (data.shape, data.dtype)
     if (is_training() and not use_global_stats and not cudnn_off and ax == 3 and data.ndim == 4
             and key not in _UNFUSED and _fusable(data, pdtype)):
@@ -92,8 +108,9 @@ def BatchNormAddRelu(data=None, addend=None, gamma=None, beta=None, moving_mean=
         if out is not None:
             return out if output_mean_var else out[0]
         _UNFUSED.add(key)
-    out = BatchNorm(data, gamma, beta, moving_mean, moving_var, eps=eps, momentum=momentum, fix_gamma=fix_gamma,
-                    use_global_stats=use_global_stats, output_mean_var=output_mean_var, axis=axis)
+    # nd.BatchNorm itself, given the values as given (the same objects each call of a Gluon layer: its parsed
+    # call is cached)
+    out = call("BatchNorm", data, gamma, beta, moving_mean, moving_var, **given)
     y = call("relu", (out[0] if output_mean_var else out) + addend)
     return (y, out[1], out[2]) if output_mean_var else y
 

@@ -18,7 +18,8 @@ import importlib
 _rt = importlib.import_module("dnnbind.runtime.array")  # the module (dnnbind.runtime.array is also a function)
 from ..runtime.array import NDArray
 from ..runtime.device import as_device
-from ._params import check_fits, into, reject
+from ..ops.args import check_fits
+from ._params import into, reject
 
 _F32 = np.dtype(np.float32)
 

@@ -12,13 +12,12 @@ them, in its order (nd/_schema.py's table, generated from MXNet itself).
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError, UnknownArgumentError
-from ..runtime.array import NDArray, check_size
+from ..runtime.array import NDArray
 from ._mxnet_params import VAR_ARGS
 from ._schema import schema
 
@@ -40,7 +39,6 @@ def declared_params(op: str) -> tuple[str, ...]:
 
 _declared: dict = {}
 
-INT32_MAX = 2 ** 31 - 1  # cuDNN's descriptors take int dims and strides
 
 
 def reject(op: str, kwargs: dict, declared: tuple | None = None) -> None:
@@ -142,58 +140,6 @@ def dtype_name(op: str, value, choices: tuple, none_ok: bool = True):
     return choice_arg(op, "dtype", value, choices, none_ok)
 
 
-def spatial(op: str, name: str, value: tuple | None, dims: int, default: int, minimum: int, data_shape) -> tuple:
-    """A per-spatial-axis parameter (stride, dilate, pad): unset is ``default`` on every axis; otherwise exactly
-    ``dims`` values (MXNet: "must have the same number of dimensions with kernel"), each at least ``minimum``."""
-    if value is None:
-        return (default,) * dims
-    if len(value) != dims:
-        raise DnnbindValueError(f"{op}: {name} {value} has {len(value)} value(s) but the kernel has {dims} "
-                                f"(data {tuple(data_shape)}); give one per spatial axis")
-    if min(value) < minimum:
-        raise DnnbindValueError(f"{op}: {name} must be >= {minimum} on every axis, got {value} (data "
-                                f"{tuple(data_shape)})")
-    if max(value) > INT32_MAX:
-        raise DnnbindValueError(f"{op}: {name} {value} is beyond the int32 range cuDNN takes (data "
-                                f"{tuple(data_shape)})")
-    return value
-
-
-class ParsedCalls:
-    """The parsed arguments of recent calls of one op, so the same call (a Gluon layer's, every step) is parsed
-    once. Keys hold shapes, dtypes, devices and strings by value and every other argument by identity: the entry
-    keeps those objects alive, so an id is never reused while cached, and 3.0 == 3 or True == 1 never finds a
-    valid call's entry. Lists (mutable) are never cached; only valid calls are (parsing raises first)."""
-
-    __slots__ = ("entries",)
-    LIMIT = 4096
-
-    def __init__(self):
-        self.entries: dict = {}
-
-    def get(self, key):
-        hit = self.entries.get(key)
-        return None if hit is None else hit[0]
-
-    def put(self, key, parsed, refs: tuple):
-        if list in map(type, refs):
-            return
-        if len(self.entries) >= self.LIMIT:
-            self.entries.clear()
-        self.entries[key] = (parsed, refs)
-
-
-def check_fits(op: str, device, dtype, what: str, shape: tuple, context: str = "", cudnn: bool = True) -> None:
-    """Refuse, as a ValueError naming the op and the shapes, an array no device could hold or (``cudnn``) cuDNN
-    describe: a dimension or a stride (the product of the dimensions after the first) beyond int32, or more bytes
-    than the device's (or the host's) whole memory. Checked before anything is allocated."""
-    tail = math.prod(shape[1:])
-    if cudnn and (tail > INT32_MAX or (shape and max(shape) > INT32_MAX)):
-        raise DnnbindValueError(f"{op}: {what} would have shape {shape}, beyond the int32 dimensions and strides "
-                                f"cuDNN takes{context}")
-    check_size(op, shape, dtype, device, what, context)
-
-
 def into(out, y):
     """MXNet's ``out=``: the result written into ``out`` (which is returned), or ``y`` itself."""
     if out is None:
@@ -204,41 +150,3 @@ def into(out, y):
         raise DnnbindValueError(f"out has shape {out.shape} but the result has shape {y.shape}")
     out[:] = y
     return out
-
-
-def layout_arg(opname: str, layout, data) -> str:
-    """MXNet's ``layout`` argument of Convolution/Pooling on 4-D data: None (NCHW), 'NCHW' or 'NHWC'."""
-    if layout is None:
-        return "NCHW"
-    if isinstance(layout, str) and layout in ("NCHW", "NHWC"):
-        return layout
-    kind = DnnbindValueError if isinstance(layout, str) else DnnbindTypeError
-    raise kind(f"{opname}: layout must be 'NCHW' or 'NHWC' (data {tuple(data.shape)}), got {layout!r}")
-
-
-def conv_params(op: str, kernel, num_filter, num_group, workspace, no_bias, cudnn_tune, cudnn_off) -> tuple:
-    """The parameters Convolution and Deconvolution share, in MXNet's order: kernel and num_filter required,
-    workspace, cudnn_tune and cudnn_off checked (and ignored: dnnbind times algorithms per shape). Returns
-    (kernel, num_filter, num_group, no_bias)."""
-    kernel = shape_arg(op, "kernel", kernel)
-    if kernel is None:
-        raise required(op, "kernel", "Shape(tuple)")
-    if num_filter is None:
-        raise required(op, "num_filter", "int (non-negative)")
-    num_filter = int_arg(op, "num_filter", num_filter, 1, "int (non-negative)")
-    num_group = int_arg(op, "num_group", num_group, 1, "int (non-negative)")
-    int_arg(op, "workspace", workspace, None, "long (non-negative)")
-    no_bias = bool_arg(op, "no_bias", no_bias)
-    choice_arg(op, "cudnn_tune", cudnn_tune, ("fastest", "limited_workspace", "off"), none_ok=True)
-    bool_arg(op, "cudnn_off", cudnn_off)
-    return kernel, num_filter, num_group, no_bias
-
-
-def bias_matches(op: str, bias, no_bias: bool, size: int) -> None:
-    """A bias exactly when ``no_bias`` is False (MXNet counts the inputs against it)."""
-    if no_bias and bias is not None:
-        raise DnnbindValueError(f"{op}: a bias {bias.shape} was given but no_bias=True; pass no_bias=False or drop "
-                                "the bias")
-    if not no_bias and bias is None:
-        raise DnnbindValueError(f"{op}: no_bias=False (the default) needs a bias of shape ({size},); pass it, "
-                                "or no_bias=True")

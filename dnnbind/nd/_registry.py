@@ -22,7 +22,7 @@ Imports numpy, runtime, ops, kernels, autograd and the hooks of _lib.
 
 from __future__ import annotations
 
-from .._lib.errors import DnnbindTypeError, DnnbindValueError
+from .._lib.errors import DnnbindTypeError, DnnbindValueError, UnknownArgumentError
 
 import inspect
 import math
@@ -37,6 +37,7 @@ from ..ops.opdef import Call, Grads
 from ..runtime.array import NDArray, empty
 from ..runtime.device import Device, as_device, default_device
 from . import _lower
+from ._schema import schema as schema_of
 
 REGISTRY: dict[str, "Op"] = {}
 FLOAT_KINDS = "f"
@@ -47,7 +48,7 @@ class Op:
 
     __slots__ = ("name", "kind", "numpy", "expr", "lib", "grad", "check", "cpu", "gpu", "reduce", "map_expr",
                  "post_expr", "ints", "out_dtype", "nd_names", "methods", "differentiable", "doc", "_exprs", "arity",
-                 "params", "same", "saves", "opdef", "schema")
+                 "params", "same", "saves", "opdef", "schema", "required")
 
     def __init__(self, name: str, kind: str, numpy=None, *, expr: str | None = None, lib=None, grad=None,
                  check=None, cpu=None, gpu=None, reduce: str | None = None, map_expr: str = "a",
@@ -68,7 +69,7 @@ class Op:
         self.saves = None if saves is None else tuple(saves)
         # a "lib" op: its ops.opdef.OpDef (lowerings, geometry, inference) and its parameter schema (MXNet's
         # declared parameters plus the entry's extras), see _lib_call
-        self.opdef, self.schema = opdef, None
+        self.opdef, self.schema, self.required = opdef, None, ()
 
     def __repr__(self) -> str:
         return f"<nd op {self.name} ({self.kind})>"
@@ -470,6 +471,7 @@ def lib_op(d) -> Op:
     extra = tuple(parse_type_info(d.name, n, info) for n, info in d.extra)
     op.schema = Schema(base.op, base.inputs, base.params + extra)
     op.arity = len(base.inputs)
+    op.required = tuple(i for i, inp in enumerate(base.inputs) if inp.name not in d.optional)
     return register(op)
 
 
@@ -479,8 +481,16 @@ _PREPARED: dict = {}  # (op, shapes, dtype, device, parameter names, ids) -> (pa
 def _lib_params(op: Op, params: dict) -> dict:
     """The call's parameters parsed as MXNet parses them (each value as its ``str()``; a dtype as its name), every
     name declared, every required one given, defaults filled in."""
-    if "dtype" in params and params["dtype"] is not None and not isinstance(params["dtype"], str):
-        params = dict(params, dtype=np.dtype(params["dtype"]).name)
+    dtype = params.get("dtype")
+    if dtype is not None and not isinstance(dtype, str):  # MXNet's frontend passes a numpy type by its name
+        try:
+            params = dict(params, dtype=np.dtype(dtype).name)
+        except TypeError:
+            raise DnnbindTypeError(f"{op.name}: dtype must be a dtype name or numpy type, got {dtype!r}") from None
+    declared = schema_of(op.name)
+    for name in params:
+        if not op.schema.declares(name):  # MXNet's message lists MXNet's own parameters
+            raise UnknownArgumentError(op.name, name, tuple(p.name for p in declared.params))
     return op.schema.parse(params)
 
 
@@ -498,8 +508,15 @@ def _lib_arrays(op: Op, args: tuple) -> tuple:
             if n not in op.opdef.optional:
                 raise DnnbindTypeError(f"{op.name}: {n} must be an array (NDArray, or numpy), got None")
             out.append(None)
-        else:
+        elif isinstance(a, NDArray):
+            out.append(a)
+        elif n in op.opdef.mutates:
+            raise DnnbindTypeError(f"{op.name}: {n} must be an NDArray (the op updates it in place), got "
+                                   f"{type(a).__name__}")
+        elif isinstance(a, np.ndarray) and a.dtype.kind in "biuf":  # MXNet takes NDArrays; numpy is a convenience
             out.append(as_array(op.name, n, a, first))
+        else:
+            raise DnnbindTypeError(f"{op.name}: argument {n} must be an NDArray, got {type(a).__name__}")
     same_device(op.name, out, names)
     return tuple(out)
 
@@ -507,7 +524,8 @@ def _lib_arrays(op: Op, args: tuple) -> tuple:
 def _lib_call(op: Op, args: tuple, params: dict):
     """One call of a lib op: arrays checked, parameters parsed and the geometry prepared (both cached per call
     signature), the backend decided once, the lowering run, the backward taped."""
-    if len(args) != op.arity or any(type(a) is not NDArray for a in args if a is not None):
+    if (len(args) != op.arity or any(type(a) is not NDArray for a in args if a is not None)
+            or any(args[i] is None for i in op.required)):
         args = _lib_arrays(op, args)
     x0 = args[0]
     dev = x0._device
@@ -515,7 +533,7 @@ def _lib_call(op: Op, args: tuple, params: dict):
         if a is not None and a._device is not dev:
             args = _lib_arrays(op, args)  # raises, naming the devices
     values = tuple(params.values())
-    key = (op, tuple(None if a is None else a._shape for a in args), x0._dtype, dev, tuple(params),
+    key = (op, tuple(None if a is None else (a._shape, a._dtype) for a in args), dev, tuple(params),
            tuple(map(id, values)))
     hit = _PREPARED.get(key)
     d = op.opdef
@@ -544,11 +562,16 @@ def _lib_call(op: Op, args: tuple, params: dict):
             out, saved = hooks.timed_numpy(op.name, low.forward, c, *host)
         else:
             out, saved = low.forward(c, *host)
-        out = tuple(_host_array(o) for o in out) if isinstance(out, tuple) else _host_array(out)
+        if any(out is h for h in host if h is not None):  # the identity: the input array itself, as on a GPU
+            out = args[next(i for i, h in enumerate(host) if h is out)]
+        else:
+            out = tuple(_host_array(o) for o in out) if isinstance(out, tuple) else _host_array(out)
     if autograd._tls.__dict__.get("recording"):
         first = out[0] if isinstance(out, tuple) else out
-        if low.backward is not None and any(autograd.needs_grad(a) for a in args if a is not None):
-            autograd.record_op(op.name, first, args, _lib_backward(low, c, saved, args, dev.kind == "gpu"))
+        if any(first is a for a in args):
+            pass  # the identity (Dropout outside train mode): the input's own place in the graph carries it
+        elif low.backward is not None and any(autograd.needs_grad(a) for a in args if a is not None):
+            autograd.record_op(op.name, first, args, _lib_backward(op.name, low, c, saved, args, dev.kind == "gpu"))
         else:
             autograd.hold(out, args)
     return out
@@ -560,12 +583,15 @@ def _host_array(r):
     return NDArray._from_numpy(np.ascontiguousarray(r))
 
 
-def _lib_backward(low, c, saved, args, gpu: bool):
+def _lib_backward(name: str, low, c, saved, args, gpu: bool):
     def backward(dy):
         needs = tuple(autograd.needs_grad(a) for a in args)
         into = tuple(autograd.grad_out(a) if a is not None else None for a in args) if gpu else (None,) * len(args)
         grads = Grads(needs, into, autograd.frees_graph())
         if gpu:
+            if TRACING:  # the backward's library calls are named after the op, as the forward's are
+                with _scope(name):
+                    return low.backward(c, saved, grads, dy)
             return low.backward(c, saved, grads, dy)
         dxs = low.backward(c, saved, grads, dy._data)
         return tuple(_host_array(g) for g in dxs)

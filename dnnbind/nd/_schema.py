@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import math
 import re
+
+import numpy as np
 from typing import Any, NamedTuple
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError, UnknownArgumentError
@@ -118,8 +120,11 @@ def _bad(op: str, p: Param, text: str) -> DnnbindTypeError:
 
 def _parse(op: str, p: Param, value):
     text = attr_string(value)
-    if p.none_ok and text == "None":
-        return None
+    if text == "None":
+        if p.none_ok:
+            return None
+        if p.kind == SHAPE:  # MXNet's shape parser reads "None" as an unknown shape: unset, as the empty default
+            return ()
     kind = p.kind
     if kind == INT:
         s = text.strip()
@@ -170,6 +175,9 @@ def _float(op: str, p: Param, text: str) -> float:
     if m.end() != len(s):
         raise DnnbindValueError(f"Some trailing characters could not be parsed: {s[m.end():]!r}, in operator {op}")
     v = float(m.group(0))
+    if p.type_text.startswith("float"):  # MXNet stores a "float" field as a C float (momentum 0.9 is 0.899999976)
+        with np.errstate(over="ignore"):  # beyond float32: inf, as C's strtof gives
+            v = float(np.float32(v))
     return v if not math.isnan(v) else math.nan
 
 
@@ -192,6 +200,9 @@ class Schema:
             else:
                 params.append(parse_type_info(op, name, info))
         return cls(op, inputs, params)
+
+    def declares(self, name: str) -> bool:
+        return name in self._by_name
 
     def param(self, name: str) -> Param:
         p = self._by_name.get(name)

@@ -12,24 +12,19 @@ from __future__ import annotations
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
-import threading
-
 import numpy as np
 
 from .._lib.hooks import RECORDING
 from ..runtime.array import NDArray, empty
+from ..runtime import rng
 from ..runtime.device import as_device
 from ._creation import _dtype, _shape
-from ._params import check_fits, dtype_name, float_arg, int_arg, into, reject
+from ..ops.args import check_fits
+from ._params import dtype_name, float_arg, int_arg, into, reject
+
 
 __all__ = ["seed", "uniform", "normal", "randn", "randint", "shuffle", "exponential", "poisson", "multinomial",
            "next_seed"]
-
-_lock = threading.Lock()
-# "generation" counts seed() calls: state seeded once and kept (cuDNN dropout's RNG states, ops.dropout) compares
-# it with the generation it was seeded in and seeds itself again, from next_seed(), when they differ.
-_state = {"seed": int(np.random.SeedSequence().entropy % (1 << 62)), "offset": 0, "rng": None, "generation": 0}
-
 
 def seed(seed_state: int, ctx="all") -> None:
     """``mx.random.seed(n)``: reset dnnbind's random state (both devices: ``ctx`` is accepted and ignored).
@@ -38,39 +33,11 @@ def seed(seed_state: int, ctx="all") -> None:
     from (as MXNet's initializers draw from mx.random), so one call makes a whole run repeatable."""
     if not isinstance(seed_state, (int, np.integer)) or isinstance(seed_state, bool):
         raise DnnbindTypeError(f"random.seed: seed must be an int, got {type(seed_state).__name__}")
-    with _lock:
-        _state["seed"], _state["offset"], _state["rng"] = int(seed_state) % (1 << 62), 0, None
-        _state["generation"] += 1
+    rng.reseed(int(seed_state))
     np.random.seed(int(seed_state) % (1 << 32))
 
 
-def _take(n: int) -> tuple[int, int]:
-    """(seed, offset) for a draw of ``n`` numbers; the state advances past them."""
-    with _lock:
-        off = _state["offset"]
-        _state["offset"] = off + ((int(n) + 3) // 4) * 4 + 4
-        return _state["seed"], off
-
-
-def next_seed() -> int:
-    """A fresh 63-bit seed for a kernel with its own counter (dropout), from the shared state."""
-    s, off = _take(1)
-    x = (s * 0x9E3779B97F4A7C15 + off * 0xBF58476D1CE4E5B9 + 1) & ((1 << 64) - 1)
-    x ^= x >> 31
-    return x & ((1 << 62) - 1)
-
-
-def generation() -> int:
-    """How many times ``seed()`` has been called: a generator seeded once from ``next_seed()`` (cuDNN dropout's
-    per-handle RNG states) seeds itself again when this differs from the value it was seeded at."""
-    return _state["generation"]
-
-
-def _host_rng() -> np.random.Generator:
-    with _lock:
-        if _state["rng"] is None:
-            _state["rng"] = np.random.Generator(np.random.PCG64(_state["seed"]))
-        return _state["rng"]
+_take, next_seed, generation, _host_rng = rng.take, rng.next_seed, rng.generation, rng.host_rng
 
 
 _FLOAT_DTYPES = ("float16", "float32", "float64")
@@ -108,13 +75,13 @@ def _draw(dist: str, p0, p1, shape, dtype, ctx, out) -> NDArray:
                cudnn=False)
     dev = out.device if out is not None else as_device(ctx)
     if dev.kind == "cpu":
-        rng = _host_rng()
+        gen = _host_rng()
         if dist == "uniform":
-            host = rng.uniform(p0, p1, shape)
+            host = gen.uniform(p0, p1, shape)
         elif dist == "normal":
-            host = rng.normal(p0, p1, shape)
+            host = gen.normal(p0, p1, shape)
         else:
-            host = rng.integers(int(p0), int(p1), shape)
+            host = gen.integers(int(p0), int(p1), shape)
         r = NDArray._from_numpy(np.asarray(host.astype(dtype), order="C"))
     else:
         from ..kernels import strided

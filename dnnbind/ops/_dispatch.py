@@ -60,7 +60,15 @@ def op(reference, *array_names: str):
                 return impl(*args, **kwargs)
             return _slow_path(op_name, impl, reference, positions, required, args, kwargs)
 
-        wrapper.gpu = impl
+        def gpu(*args, **kwargs):
+            """The GPU implementation without the routing (what a lowering calls once the backend is decided),
+            named after the op in a trace as the routed call is."""
+            if TRACING:
+                with hooks.scope(op_name, op=True):
+                    return impl(*args, **kwargs)
+            return impl(*args, **kwargs)
+
+        wrapper.gpu = gpu
         wrapper.reference = reference
         wrapper.array_names, wrapper.required_arrays = tuple(array_names), required
         return wrapper

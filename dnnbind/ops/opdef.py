@@ -13,6 +13,7 @@ gradient); an OpDef is that registration for dnnbind. One entry carries:
   call seen before is checked once.
 - ``infer(p, shapes) -> (input shapes, output shapes)``: shape inference without running, for symbol graphs
   (learned inputs such as a weight are filled in from the data's shape).
+- ``mutates``: the inputs the op writes in place (BatchNorm's moving statistics): they must be NDArrays.
 - ``aux``, ``optional``, ``init``, ``outputs``: what a graph node needs beyond that (auxiliary states, the inputs
   a parameter turns off, the initializer MXNet attaches to an input's variable, the count and visible names of
   the outputs).
@@ -69,16 +70,17 @@ def _one_output(p) -> tuple:
 
 class OpDef:
     __slots__ = ("name", "extra", "prepare", "infer", "aux", "optional", "init", "outputs", "cpu", "gpu",
-                 "samples", "nd", "doc")
+                 "samples", "nd", "doc", "mutates")
 
     def __init__(self, name: str, *, prepare: Callable, infer: Callable, cpu: Lowering, gpu: Lowering,
                  samples: Callable, extra: tuple = (), aux: tuple = (), optional: dict | None = None,
                  init: dict | None = None, outputs: Callable = _one_output, nd: tuple | None = None,
-                 doc: str = ""):
+                 doc: str = "", mutates: tuple = ()):
         self.name, self.extra, self.prepare, self.infer = name, tuple(extra), prepare, infer
         self.aux, self.optional, self.init, self.outputs = tuple(aux), dict(optional or {}), dict(init or {}), outputs
         self.cpu, self.gpu, self.samples, self.doc = cpu, gpu, samples, doc
         self.nd = (name,) if nd is None else tuple(nd)
+        self.mutates = tuple(mutates)  # inputs the op updates in place: NDArrays only (a numpy copy would lose it)
 
     def __repr__(self) -> str:
         return f"<OpDef {self.name}>"

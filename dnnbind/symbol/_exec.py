@@ -56,11 +56,8 @@ def _copy(inputs, given, node):
 
 OPS: dict[str, Callable] = {
     # layers
-    **{name: _nd(name) for name in ("Convolution", "Deconvolution", "FullyConnected", "Activation", "Pooling",
-                                    "Dropout", "Flatten", "Embedding", "LeakyReLU", "softmax", "log_softmax",
-                                    "Concat", "Cast", "SoftmaxActivation", "L2Normalization", "Pad")
-       if hasattr(nd, name)},
-    "BatchNorm": _nd("BatchNorm"),
+    **{name: _nd(name) for name in ("Embedding", "LeakyReLU", "Concat", "Cast", "SoftmaxActivation",
+                                    "L2Normalization", "Pad") if hasattr(nd, name)},
     "SliceChannel": _slice_channel,
     "Reshape": lambda inputs, given, node: nd.reshape(inputs[0], **given),
     # output layers: their backward is their own (nd/_output_layers.py), what a graph ending in one trains with

@@ -4,13 +4,12 @@
 Shapes flow forward from what is known (the caller's shapes, a variable's ``__shape__``). Operators with learned
 inputs fill those in from their data, as MXNet's: Convolution's weight is (num_filter, C / num_group, *kernel),
 FullyConnected's (num_hidden, inputs), BatchNorm's gamma, beta and statistics (C,), and so on. Outputs follow each
-operator's rule; an operator without a rule here is run once on zeros of its input shapes on the cpu (its numpy
-twin), which gives the same answer more slowly. A shape that contradicts another is an error naming the node.
+operator's rule: an operator's OpDef (ops/defs/) carries its own (``infer``), the table below holds the rules of
+operators that are not OpDefs yet; an operator without a rule is run once on zeros of its input shapes on the cpu
+(its numpy twin), which gives the same answer more slowly. A shape that contradicts another is an error naming the node.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -26,56 +25,6 @@ __all__ = ["infer_shapes", "infer_types"]
 _SHAPE = Param("__shape__", "shape", "Shape(tuple)", False, None, None, True)  # a variable's __shape__
 
 
-def _conv_out(size, k, s, p, d):
-    return (size + 2 * p - d * (k - 1) - 1) // s + 1
-
-
-def _spatial(params, key, n, default):
-    v = params.get(key) or ()
-    return tuple(v) if len(v) == n else (default,) * n
-
-
-def _channels_last(params) -> bool:
-    layout = params.get("layout")
-    return bool(layout) and layout.endswith("C")
-
-
-def _convolution(p, shapes):
-    data = shapes[0]
-    k = tuple(p["kernel"])
-    n = len(k)
-    last = _channels_last(p)
-    c = data[-1] if last else data[1]
-    g, f = p["num_group"], p["num_filter"]
-    weight = (f, *k, c // g) if last else (f, c // g, *k)
-    s, pad, d = _spatial(p, "stride", n, 1), _spatial(p, "pad", n, 0), _spatial(p, "dilate", n, 1)
-    sp = data[1:-1] if last else data[2:]
-    out_sp = tuple(_conv_out(sp[i], k[i], s[i], pad[i], d[i]) for i in range(n))
-    out = (data[0], *out_sp, f) if last else (data[0], f, *out_sp)
-    return [data, weight, (f,)], [out]
-
-
-def _deconvolution(p, shapes):
-    data = shapes[0]
-    k = tuple(p["kernel"])
-    n = len(k)
-    c, g, f = data[1], p["num_group"], p["num_filter"]
-    s, pad, d = _spatial(p, "stride", n, 1), _spatial(p, "pad", n, 0), _spatial(p, "dilate", n, 1)
-    adj, target = _spatial(p, "adj", n, 0), p.get("target_shape") or ()
-    out_sp = tuple(target) if len(target) == n and all(target) else tuple(
-        (data[2 + i] - 1) * s[i] - 2 * pad[i] + d[i] * (k[i] - 1) + 1 + adj[i] for i in range(n))
-    return [data, (c, f // g, *k), (f,)], [(data[0], f, *out_sp)]
-
-
-def _fully_connected(p, shapes):
-    data, h = shapes[0], p["num_hidden"]
-    if p["flatten"]:
-        inputs, out = math.prod(data[1:]), (data[0], h)
-    else:
-        inputs, out = data[-1], (*data[:-1], h)
-    return [data, (h, inputs), (h,)], [out]
-
-
 def _per_channel(n_params, axis_key="axis", default_axis=1, extra_outputs=0):
     def rule(p, shapes):
         data = shapes[0]
@@ -83,11 +32,6 @@ def _per_channel(n_params, axis_key="axis", default_axis=1, extra_outputs=0):
         c = data[axis if axis >= 0 else len(data) + axis]
         return [data] + [(c,)] * n_params, [data] + [(c,)] * extra_outputs
     return rule
-
-
-def _batchnorm(p, shapes):
-    ins, outs = _per_channel(4)(p, shapes)
-    return ins, outs + [ins[1], ins[1]]  # output, mean, var
 
 
 def _layernorm(p, shapes):
@@ -104,30 +48,6 @@ def _embedding(p, shapes):
 def _leaky_relu(p, shapes):
     data = shapes[0]
     return ([data, (data[1],)] if p["act_type"] == "prelu" else [data]), [data, data]  # rrelu: its mask too
-
-
-def _pooling(p, shapes):
-    data = shapes[0]
-    last = _channels_last(p)
-    sp = data[1:-1] if last else data[2:]
-    n = len(sp)
-    if p["global_pool"]:
-        out_sp = (1,) * n
-    else:
-        k = tuple(p["kernel"])
-        s, pad = _spatial(p, "stride", n, 1), _spatial(p, "pad", n, 0)
-        conv = p["pooling_convention"]
-        if conv == "same":  # MXNet 1.9.1 refuses it in shape inference, for 2-D and 1-D data alike
-            raise DnnbindValueError(f"Pooling: pooling_convention='same' is refused by MXNet 1.9.1's shape inference "
-                                    f"(data {tuple(data)}); use 'valid' or 'full'")
-        if conv == "full":
-            out_sp = tuple(-(-(sp[i] + 2 * pad[i] - k[i]) // s[i]) + 1 for i in range(n))
-        elif conv == "same":
-            out_sp = tuple(-(-sp[i] // s[i]) for i in range(n))
-        else:
-            out_sp = tuple((sp[i] + 2 * pad[i] - k[i]) // s[i] + 1 for i in range(n))
-    out = (data[0], *out_sp, data[-1]) if last else (data[0], data[1], *out_sp)
-    return [data], [out, out]
 
 
 def _same(p, shapes):
@@ -152,10 +72,6 @@ def _upsampling(p, shapes):
 
 def _regression_output(p, shapes):
     return [shapes[0], shapes[0]], [shapes[0]]
-
-
-def _flatten(p, shapes):
-    return list(shapes), [(shapes[0][0], math.prod(shapes[0][1:]))]
 
 
 def _concat(p, shapes):
@@ -210,16 +126,15 @@ def _reduce(p, shapes):
 
 
 RULES = {
-    "Convolution": _convolution, "Deconvolution": _deconvolution, "FullyConnected": _fully_connected,
-    "BatchNorm": _batchnorm, "InstanceNorm": _per_channel(2),
+    "InstanceNorm": _per_channel(2),
     "GroupNorm": lambda p, shapes: ([shapes[0], (p["num_groups"],), (p["num_groups"],)], [shapes[0]]), "LayerNorm": _layernorm,
     "Embedding": _embedding,
-    "LeakyReLU": _leaky_relu, "Pooling": _pooling, "SoftmaxOutput": _softmax_output,
+    "LeakyReLU": _leaky_relu, "SoftmaxOutput": _softmax_output,
     "LinearRegressionOutput": _regression_output, "LogisticRegressionOutput": _regression_output,
-    "MAERegressionOutput": _regression_output, "Flatten": _flatten, "Concat": _concat,
+    "MAERegressionOutput": _regression_output, "Concat": _concat,
     "SliceChannel": _slice_channel, "Reshape": _reshape, "UpSampling": _upsampling,
     **{op: _same for op in (
-        "Activation", "Dropout", "softmax", "log_softmax", "softmin", "clip", "Cast", "BlockGrad", "_copy",
+        "softmin", "clip", "Cast", "BlockGrad", "_copy",
         "MakeLoss", "relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "square", "negative",
         "SoftmaxActivation", "L2Normalization", "elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div",
         "add_n", "_plus_scalar", "_minus_scalar", "_rminus_scalar", "_mul_scalar", "_div_scalar", "_rdiv_scalar",
@@ -237,7 +152,7 @@ RULES = {
 
 
 # rules that fill in unknown inputs from the first (the learned parameters, labels, element-wise operands)
-_FILLS = {_convolution, _deconvolution, _fully_connected, _batchnorm, _layernorm, _embedding, _leaky_relu,
+_FILLS = {_layernorm, _embedding, _leaky_relu,
           _softmax_output, _regression_output, _same, _upsampling, RULES["InstanceNorm"], RULES["GroupNorm"]}
 
 

@@ -23,31 +23,19 @@ def opdef(op: str):
     entry = nd.REGISTRY.get(op)
     return entry.opdef if entry is not None else None
 
-# operator -> its auxiliary-state inputs (mutated by the op, not learned)
-AUX: dict[str, tuple[str, ...]] = {
-    "BatchNorm": ("moving_mean", "moving_var"),
-}
+# operator -> its auxiliary-state inputs (mutated by the op, not learned); BatchNorm's are in its OpDef
+AUX: dict[str, tuple[str, ...]] = {}
 
 # operator -> {input: the "__init__" MXNet attaches to the variable it makes for that input}
 INPUT_INIT: dict[str, dict[str, str]] = {
-    "BatchNorm": {"moving_mean": '["zero", {}]', "moving_var": '["one", {}]'},
     "LeakyReLU": {"gamma": '["Constant", {"value": 0.25}]'},
     "UpSampling": {"weight": '["bilinear", {}]'},
 }
 
 
-def _bias(p):
-    return not p.get("no_bias", False)
-
-
 # operator -> (input name -> predicate on the parsed parameters: is the input there?)
 OPTIONAL_INPUTS = {
-    "Convolution": {"bias": _bias},
-    "Deconvolution": {"bias": _bias},
-    "FullyConnected": {"bias": _bias},
     "LeakyReLU": {"gamma": lambda p: p.get("act_type") == "prelu"},
-    "softmax": {"length": lambda p: bool(p.get("use_length"))},
-    "log_softmax": {"length": lambda p: bool(p.get("use_length"))},
     "softmin": {"length": lambda p: bool(p.get("use_length"))},
     "RNN": {"state_cell": lambda p: p.get("mode") == "lstm",
             "sequence_length": lambda p: bool(p.get("use_sequence_length"))},
@@ -68,13 +56,8 @@ def _mean_var(names):
 
 # operator -> fn(parsed params) -> (outputs the node has, names of the visible ones)
 OUTPUTS = {
-    "BatchNorm": _mean_var(("output", "mean", "var")),
     "LayerNorm": _mean_var(("output", "mean", "std")),
     "InstanceNorm": lambda p: (3, ["output"]),
-    "Dropout": lambda p: (2, ["output"]),
-    # MXNet 1.9.1's pip wheel (oneDNN) gives max pooling in a channels-first layout a second, workspace output
-    "Pooling": lambda p: (2 if p.get("pool_type") == "max" and p.get("layout") in (None, "NCW", "NCHW", "NCDHW")
-                          else 1, ["output"]),
     "L2Normalization": lambda p: (2, ["output"]),
     "sort": lambda p: (2, ["output0"]),
     "SliceChannel": lambda p: (_n("num_outputs")(p), [f"output{i}" for i in range(_n("num_outputs")(p))]),

@@ -11,8 +11,6 @@ naming them, before any library call.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..._lib import cudnn
 from ..._lib.errors import DnnbindTypeError, DnnbindValueError
 from .. import descriptors as D

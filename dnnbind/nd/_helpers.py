@@ -1,0 +1,72 @@
+"""Layer nd: the nd functions that are not MXNet operators with a registry entry: dnnbind's loss helpers
+(``softmax_cross_entropy``, ``pick_nll``: library forward/backward pairs Gluon's losses call), ``add_n`` (a chain of
+the table's adds), ``reshape_like`` and ``waitall``. Every MXNet operator with a library behind it (Convolution,
+FullyConnected, BatchNorm, Pooling, softmax, Dropout, ...) is an entry in ops/defs/, and its ``nd`` function is
+generated from it (nd/__init__.py). Imports ops, autograd, runtime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from .._lib.errors import DnnbindValueError
+from ..autograd import is_recording, record_op
+from ._params import array_arg, int_arg, into, reject
+from ._registry import call
+
+__all__ = ["add_n", "pick_nll", "reshape_like", "softmax_cross_entropy", "waitall"]
+
+
+def softmax_cross_entropy(logits, labels):
+    """Per-sample -log softmax(logits)[label]: cuDNN log-softmax + a gather kernel; backward (p - onehot) * dl.
+    float16 logits (a network cast to float16) are cast to float32 first, taped: the loss and its softmax are
+    computed in float32, as mixed precision keeps them (MXNet's AMP lists softmax losses as float32 ops)."""
+    if getattr(logits, "dtype", None) == np.float16:
+        logits = call("cast", logits, dtype="float32")
+    loss = ops.softmax_cross_entropy(logits, labels)
+    if is_recording():
+        record_op("softmax_cross_entropy", loss, (logits, None),
+                  lambda dl: (ops.softmax_cross_entropy_backward(logits, labels, dl), None))
+    return loss
+
+
+def pick_nll(logp, labels):
+    """Per-sample -logp[label] (NLL on log-probabilities)."""
+    loss = ops.nll_loss(logp, labels)
+    if is_recording():
+        record_op("nll_loss", loss, (logp, None), lambda dl: (ops.nll_loss_backward(logp, labels, dl), None))
+    return loss
+
+
+def add_n(*args, num_args=None, out=None, name=None, **kwargs):
+    """Sum of several arrays of one shape and dtype (MXNet's add_n / ElementWiseSum): a chain of table adds.
+    ``num_args``, if given, must be the number of arrays (MXNet sets it itself). ``name`` is ignored."""
+    if kwargs:
+        reject("add_n", kwargs)
+    if num_args is not None and int_arg("add_n", "num_args", num_args, 1) != len(args):
+        raise DnnbindValueError(f"add_n: num_args={num_args} but {len(args)} array(s) were given")
+    if not args:
+        raise DnnbindValueError("add_n: needs at least one array (value 0 for Parameter num_args should be greater "
+                                "equal to 1)")
+    arrays = [array_arg("add_n", f"args[{i}]", a, None) for i, a in enumerate(args)]
+    first = arrays[0]
+    for i, a in enumerate(arrays[1:], 1):
+        if a.shape != first.shape or a.dtype != first.dtype:
+            raise DnnbindValueError(f"add_n: args[{i}] is {a.shape} {a.dtype} but args[0] is {first.shape} "
+                                    f"{first.dtype}; every array must have the same shape and dtype")
+    total = first if len(arrays) > 1 or out is not None else first.copy()  # always a new array, like MXNet
+    for a in arrays[1:]:
+        total = total + a
+    return into(out, total)
+
+
+def reshape_like(lhs, rhs):
+    return lhs.reshape(rhs.shape)
+
+
+def waitall():
+    from ..runtime.stream import synchronize
+    from ..runtime.device import num_gpus, gpu
+    for i in range(num_gpus()):
+        synchronize(gpu(i))
