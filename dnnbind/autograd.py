@@ -474,6 +474,13 @@ def grad_out(x):
     return direct.get(id(x)) if direct else None
 
 
+def grad_buffer(key):
+    """``grad_out`` by the input's ``id`` (taken when the op was taped): a tape that keeps an input's identity, not
+    the array. Only leaves with a gradient buffer are found, and they stay alive, so the id is theirs."""
+    direct = getattr(_tls, "direct", None)
+    return direct.get(key) if direct and key is not None else None
+
+
 def _topo(vertex, seen, order):
     """Post-order of the vertices (Nodes, leaf arrays) reachable from ``vertex``: inputs before their users."""
     # Iterative DFS: deep graphs (long RNN-like chains) must not hit Python's recursion limit.

@@ -584,9 +584,16 @@ def _host_array(r):
 
 
 def _lib_backward(name: str, low, c, saved, args, gpu: bool):
+    """The taped backward of one lib op call. It keeps what the lowering saved and, of the inputs, only whether
+    each wants a gradient and its identity (for the leaf gradient buffer autograd may offer: ``grads.into``):
+    an input the lowering does not save (a ReLU's input) is not kept alive by the tape."""
+    needs = tuple(autograd.needs_grad(a) for a in args)
+    # only leaves can have a buffer to write into, and the tape's node holds each leaf input, so its id stays its own
+    keys = tuple(id(a) if a is not None and a._node is None and a._grad_req != "null" else None
+                 for a in args) if gpu else None
+
     def backward(dy):
-        needs = tuple(autograd.needs_grad(a) for a in args)
-        into = tuple(autograd.grad_out(a) if a is not None else None for a in args) if gpu else (None,) * len(args)
+        into = tuple(autograd.grad_buffer(k) for k in keys) if gpu else (None,) * len(needs)
         grads = Grads(needs, into, autograd.frees_graph())
         if gpu:
             if TRACING:  # the backward's library calls are named after the op, as the forward's are

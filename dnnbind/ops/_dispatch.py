@@ -69,6 +69,8 @@ def op(reference, *array_names: str):
             return impl(*args, **kwargs)
 
         wrapper.gpu = gpu
+        wrapper.impl = impl  # the bare implementation: for ops composed of other ops (a deconvolution's forward is a
+        # convolution's backward-data call), so a trace names the op the caller asked for
         wrapper.reference = reference
         wrapper.array_names, wrapper.required_arrays = tuple(array_names), required
         return wrapper

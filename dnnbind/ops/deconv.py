@@ -33,7 +33,7 @@ def deconv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, adj=
         "deconv_forward", x._shape, w._shape, None if b is None else b._shape, stride, padding, dilation, groups,
         adj)
     # The convolution being transposed maps y's shape to x's: conv's backward data with dy = x, dx = y.
-    y = conv_backward_data.gpu(w, x, y_shape, stride, padding, dilation, groups)
+    y = conv_backward_data.impl(w, x, y_shape, stride, padding, dilation, groups)
     if b is not None:
         one = D.scalar_ptr(1, dtype)
         try:
@@ -51,7 +51,7 @@ def deconv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups
     x_shape = _check.check_shape_arg("deconv_backward_data", "x_shape", x_shape)
     stride, padding, dilation, groups, _, _ = _check.deconv_grad_params(
         "deconv_backward_data", x_shape, w._shape, dy._shape, stride, padding, dilation, groups)
-    return conv_forward.gpu(dy, w, None, stride, padding, dilation, groups)
+    return conv_forward.impl(dy, w, None, stride, padding, dilation, groups)
 
 
 @op(reference.deconv_backward_filter, "x", "dy")
@@ -62,4 +62,4 @@ def deconv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, grou
     w_shape = _check.check_shape_arg("deconv_backward_filter", "w_shape", w_shape)
     stride, padding, dilation, groups, _, _ = _check.deconv_grad_params(
         "deconv_backward_filter", x._shape, w_shape, dy._shape, stride, padding, dilation, groups)
-    return conv_backward_filter.gpu(dy, x, w_shape, stride, padding, dilation, groups, out=out)
+    return conv_backward_filter.impl(dy, x, w_shape, stride, padding, dilation, groups, out=out)

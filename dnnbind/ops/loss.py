@@ -61,7 +61,7 @@ def nll_loss_backward(logp, labels, dloss):
 def softmax_cross_entropy(logits, labels):
     """loss[i] = logsumexp(logits[i]) - logits[i, labels[i]]: cuDNN log-softmax, then the label gather."""
     dtype, c = _labels("softmax_cross_entropy", logits, labels)
-    logp = softmax_forward.gpu(logits, "log", "instance")
+    logp = softmax_forward.impl(logits, "log", "instance")
     n = logits._shape[0]
     loss = out_like((n,), dtype, logits._device)
     _launch("nll_fwd_" + _kernels.suffix(dtype, labels._dtype), n, (logp, labels, loss, n, c), logits._device)
@@ -72,7 +72,7 @@ def softmax_cross_entropy(logits, labels):
 def softmax_cross_entropy_backward(logits, labels, dloss):
     """dlogits = (softmax(logits) - onehot(labels)) * dloss[:, None]: cuDNN softmax, then one kernel."""
     dtype, c = _labels("softmax_cross_entropy_backward", logits, labels, dloss)
-    prob = softmax_forward.gpu(logits, "accurate", "instance")
+    prob = softmax_forward.impl(logits, "accurate", "instance")
     n = logits._shape[0]
     _launch("sce_bwd_" + _kernels.suffix(dtype, labels._dtype), n * c, (prob, labels, dloss, prob, n, c),
             logits._device)
