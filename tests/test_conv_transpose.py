@@ -123,8 +123,9 @@ def test_cpu_forward_matches_direct_loop(case):
 
 @pytest.mark.parametrize("case", CASES[1:4], ids=IDS[1:4])
 def test_gpu_lowering_roles_with_conv_twins_in_place_of_cudnn(case, monkeypatch):
-    """The GPU functions' plumbing on the cpu: conv's GPU entry points (cudnnConvolutionBackwardData / Forward /
-    BackwardFilter) replaced by their numpy twins, so the roles handed to them (x as dy, y as dx, ...) are checked."""
+    """The GPU functions' plumbing on the cpu: conv's bare GPU implementations (``.impl``: cudnnConvolutionBackwardData
+    / Forward / BackwardFilter) replaced by their numpy twins, so the roles handed to them (x as dy, y as dx, ...) are
+    checked."""
     from dnnbind.ops import conv, deconv
     calls = []
 
@@ -135,7 +136,7 @@ def test_gpu_lowering_roles_with_conv_twins_in_place_of_cudnn(case, monkeypatch)
         return run
 
     for name in ("conv_backward_data", "conv_forward", "conv_backward_filter"):
-        monkeypatch.setattr(getattr(conv, name), "gpu", twin(name))
+        monkeypatch.setattr(getattr(conv, name), "impl", twin(name))  # what deconv.py calls
     x, w, _ = _case_arrays(case)
     z = np.random.RandomState(9).standard_normal(_out_shape(case))
     xa, wa, za = (nd.array(a, dtype="float64") for a in (x, w, z))
