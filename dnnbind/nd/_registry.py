@@ -596,10 +596,13 @@ def _lib_backward(name: str, low, c, saved, args, gpu: bool):
         into = tuple(autograd.grad_buffer(k) for k in keys) if gpu else (None,) * len(needs)
         grads = Grads(needs, into, autograd.frees_graph())
         if gpu:
+            # dy is handed over, no reference kept in this frame: a lowering done with it early (a fused conv's
+            # ReLU part) frees it before allocating the rest, as autograd's loop does (autograd._run)
+            box, dy = [dy], None
             if TRACING:  # the backward's library calls are named after the op, as the forward's are
                 with _scope(name):
-                    return low.backward(c, saved, grads, dy)
-            return low.backward(c, saved, grads, dy)
+                    return low.backward(c, saved, grads, box.pop())
+            return low.backward(c, saved, grads, box.pop())
         dxs = low.backward(c, saved, grads, dy._data)
         return tuple(_host_array(g) for g in dxs)
     return backward
