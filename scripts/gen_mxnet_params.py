@@ -34,7 +34,7 @@ _power_scalar _rpower_scalar _maximum_scalar _minimum_scalar _mod_scalar _rmod_s
 _not_equal_scalar _greater_scalar _greater_equal_scalar _lesser_scalar _lesser_equal_scalar _Plus _Minus _Mul
 _Div _Power _Maximum _Minimum _Mod _plus _minus _mul _div _power _maximum _minimum _mod _equal _not_equal _greater
 _greater_equal _lesser _lesser_equal _random_uniform _random_normal _random_randint _shuffle
-GroupNorm RNN CTCLoss SequenceMask SequenceLast SequenceReverse
+GroupNorm RNN CTCLoss SequenceMask SequenceLast SequenceReverse softmax_cross_entropy
 """.split()
 
 

@@ -78,10 +78,11 @@ def test_gradients_by_central_differences(name, i, train):
     d, arrays, params = _sample(name, i)
     if d.cpu.backward is None:
         pytest.skip(f"{name} has no gradient")
-    names = [k for k in arrays if k not in d.aux]
-    aux = {k: v for k, v in arrays.items() if k in d.aux}
+    fixed = d.aux + d.nograd  # auxiliary states and inputs without a gradient (labels, indices) are held fixed
+    names = [k for k in arrays if k not in fixed]
+    aux = {k: v for k, v in arrays.items() if k in fixed}
 
-    def fn(*xs):  # a fresh copy of each auxiliary state per call: the op may update it in place
+    def fn(*xs):  # a fresh copy of each fixed input per call: the op may update it in place
         with _mode(train):
             y = getattr(nd, name)(**dict(zip(names, xs)), **{k: nd.array(v, ctx=dnnbind.cpu(), dtype="float64")
                                                             for k, v in aux.items()}, **params)
@@ -179,3 +180,22 @@ def test_lrn_symbol_matches_mxnet_json_and_outputs():
     assert s.list_outputs() == ["lrn_output"]
     assert s.infer_shape(data=(2, 5, 3, 4)) == ([(2, 5, 3, 4)], [(2, 5, 3, 4)], [])
     assert '"node_row_ptr": [0, 1, 3]' in s.tojson()  # MXNet's LRN node has a hidden second output
+
+
+@pytest.mark.parametrize("ctx", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_softmax_cross_entropy_operator_matches_mxnet(ctx, request):
+    """MXNet's operator sums over the batch (shape (1,)) and truncates float class ids; Gluon's loss, which wants
+    per-sample values, uses nd.softmax_ce_per_sample instead."""
+    import os
+    device = dnnbind.cpu() if ctx == "cpu" else request.getfixturevalue("gpu")
+    f = np.load(os.path.join(os.path.dirname(__file__), "fixtures", "mxnet_xent", "xent.npz"))
+    x = nd.array(f["x"], ctx=device)
+    x.attach_grad()
+    with autograd.record():
+        loss = nd.softmax_cross_entropy(x, nd.array(f["label"], ctx=device))
+    loss.backward(nd.array([2.0], ctx=device))
+    assert loss.shape == (1,)
+    assert_close(loss, f["loss"], rtol=1e-5, atol=1e-5, name="loss")
+    assert_close(x.grad, f["dx"], rtol=1e-5, atol=1e-6, name="data gradient")
+    with pytest.raises(ValueError, match="only accept 2D data"):
+        nd.softmax_cross_entropy(nd.array(np.ones((2, 3, 4))), nd.array(np.zeros(2)))

@@ -107,7 +107,7 @@ class SoftmaxCrossEntropyLoss(Loss):
         axis = self._axis % pred.ndim
         if self._sparse_label and pred.ndim == 2 and axis == 1 and self._batch_axis in (0, -2):
             labels = _as_labels(label, pred.shape[0], pred.device)
-            loss = nd.pick_nll(pred, labels) if self._from_logits else nd.softmax_cross_entropy(pred, labels)
+            loss = nd.pick_nll(pred, labels) if self._from_logits else nd.softmax_ce_per_sample(pred, labels)
             if sample_weight is None and self._weight is None:
                 return loss
             return self._per_sample(self._weighting(loss.reshape((pred.shape[0], 1)), sample_weight))

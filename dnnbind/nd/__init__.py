@@ -20,7 +20,7 @@ from . import _indexing, _linalg, _shape, _sort, _table  # noqa: F401  (each reg
 from ._creation import (arange, array, empty, eye, full, linspace, ones, ones_like, zeros,  # noqa: F401
                         zeros_like)
 from ._bn_fused import BatchNormAddRelu  # noqa: F401
-from ._helpers import add_n, pick_nll, reshape_like, softmax_cross_entropy, waitall  # noqa: F401
+from ._helpers import add_n, pick_nll, reshape_like, softmax_ce_per_sample, waitall  # noqa: F401
 
 ElementWiseSum = add_n
 from ._nn_extra import Embedding, LeakyReLU  # noqa: F401,E402
@@ -190,6 +190,6 @@ _methods.install(globals())
 
 __all__ = sorted({*_generated, "arange", "array", "empty", "eye", "full", "linspace", "ones", "ones_like",
                   "zeros", "zeros_like", "Activation", "BatchNorm", "Convolution", "Deconvolution", "Dropout", "Flatten", "FullyConnected",
-                  "Pooling", "add_n", "ElementWiseSum", "reshape_like", "log_softmax", "pick_nll", "softmax", "softmax_cross_entropy", "waitall", "save",
+                  "Pooling", "add_n", "ElementWiseSum", "reshape_like", "log_softmax", "pick_nll", "softmax", "softmax_ce_per_sample", "waitall", "save",
                   "load", "load_frombuffer", "Embedding", "LeakyReLU", "concatenate", "NDArray", "random",
                   "BatchNormAddRelu"})

@@ -1,5 +1,6 @@
 """Layer nd: the nd functions that are not MXNet operators with a registry entry: dnnbind's loss helpers
-(``softmax_cross_entropy``, ``pick_nll``: library forward/backward pairs Gluon's losses call), ``add_n`` (a chain of
+(``softmax_ce_per_sample``, ``pick_nll``: per-sample library forward/backward pairs Gluon's losses call; MXNet's
+own ``softmax_cross_entropy`` operator, which sums over the batch, is an entry in ops/defs/), ``add_n`` (a chain of
 the table's adds), ``reshape_like`` and ``waitall``. Every MXNet operator with a library behind it (Convolution,
 FullyConnected, BatchNorm, Pooling, softmax, Dropout, ...) is an entry in ops/defs/, and its ``nd`` function is
 generated from it (nd/__init__.py). Imports ops, autograd, runtime.
@@ -15,10 +16,10 @@ from ..autograd import is_recording, record_op
 from ._params import array_arg, int_arg, into, reject
 from ._registry import call
 
-__all__ = ["add_n", "pick_nll", "reshape_like", "softmax_cross_entropy", "waitall"]
+__all__ = ["add_n", "pick_nll", "reshape_like", "softmax_ce_per_sample", "waitall"]
 
 
-def softmax_cross_entropy(logits, labels):
+def softmax_ce_per_sample(logits, labels):
     """Per-sample -log softmax(logits)[label]: cuDNN log-softmax + a gather kernel; backward (p - onehot) * dl.
     float16 logits (a network cast to float16) are cast to float32 first, taped: the loss and its softmax are
     computed in float32, as mixed precision keeps them (MXNet's AMP lists softmax losses as float32 ops)."""

@@ -805,6 +805,10 @@ DECLARED = {
         ('dtype', "{None, 'float16', 'float32', 'float64'},optional, default='None'"),
         ('use_length', 'boolean or None, optional, default=0'),
     ),
+    'softmax_cross_entropy': (
+        ('data', 'NDArray-or-Symbol'),
+        ('label', 'NDArray-or-Symbol'),
+    ),
     'softmin': (
         ('data', 'NDArray-or-Symbol'),
         ('axis', "int, optional, default='-1'"),

@@ -14,6 +14,7 @@ gradient); an OpDef is that registration for dnnbind. One entry carries:
 - ``infer(p, shapes) -> (input shapes, output shapes)``: shape inference without running, for symbol graphs
   (learned inputs such as a weight are filled in from the data's shape).
 - ``mutates``: the inputs the op writes in place (BatchNorm's moving statistics): they must be NDArrays.
+- ``nograd``: the inputs that take no gradient (labels, indices: MXNet's ops give them none).
 - ``aux``, ``optional``, ``init``, ``outputs``: what a graph node needs beyond that (auxiliary states, the inputs
   a parameter turns off, the initializer MXNet attaches to an input's variable, the count and visible names of
   the outputs).
@@ -24,6 +25,9 @@ gradient); an OpDef is that registration for dnnbind. One entry carries:
   oracle. The gpu lowering takes and returns NDArrays and makes the library calls; its backend tactics (fusions,
   small-filter kernels, refusal caches) live with it, here in ops.
 - ``samples(rng)``: valid calls (numpy inputs, parameters) for the tests parametrized over the registry.
+- ``loss``: the backward is the op's own defined gradient, not the derivative of its forward (MXNet's output
+  layers: SoftmaxOutput's backward gives softmax - one_hot(label) and ignores the gradient from above), so the
+  tests check it against MXNet's own gradients, not against central differences of the forward.
 
 The dispatch (nd/_registry.py ``invoke``) parses the parameters, decides the backend once per call, runs the
 lowering inside a trace scope named after the op, and tapes the backward with a ``Grads`` context: which inputs
@@ -70,17 +74,19 @@ def _one_output(p) -> tuple:
 
 class OpDef:
     __slots__ = ("name", "extra", "prepare", "infer", "aux", "optional", "init", "outputs", "cpu", "gpu",
-                 "samples", "nd", "doc", "mutates")
+                 "samples", "nd", "doc", "mutates", "nograd", "loss")
 
     def __init__(self, name: str, *, prepare: Callable, infer: Callable, cpu: Lowering, gpu: Lowering,
                  samples: Callable, extra: tuple = (), aux: tuple = (), optional: dict | None = None,
                  init: dict | None = None, outputs: Callable = _one_output, nd: tuple | None = None,
-                 doc: str = "", mutates: tuple = ()):
+                 doc: str = "", mutates: tuple = (), nograd: tuple = (), loss: bool = False):
         self.name, self.extra, self.prepare, self.infer = name, tuple(extra), prepare, infer
         self.aux, self.optional, self.init, self.outputs = tuple(aux), dict(optional or {}), dict(init or {}), outputs
         self.cpu, self.gpu, self.samples, self.doc = cpu, gpu, samples, doc
         self.nd = (name,) if nd is None else tuple(nd)
         self.mutates = tuple(mutates)  # inputs the op updates in place: NDArrays only (a numpy copy would lose it)
+        self.nograd = tuple(nograd)  # inputs that take no gradient (class ids, indices): never perturbed by tests
+        self.loss = bool(loss)  # backward = the op's defined gradient (an output layer), not its forward's derivative
 
     def __repr__(self) -> str:
         return f"<OpDef {self.name}>"
