@@ -1,6 +1,6 @@
 """nd.SoftmaxOutput and the regression/MakeLoss output layers: forward and input gradient against MXNet 1.9.1
-(tests/fixtures/mxnet_output_layers, 17 cases: normalization null/batch/valid, ignore_label, label smoothing,
-multi_output, preserve_shape, >2-D data), on the cpu and the GPU."""
+(tests/fixtures/mxnet_output_layers, 28 cases: normalization null/batch/valid, ignore_label, label smoothing,
+multi_output, preserve_shape, >2-D data), on the cpu and the GPU; and the label shapes MXNet infers and accepts."""
 
 from __future__ import annotations
 
@@ -61,7 +61,27 @@ def test_bad_arguments_are_refused():
         nd.SoftmaxOutput(x, nd.ones((4,), ctx=mx.cpu()))
     with pytest.raises(UnknownArgumentError, match="Cannot find argument 'grad_scal'"):
         nd.SoftmaxOutput(x, nd.ones((3,), ctx=mx.cpu()), grad_scal=1)
-    with pytest.raises(ValueError, match="normalization"):
+    with pytest.raises(ValueError, match="Invalid Input: 'mean', valid values are: \\{'batch', 'null', 'valid'\\}"):
         nd.SoftmaxOutput(x, nd.ones((3,), ctx=mx.cpu()), normalization="mean")
     with pytest.raises(DnnbindValueError, match="same number of elements"):
         nd.LinearRegressionOutput(x, nd.ones((3,), ctx=mx.cpu()))
+
+
+def _arg_shapes(op, params, **given):
+    from dnnbind import symbol as sym
+    return getattr(sym, op)(sym.var("data"), name="o", **params).infer_shape(**given)[0]
+
+
+def test_label_shapes_are_inferred_and_accepted_as_mxnet_does():
+    # MXNet 1.9.1's answers: sym.<op>(sym.var('data'), name='o', **params).infer_shape(**given)[0]
+    assert _arg_shapes("LinearRegressionOutput", {}, data=(4, 1)) == [(4, 1), (4,)]
+    assert _arg_shapes("LinearRegressionOutput", {}, data=(4, 3, 2)) == [(4, 3, 2), (4, 3, 2)]
+    assert _arg_shapes("LinearRegressionOutput", {}, data=(2, 3, 4), o_label=(2, 12)) == [(2, 3, 4), (2, 12)]
+    assert _arg_shapes("SoftmaxOutput", {}, data=(2, 3, 4)) == [(2, 3, 4), (2, 3)]
+    assert _arg_shapes("SoftmaxOutput", {"multi_output": True}, data=(2, 3, 4)) == [(2, 3, 4), (2, 4)]
+    assert _arg_shapes("SoftmaxOutput", {"multi_output": True}, data=(2, 3, 4), o_label=(2, 1, 4)) == \
+        [(2, 3, 4), (2, 1, 4)]
+    with pytest.raises(DnnbindValueError, match="o_label"):  # MXNet: Shape inconsistent, Provided=[24]
+        _arg_shapes("LinearRegressionOutput", {}, data=(2, 3, 4), o_label=(24,))
+    with pytest.raises(DnnbindValueError, match="same first"):  # the same size is not enough (MXNet's check)
+        nd.LinearRegressionOutput(nd.ones((2, 3, 4), ctx=mx.cpu()), nd.ones((4, 6), ctx=mx.cpu()))

@@ -50,6 +50,23 @@ def batchnorm(block, x):
     return sym.make("BatchNorm", x, *[_var(p) for p in block._params4()], name=block.prefix + "fwd", **block._kwargs)
 
 
+def layernorm(block, x):
+    # MXNet's LayerNorm.hybrid_forward names no node: the name manager's "layernorm0" under the block's prefix
+    return sym.make("LayerNorm", x, _var(block.gamma), _var(block.beta), name=block.prefix + "layernorm0",
+                    axis=block._axis, eps=block._eps)
+
+
+def instancenorm(block, x):
+    """MXNet's InstanceNorm.hybrid_forward: another channel axis than 1 is swapped to 1 and back around the
+    operator (SwapAxis nodes ``swapaxes0``/``swapaxes1``, ``dim2`` the axis as the layer was given it)."""
+    params = [_var(block.gamma), _var(block.beta)]
+    if block._axis == 1:
+        return sym.make("InstanceNorm", x, *params, name=block.prefix + "fwd", eps=block._eps)
+    x = sym.make("SwapAxis", x, name=block.prefix + "swapaxes0", dim1=1, dim2=block._axis)
+    y = sym.make("InstanceNorm", x, *params, name=block.prefix + "fwd", eps=block._eps)
+    return sym.make("SwapAxis", y, name=block.prefix + "swapaxes1", dim1=1, dim2=block._axis)
+
+
 def pool(block, x):
     kw = dict(kernel=block._size, pool_type=block._pool_type, global_pool=block._global,
               pooling_convention="full" if block._ceil else "valid", stride=block._strides, pad=block._padding)
@@ -104,8 +121,8 @@ def trace(block, inputs: list) -> Symbol:
         if fn is not None:
             return fn(block, *inputs)
     raise UnsupportedFeature(f"export: {type(block).__name__} ({block.name}) cannot be traced to a symbol graph yet "
-                             "(dnnbind traces Sequential, Dense, Conv, Pool, BatchNorm, Activation, Dropout, "
-                             "Flatten and Blocks written with hybrid_forward(self, F, x, ...))")
+                             "(dnnbind traces Sequential, Dense, Conv, Pool, BatchNorm, LayerNorm, InstanceNorm, "
+                             "Activation, Dropout, Flatten and Blocks written with hybrid_forward(self, F, x, ...))")
 
 
 def export(block, path: str, epoch: int = 0, num_inputs: int = 1) -> tuple[str, str]:

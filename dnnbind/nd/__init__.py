@@ -23,9 +23,6 @@ from ._bn_fused import BatchNormAddRelu  # noqa: F401
 from ._helpers import add_n, pick_nll, reshape_like, softmax_ce_per_sample, waitall  # noqa: F401
 
 ElementWiseSum = add_n
-from ._nn_extra import Embedding, LeakyReLU  # noqa: F401,E402
-from ._output_layers import (LinearRegressionOutput, LogisticRegressionOutput, MAERegressionOutput,  # noqa: F401,E402
-                             MakeLoss, SoftmaxOutput)
 from ._registry import REGISTRY, Op, call, invoke, lib_op  # noqa: F401
 from ._params import into, reject  # noqa: E402
 from ..ops import defs as _defs  # noqa: E402,F401  (declares the library-backed operators)
@@ -113,9 +110,14 @@ def _make_lib_function(op: Op, nd_name: str):
     inputs = tuple(i.name for i in op.schema.inputs)
     names = tuple(p.name for p in op.schema.params)
     n, input_set = len(inputs), frozenset(inputs)
+    variadic = op.count is not None  # every positional argument is an input array (UpSampling's data)
 
     def fn(*args, out=None, name=None, **params):
-        if len(args) > n or not input_set.isdisjoint(params):
+        if variadic:
+            if "data" in params:  # data= by name: one array, or the list of them
+                given = params.pop("data")
+                args = args + (tuple(given) if isinstance(given, (list, tuple)) else (given,))
+        elif len(args) > n or not input_set.isdisjoint(params):
             arrays = list(args[:n]) + [None] * (n - len(args))  # (a negative count makes no Nones)
             for k, v in zip(names, args[n:]):
                 if k in params:

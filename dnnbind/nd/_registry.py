@@ -48,7 +48,7 @@ class Op:
 
     __slots__ = ("name", "kind", "numpy", "expr", "lib", "grad", "check", "cpu", "gpu", "reduce", "map_expr",
                  "post_expr", "ints", "out_dtype", "nd_names", "methods", "differentiable", "doc", "_exprs", "arity",
-                 "params", "same", "saves", "opdef", "schema", "required")
+                 "params", "same", "saves", "opdef", "schema", "required", "count")
 
     def __init__(self, name: str, kind: str, numpy=None, *, expr: str | None = None, lib=None, grad=None,
                  check=None, cpu=None, gpu=None, reduce: str | None = None, map_expr: str = "a",
@@ -70,6 +70,7 @@ class Op:
         # a "lib" op: its ops.opdef.OpDef (lowerings, geometry, inference) and its parameter schema (MXNet's
         # declared parameters plus the entry's extras), see _lib_call
         self.opdef, self.schema, self.required = opdef, None, ()
+        self.count = None  # a lib op with a variadic input list: the parameter that counts them (num_args)
 
     def __repr__(self) -> str:
         return f"<nd op {self.name} ({self.kind})>"
@@ -472,6 +473,9 @@ def lib_op(d) -> Op:
     op.schema = Schema(base.op, base.inputs, base.params + extra)
     op.arity = len(base.inputs)
     op.required = tuple(i for i, inp in enumerate(base.inputs) if inp.name not in d.optional)
+    if base.inputs and base.inputs[0].variadic:  # UpSampling's data: any number of arrays, counted by num_args
+        from ._mxnet_params import VAR_ARGS
+        op.arity, op.required, op.count = None, (), VAR_ARGS.get(base.op, "num_args")
     return register(op)
 
 
@@ -497,7 +501,9 @@ def _lib_params(op: Op, params: dict) -> dict:
 def _lib_arrays(op: Op, args: tuple) -> tuple:
     """The inputs as NDArrays on one device (numpy arrays and lists go to the first NDArray's device); None only
     where the entry lists the input as optional."""
-    names = [i.name for i in op.schema.inputs]
+    names = [i.name for i in op.schema.inputs] if op.count is None else [f"data[{i}]" for i in range(len(args))]
+    if not args:
+        raise DnnbindTypeError(f"{op.name}: needs at least one input array")
     if len(args) > len(names):
         raise DnnbindTypeError(f"{op.name}: takes {len(names)} input array(s) ({', '.join(names)}), got {len(args)}")
     args = tuple(args) + (None,) * (len(names) - len(args))
@@ -524,7 +530,12 @@ def _lib_arrays(op: Op, args: tuple) -> tuple:
 def _lib_call(op: Op, args: tuple, params: dict):
     """One call of a lib op: arrays checked, parameters parsed and the geometry prepared (both cached per call
     signature), the backend decided once, the lowering run, the backward taped."""
-    if (len(args) != op.arity or any(type(a) is not NDArray for a in args if a is not None)
+    if op.count is not None:  # a variadic input list: MXNet's frontend counts it (num_args) itself
+        if op.count not in params:
+            params = dict(params, **{op.count: len(args)})
+        if not args or any(type(a) is not NDArray for a in args):
+            args = _lib_arrays(op, args)
+    elif (len(args) != op.arity or any(type(a) is not NDArray for a in args if a is not None)
             or any(args[i] is None for i in op.required)):
         args = _lib_arrays(op, args)
     x0 = args[0]
@@ -580,7 +591,7 @@ def _lib_call(op: Op, args: tuple, params: dict):
 def _host_array(r):
     if r is None or isinstance(r, NDArray):
         return r
-    return NDArray._from_numpy(np.ascontiguousarray(r))
+    return NDArray._from_numpy(np.asarray(r, order="C"))  # (ascontiguousarray would make a 0-d result 1-d)
 
 
 def _lib_backward(name: str, low, c, saved, args, gpu: bool):

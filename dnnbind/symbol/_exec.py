@@ -56,13 +56,10 @@ def _copy(inputs, given, node):
 
 OPS: dict[str, Callable] = {
     # layers
-    **{name: _nd(name) for name in ("Embedding", "LeakyReLU", "Concat", "Cast", "SoftmaxActivation",
-                                    "L2Normalization", "Pad") if hasattr(nd, name)},
+    **{name: _nd(name) for name in ("Concat", "Cast", "SoftmaxActivation", "L2Normalization", "Pad")
+       if hasattr(nd, name)},
     "SliceChannel": _slice_channel,
     "Reshape": lambda inputs, given, node: nd.reshape(inputs[0], **given),
-    # output layers: their backward is their own (nd/_output_layers.py), what a graph ending in one trains with
-    **{name: _nd(name) for name in ("SoftmaxOutput", "LinearRegressionOutput", "LogisticRegressionOutput",
-                                    "MAERegressionOutput", "MakeLoss")},
     "BlockGrad": lambda inputs, given, node: nd.stop_gradient(inputs[0]),
     "_copy": _copy,
     # element-wise and tensor ops under their own names

@@ -25,53 +25,9 @@ __all__ = ["infer_shapes", "infer_types"]
 _SHAPE = Param("__shape__", "shape", "Shape(tuple)", False, None, None, True)  # a variable's __shape__
 
 
-def _per_channel(n_params, axis_key="axis", default_axis=1, extra_outputs=0):
-    def rule(p, shapes):
-        data = shapes[0]
-        axis = p.get(axis_key, default_axis)
-        c = data[axis if axis >= 0 else len(data) + axis]
-        return [data] + [(c,)] * n_params, [data] + [(c,)] * extra_outputs
-    return rule
-
-
-def _layernorm(p, shapes):
-    data = shapes[0]
-    axis = p["axis"] if p["axis"] >= 0 else len(data) + p["axis"]
-    stat = tuple(1 if i == axis else d for i, d in enumerate(data))
-    return [data, (data[axis],), (data[axis],)], [data, stat, stat]
-
-
-def _embedding(p, shapes):
-    return [shapes[0], (p["input_dim"], p["output_dim"])], [(*shapes[0], p["output_dim"])]
-
-
-def _leaky_relu(p, shapes):
-    data = shapes[0]
-    return ([data, (data[1],)] if p["act_type"] == "prelu" else [data]), [data, data]  # rrelu: its mask too
-
-
 def _same(p, shapes):
     """Element-wise: every input and the output have the first input's shape."""
     return [shapes[0]] * len(shapes), [shapes[0]]
-
-
-def _softmax_output(p, shapes):
-    data = shapes[0]
-    label = (data[0], *data[2:]) if p["multi_output"] else data[:-1]
-    return [data, label], [data]
-
-
-def _upsampling(p, shapes):
-    data, s = shapes[0], p["scale"]
-    if p["sample_type"] == "bilinear":
-        k = 2 * s - s % 2
-        return [data, (data[1], 1, k, k)], [(data[0], data[1], data[2] * s, data[3] * s)]
-    c = sum(x[1] for x in shapes) if p["multi_input_mode"] == "concat" else data[1]
-    return list(shapes), [(data[0], c, data[2] * s, data[3] * s)]
-
-
-def _regression_output(p, shapes):
-    return [shapes[0], shapes[0]], [shapes[0]]
 
 
 def _concat(p, shapes):
@@ -126,16 +82,10 @@ def _reduce(p, shapes):
 
 
 RULES = {
-    "InstanceNorm": _per_channel(2),
-    "GroupNorm": lambda p, shapes: ([shapes[0], (p["num_groups"],), (p["num_groups"],)], [shapes[0]]), "LayerNorm": _layernorm,
-    "Embedding": _embedding,
-    "LeakyReLU": _leaky_relu, "SoftmaxOutput": _softmax_output,
-    "LinearRegressionOutput": _regression_output, "LogisticRegressionOutput": _regression_output,
-    "MAERegressionOutput": _regression_output, "Concat": _concat,
-    "SliceChannel": _slice_channel, "Reshape": _reshape, "UpSampling": _upsampling,
+    "Concat": _concat, "SliceChannel": _slice_channel, "Reshape": _reshape,
     **{op: _same for op in (
         "softmin", "clip", "Cast", "BlockGrad", "_copy",
-        "MakeLoss", "relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "square", "negative",
+        "relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "square", "negative",
         "SoftmaxActivation", "L2Normalization", "elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div",
         "add_n", "_plus_scalar", "_minus_scalar", "_rminus_scalar", "_mul_scalar", "_div_scalar", "_rdiv_scalar",
         "_mod_scalar", "_rmod_scalar", "_power_scalar", "_rpower_scalar", "_maximum_scalar", "_minimum_scalar",
@@ -152,8 +102,7 @@ RULES = {
 
 
 # rules that fill in unknown inputs from the first (the learned parameters, labels, element-wise operands)
-_FILLS = {_layernorm, _embedding, _leaky_relu,
-          _softmax_output, _regression_output, _same, _upsampling, RULES["InstanceNorm"], RULES["GroupNorm"]}
+_FILLS = {_same}
 
 
 def _by_running(node: Node, shapes: list) -> list:

@@ -27,15 +27,11 @@ def opdef(op: str):
 AUX: dict[str, tuple[str, ...]] = {}
 
 # operator -> {input: the "__init__" MXNet attaches to the variable it makes for that input}
-INPUT_INIT: dict[str, dict[str, str]] = {
-    "LeakyReLU": {"gamma": '["Constant", {"value": 0.25}]'},
-    "UpSampling": {"weight": '["bilinear", {}]'},
-}
+INPUT_INIT: dict[str, dict[str, str]] = {}
 
 
 # operator -> (input name -> predicate on the parsed parameters: is the input there?)
 OPTIONAL_INPUTS = {
-    "LeakyReLU": {"gamma": lambda p: p.get("act_type") == "prelu"},
     "softmin": {"length": lambda p: bool(p.get("use_length"))},
     "RNN": {"state_cell": lambda p: p.get("mode") == "lstm",
             "sequence_length": lambda p: bool(p.get("use_sequence_length"))},
@@ -50,19 +46,12 @@ def _n(key, default=1):
     return lambda p: int(p.get(key) if p.get(key) is not None else default)
 
 
-def _mean_var(names):
-    return lambda p: (len(names), list(names) if p.get("output_mean_var") else ["output"])
-
-
 # operator -> fn(parsed params) -> (outputs the node has, names of the visible ones)
 OUTPUTS = {
-    "LayerNorm": _mean_var(("output", "mean", "std")),
-    "InstanceNorm": lambda p: (3, ["output"]),
     "L2Normalization": lambda p: (2, ["output"]),
     "sort": lambda p: (2, ["output0"]),
     "SliceChannel": lambda p: (_n("num_outputs")(p), [f"output{i}" for i in range(_n("num_outputs")(p))]),
     "topk": lambda p: ((2, ["output0", "output1"]) if p.get("ret_typ") == "both" else (1, ["output"])),
-    "LeakyReLU": lambda p: ((2, ["output", "mask"]) if p.get("act_type") == "rrelu" else (1, ["output"])),
     # an operator without output names of its own numbers them when it has several (sort's "output0")
     "CTCLoss": lambda p: (2, ["output0"]),
     "RNN": lambda p: _rnn_outputs(p),

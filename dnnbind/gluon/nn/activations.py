@@ -1,7 +1,7 @@
 """Activation layers beyond ``Activation`` (``mxnet.gluon.nn``): LeakyReLU, PReLU, ELU, SELU, GELU, Swish.
 Layer: gluon; imports nd, initializer, gluon.block.
 
-Each forwards to MXNet's ``nd.LeakyReLU`` modes (compositions of table ops, see nd/_nn_extra.py) except Swish,
+Each forwards to MXNet's ``nd.LeakyReLU`` modes (an OpDef entry, ops/defs/leaky_relu.py) except Swish,
 which is x * sigmoid(beta * x) as MXNet writes it. Names follow MXNet 1.x's default alias, the lowercased class
 name (``leakyrelu0``, ``prelu1``).
 """

@@ -9,8 +9,9 @@ the batch statistics and updates the running ones in place; predict mode uses th
 ``axis=3`` (or -1) on 4-D data is MXNet's channels-last (NHWC) BatchNorm: nd.BatchNorm hands it to cuDNN as an
 NHWC tensor, without the transposes other axes take.
 
-LayerNorm and InstanceNorm are compositions of nd reductions (mean over axes), so their gradients come from
-the op table.
+LayerNorm and InstanceNorm call ``nd.LayerNorm`` and ``nd.InstanceNorm`` (ops/defs/layer_norm.py), as MXNet's
+``hybrid_forward`` calls ``F.LayerNorm``/``F.InstanceNorm``: InstanceNorm with a channel axis other than 1 swaps it
+to 1 and back around the operator (MXNet's ``swapaxes``), so export writes the same nodes (gluon/_export.py).
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ class BatchNorm(Block):
 
 
 class _AxisNorm(Block):
-    """Shared by LayerNorm and InstanceNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta, the statistics
-    over the axes ``_reduce_axes`` gives, gamma and beta of shape (in_channels,) along ``axis``."""
+    """Shared by LayerNorm and InstanceNorm: gamma and beta of shape (in_channels,) along ``axis``, deferred to the
+    first forward when in_channels=0; ``_op`` calls the operator."""
     _array_input = True
 
     def __init__(self, axis, epsilon, center, scale, beta_initializer, gamma_initializer, in_channels, prefix,
@@ -125,7 +126,7 @@ class _AxisNorm(Block):
             self.beta = self.params.get("beta", grad_req="write" if center else "null", shape=shape,
                                         init=beta_initializer, allow_deferred_init=True, differentiable=center)
 
-    def _reduce_axes(self, ndim: int, axis: int) -> tuple:
+    def _op(self, x, axis: int):
         raise NotImplementedError
 
     def forward(self, x):
@@ -140,14 +141,8 @@ class _AxisNorm(Block):
                 self.gamma.shape = self.beta.shape = (x.shape[axis],)
             self.gamma._finish_deferred_init()
             self.beta._finish_deferred_init()
-        axes = self._reduce_axes(x.ndim, axis)
-        mean = nd.mean(x, axis=axes, keepdims=True)
-        centered = x - mean
-        var = nd.mean(nd.square(centered), axis=axes, keepdims=True)
-        y = centered * nd.rsqrt(var + self._eps)
-        shape = tuple(x.shape[i] if i == axis else 1 for i in range(x.ndim))
         # Like MXNet, gamma and beta always apply; scale/center=False only stop training them (grad_req 'null').
-        return y * self.gamma.data().reshape(shape) + self.beta.data().reshape(shape)
+        return self._op(x, axis)
 
     def __repr__(self) -> str:
         c = self.gamma.shape[0] if self.gamma.shape else 0
@@ -163,21 +158,26 @@ class LayerNorm(_AxisNorm):
         super().__init__(axis, epsilon, center, scale, beta_initializer, gamma_initializer, in_channels, prefix,
                          params)
 
-    def _reduce_axes(self, ndim: int, axis: int) -> tuple:
-        return (axis,)
+    def _op(self, x, axis: int):
+        return nd.LayerNorm(x, self.gamma.data(), self.beta.data(), axis=self._axis, eps=self._eps)
 
 
 class InstanceNorm(_AxisNorm):
     """Instance normalization: per sample and channel (``axis``), over the remaining axes except the batch
-    axis 0: MXNet's nn.InstanceNorm (scale=False by default, as there)."""
+    axis 0: MXNet's nn.InstanceNorm (scale=False by default, as there). A channel axis other than 1 is swapped to
+    1 and back around nd.InstanceNorm, as MXNet does (so axis 0 takes gamma along the batch axis, as there)."""
 
     def __init__(self, axis: int = 1, epsilon: float = 1e-5, center: bool = True, scale: bool = False,
                  beta_initializer="zeros", gamma_initializer="ones", in_channels: int = 0, prefix=None, params=None):
         super().__init__(axis, epsilon, center, scale, beta_initializer, gamma_initializer, in_channels, prefix,
                          params)
 
-    def _reduce_axes(self, ndim: int, axis: int) -> tuple:
-        if axis == 0 or ndim < 3:
-            raise DnnbindValueError(f"{type(self).__name__}: needs input (N, C, ...) with at least 3 axes and the "
-                             f"channel axis not 0, got {ndim} axes and axis {axis}")
-        return tuple(i for i in range(1, ndim) if i != axis)
+    def _op(self, x, axis: int):
+        if x.ndim < 3:
+            raise DnnbindValueError(f"{type(self).__name__}: needs input (N, C, ...) with at least 3 axes, got shape "
+                                    f"{x.shape}")
+        gamma, beta = self.gamma.data(), self.beta.data()
+        if axis == 1:
+            return nd.InstanceNorm(x, gamma, beta, eps=self._eps)
+        y = nd.InstanceNorm(nd.swapaxes(x, 1, axis), gamma, beta, eps=self._eps)
+        return nd.swapaxes(y, 1, axis)
