@@ -535,17 +535,30 @@ def _lib_call(op: Op, args: tuple, params: dict):
             params = dict(params, **{op.count: len(args)})
         if not args or any(type(a) is not NDArray for a in args):
             args = _lib_arrays(op, args)
-    elif (len(args) != op.arity or any(type(a) is not NDArray for a in args if a is not None)
-            or any(args[i] is None for i in op.required)):
+    elif len(args) != op.arity:
         args = _lib_arrays(op, args)
-    x0 = args[0]
-    dev = x0._device
+    else:  # the hot path: NDArrays (None only where optional); plain loops, cheaper than any() over generators
+        for a in args:
+            if type(a) is not NDArray and a is not None:
+                args = _lib_arrays(op, args)
+                break
+        else:
+            for i in op.required:
+                if args[i] is None:
+                    args = _lib_arrays(op, args)
+                    break
+    dev = args[0]._device
+    sig = []
     for a in args:
-        if a is not None and a._device is not dev:
-            args = _lib_arrays(op, args)  # raises, naming the devices
+        if a is None:
+            sig.append(None)
+        else:
+            if a._device is not dev:
+                _lib_arrays(op, args)  # raises, naming the devices
+            sig.append(a._shape)
+            sig.append(a._dtype)
     values = tuple(params.values())
-    key = (op, tuple(None if a is None else (a._shape, a._dtype) for a in args), dev, tuple(params),
-           tuple(map(id, values)))
+    key = (op, tuple(sig), dev, tuple(params), tuple(map(id, values)))
     hit = _PREPARED.get(key)
     d = op.opdef
     if hit is None:
@@ -573,15 +586,19 @@ def _lib_call(op: Op, args: tuple, params: dict):
             out, saved = hooks.timed_numpy(op.name, low.forward, c, *host)
         else:
             out, saved = low.forward(c, *host)
-        if any(out is h for h in host if h is not None):  # the identity: the input array itself, as on a GPU
+        if type(out) is np.ndarray and any(out is h for h in host):  # the identity: the input itself, as on a GPU
             out = args[next(i for i, h in enumerate(host) if h is out)]
         else:
             out = tuple(_host_array(o) for o in out) if isinstance(out, tuple) else _host_array(out)
     if autograd._tls.__dict__.get("recording"):
         first = out[0] if isinstance(out, tuple) else out
-        if any(first is a for a in args):
-            pass  # the identity (Dropout outside train mode): the input's own place in the graph carries it
-        elif low.backward is not None and any(autograd.needs_grad(a) for a in args if a is not None):
+        wanted = False
+        for a in args:
+            if a is first:  # the identity (Dropout outside train mode): the input's own place in the graph has it
+                return out
+            if a is not None and (a._node is not None or a._grad_req != "null"):  # autograd.needs_grad, inlined
+                wanted = True
+        if wanted and low.backward is not None:
             autograd.record_op(op.name, first, args, _lib_backward(op.name, low, c, saved, args, dev.kind == "gpu"))
         else:
             autograd.hold(out, args)
