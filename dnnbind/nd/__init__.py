@@ -69,6 +69,16 @@ def _same_shapes(nd_name: str, args) -> None:
                                     f"(MXNet's elemwise operators do not broadcast; use broadcast_* for that)")
 
 
+def _declared_doc(*names) -> str:
+    """MXNet's parameter list of the first of ``names`` it declares, for a table op's docstring ("" if none)."""
+    from ._mxnet_params import ALIASES, DECLARED
+    from ._schema import schema
+    for n in names:
+        if n in DECLARED or n in ALIASES:
+            return "\n\n" + schema(n).doc()
+    return ""
+
+
 def _make_function(op: Op, nd_name: str):
     names = op.params
     accepted = _accepted(op)
@@ -100,7 +110,8 @@ def _make_function(op: Op, nd_name: str):
         return result
 
     fn.__name__ = fn.__qualname__ = nd_name
-    fn.__doc__ = op.doc or f"MXNet ``nd.{nd_name}`` (dnnbind table op {op.name!r}, kind {op.kind})."
+    fn.__doc__ = (op.doc or f"MXNet ``nd.{nd_name}`` (dnnbind table op {op.name!r}, kind {op.kind}).") + _declared_doc(
+        nd_name, mx_name)
     return fn
 
 
