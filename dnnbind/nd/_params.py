@@ -110,15 +110,6 @@ def float_arg(op: str, name: str, value) -> float:
     return float(value)
 
 
-def bool_arg(op: str, name: str, value) -> bool:
-    """A boolean parameter: a bool, or the ints 0 and 1 (MXNet's "0"/"1")."""
-    if value is True or value is False:
-        return value
-    if isinstance(value, np.bool_) or (_is_int(value) and int(value) in (0, 1)):
-        return bool(value)
-    raise _bad_format(op, name, "boolean", value)
-
-
 def choice_arg(op: str, name: str, value, choices: tuple, none_ok: bool = False):
     """One of ``choices`` (strings; None too with ``none_ok``): MXNet's "Invalid Input: 'x', valid values are"."""
     if value is None and none_ok:

@@ -37,6 +37,7 @@ from ..ops.opdef import Call, Grads
 from ..runtime.array import NDArray, empty
 from ..runtime.device import Device, as_device, default_device
 from . import _lower
+from ._schema import Schema, parse_type_info
 from ._schema import schema as schema_of
 
 REGISTRY: dict[str, "Op"] = {}
@@ -466,9 +467,8 @@ Callable  # noqa: B018  (re-exported type for the table's annotations)
 
 def lib_op(d) -> Op:
     """Register the ops.opdef.OpDef ``d`` as a "lib" op: ``nd.<name>`` and ``sym.<name>`` come from it."""
-    from ._schema import Schema, parse_type_info, schema
     op = Op(d.name, "lib", nd=d.nd, doc=d.doc, opdef=d)
-    base = schema(d.name)
+    base = schema_of(d.name)
     extra = tuple(parse_type_info(d.name, n, info) for n, info in d.extra)
     op.schema = Schema(base.op, base.inputs, base.params + extra)
     op.arity = len(base.inputs)

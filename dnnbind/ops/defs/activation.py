@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._lib.errors import DnnbindTypeError
+from .. import reference
 from ..opdef import Lowering, OpDef, define, table
 
 
@@ -26,32 +27,30 @@ def _infer(p, shapes):
     return [shapes[0]], [shapes[0]]
 
 
+_CUDNN_MODES = ("relu", "sigmoid", "tanh")  # the twin of cuDNN's modes is ops/reference/activation.py
+
+
 def _softrelu(x):
     return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
 
 
-_NUMPY = {"relu": lambda x: np.maximum(x, 0), "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "tanh": np.tanh,
-          "softrelu": _softrelu, "softsign": lambda x: x / (1 + np.abs(x))}
-
-
 def _cpu_forward(c, x):
-    with np.errstate(over="ignore"):
-        y = _NUMPY[c.geo](x).astype(x.dtype, copy=False)
+    kind = c.geo
+    if kind in _CUDNN_MODES:
+        y = reference.activation_forward(x, kind)
+    else:
+        y = (_softrelu(x) if kind == "softrelu" else x / (1 + np.abs(x))).astype(x.dtype, copy=False)
     return y, (x, y)
 
 
 def _cpu_backward(c, saved, grads, dy):
     x, y = saved
     kind = c.geo
-    if kind == "relu":
-        dx = dy * (y > 0)
-    elif kind == "sigmoid":
-        dx = dy * y * (1 - y)
-    elif kind == "tanh":
-        dx = dy * (1 - y * y)
-    elif kind == "softrelu":
-        dx = dy * _NUMPY["sigmoid"](x)
-    else:
+    if kind in _CUDNN_MODES:
+        return (reference.activation_backward(y, dy, x, kind),)
+    if kind == "softrelu":  # d/dx log(1 + e^x) = sigmoid(x)
+        dx = dy * reference.activation_forward(x, "sigmoid")
+    else:  # d/dx x / (1 + |x|) = 1 / (1 + |x|)^2
         dx = dy / np.square(1 + np.abs(x))
     return (dx.astype(x.dtype, copy=False),)
 

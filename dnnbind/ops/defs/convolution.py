@@ -134,9 +134,9 @@ def _infer(p, shapes):
     c = data[-1] if last else data[1]
     g, f = p["num_group"], p["num_filter"]
     weight = (f, *k, c // g) if last else (f, c // g, *k)
-    s, pad, d = spatial("Convolution", "stride", p["stride"], n, 1, 1, data), \
-        spatial("Convolution", "pad", p["pad"], n, 0, 0, data), spatial("Convolution", "dilate", p["dilate"], n, 1, 1,
-                                                                        data)
+    s = spatial("Convolution", "stride", p["stride"], n, 1, 1, data)
+    pad = spatial("Convolution", "pad", p["pad"], n, 0, 0, data)
+    d = spatial("Convolution", "dilate", p["dilate"], n, 1, 1, data)
     sp = data[1:-1] if last else data[2:]
     out_sp = tuple((sp[i] + 2 * pad[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(n))
     out = (data[0], *out_sp, f) if last else (data[0], f, *out_sp)
