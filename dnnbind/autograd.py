@@ -157,6 +157,34 @@ def record_op(name: str, output: NDArray, inputs: tuple, backward) -> NDArray:
     return output
 
 
+class _Slot:
+    """The gradient of output ``index`` of a node with several differentiable outputs (RNN's output and final
+    states), on its way to that node: the node's backward gets them all at once, as a tuple."""
+    __slots__ = ("index", "count", "g")
+
+    def __init__(self, index: int, count: int, g):
+        self.index, self.count, self.g = index, count, g
+
+
+class _Outputs(list):
+    """The gradients gathered so far for a node with several differentiable outputs, one slot per output."""
+
+
+def record_outputs(name: str, outputs: tuple, inputs: tuple, backward) -> tuple:
+    """Tape an op with several outputs that all take a gradient: ``backward`` gets a tuple with one gradient per
+    output (None where none reached it). Output 0 carries the op's node; each other output gets a node of its own
+    that hands its gradient to it (so any of them can be a head, or be consumed alone)."""
+    first = outputs[0]
+    record_op(name, first, inputs, backward)
+    node = first._node
+    if node is not None and getattr(_tls, "recording", False):
+        n = len(outputs)
+        for i, o in enumerate(outputs[1:], 1):
+            if o is not None:
+                o._node = Node(lambda g, i=i: (_Slot(i, n, g),), (node,), f"{name}[{i}]", o)
+    return outputs
+
+
 # -- in-place writes while recording ---------------------------------------------------------------------------
 # MXNet 1.x refuses to write into an array that has a place in the recorded graph (imperative.cc RecordOp): a
 # recorded op's output until a backward frees it, a variable (attach_grad, any grad_req), and a constant input of
@@ -383,6 +411,8 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
                         _tell(ready.pop(id(x))[1], x, told)
                 continue
             node = x
+            if type(g) is _Outputs:  # a node with several outputs: its backward takes them all, as a tuple
+                g = tuple(g)
             if g is None or node.backward is None:  # no gradient reached it, or an earlier backward freed it
                 if ready:
                     _settle(node.inputs, ready, grads, told)
@@ -502,6 +532,17 @@ def _topo(vertex, seen, order):
 
 def _accumulate(grads, x, g):
     prev = grads.get(id(x))
+    if type(g) is _Slot or type(prev) is _Outputs:  # one output's gradient of a node with several
+        if type(prev) is not _Outputs:
+            count = g.count if type(g) is _Slot else 1
+            slots = _Outputs([None] * count)
+            slots[0] = prev
+            grads[id(x)] = prev = slots
+        i, g = (g.index, g.g) if type(g) is _Slot else (0, g)
+        if i >= len(prev):
+            prev.extend([None] * (i + 1 - len(prev)))
+        prev[i] = g if prev[i] is None else (prev[i] + g if is_recording() else _add_into(g, prev[i].copy()))
+        return
     if prev is None:
         grads[id(x)] = g
     elif is_recording():  # create_graph: the sum must be taped too

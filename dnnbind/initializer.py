@@ -30,6 +30,7 @@ __all__ = [
     "Constant",
     "InitDesc",
     "Initializer",
+    "LSTMBias",
     "MSRAPrelu",
     "Mixed",
     "Normal",
@@ -177,6 +178,22 @@ class Constant(Initializer):
 
     def _init_weight(self, desc, arr):
         _fill(arr, np.broadcast_to(np.asarray(self.value, dtype=np.float64), arr.shape))
+
+
+@register
+class LSTMBias(Initializer):
+    """An LSTM bias: 0 everywhere but the forget gate (the second of the gates i, f, g, o), which gets
+    ``forget_bias`` (Jozefowicz et al. 2015 recommend 1). MXNet applies it to whatever the name, as a weight."""
+
+    def __init__(self, forget_bias=1.0):
+        super().__init__(forget_bias=forget_bias)
+        self.forget_bias = forget_bias
+
+    def _init_weight(self, desc, arr):
+        host = np.zeros(arr.shape)
+        n = arr.shape[0] // 4
+        host[n:2 * n] = self.forget_bias
+        _fill(arr, host)
 
 
 @register

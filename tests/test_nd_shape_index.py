@@ -238,6 +238,10 @@ def test_errors_name_op_argument_and_shapes(device):
     with pytest.raises(ValueError, match="sum: axis 2 is out of range"):
         x.sum(axis=2)
     with pytest.raises(TypeError, match="sum: axis must be an int"):
+        x.sum(axis=1.5)
+    # a string is MXNet's own form of a parameter value: parsed as MXNet parses it, refused with its message
+    with pytest.raises(TypeError, match="Invalid Parameter format for axis expect Shape or None but value='a', "
+                                        "in operator sum"):
         x.sum(axis="a")
     with pytest.raises(TypeError, match="exp: the input must be a floating-point"):
         nd.exp(nd.zeros((2,), ctx=device, dtype="int32"))

@@ -489,3 +489,90 @@ def version_tuple(v: int | None = None) -> tuple[int, int, int]:
     if v >= 90000:
         return v // 10000, (v // 100) % 100, v % 100
     return v // 1000, (v // 100) % 10, v % 100  # cuDNN 8's MAJOR*1000 + MINOR*100 + PATCH
+
+# --- RNN (the fused RNN operator, ops/defs/rnn.py), cudnn_adv_v9.h; libcudnn.so.9 exports them and loads
+# libcudnn_adv.so.9 itself. Every enum and prototype below was checked against cudnn_adv.h of the nvidia-cudnn wheel
+# (9.28); the cuDNN 7 RNN calls (cudnnRNNForwardTraining, cudnnGetRNNLinLayerMatrixParams, ...) are gone in 9. ----
+# cudnnRNNAlgo_t
+CUDNN_RNN_ALGO_STANDARD, CUDNN_RNN_ALGO_PERSIST_STATIC, CUDNN_RNN_ALGO_PERSIST_DYNAMIC = 0, 1, 2
+CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H = 3
+# cudnnForwardMode_t
+CUDNN_FWD_MODE_INFERENCE, CUDNN_FWD_MODE_TRAINING = 0, 1
+# cudnnRNNMode_t (the cell)
+CUDNN_RNN_RELU, CUDNN_RNN_TANH, CUDNN_LSTM, CUDNN_GRU = 0, 1, 2, 3
+# cudnnRNNBiasMode_t (DOUBLE: an input and a recurrent bias per gate, MXNet's i2h and h2h biases)
+CUDNN_RNN_NO_BIAS, CUDNN_RNN_SINGLE_INP_BIAS, CUDNN_RNN_DOUBLE_BIAS, CUDNN_RNN_SINGLE_REC_BIAS = 0, 1, 2, 3
+# cudnnDirectionMode_t
+CUDNN_UNIDIRECTIONAL, CUDNN_BIDIRECTIONAL = 0, 1
+# cudnnRNNInputMode_t
+CUDNN_LINEAR_INPUT, CUDNN_SKIP_INPUT = 0, 1
+# cudnnRNNClipMode_t
+CUDNN_RNN_CLIP_NONE, CUDNN_RNN_CLIP_MINMAX = 0, 1
+# cudnnRNNDataLayout_t. NOTE: 0 is the *padded* (unpacked) sequence-major layout, MXNet's TNC with lengths;
+# PACKED (1) drops the padding and needs lengths sorted in decreasing order.
+CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED = 0, 1
+CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED = 2
+# auxFlags of cudnnSetRNNDescriptor_v8 (#defines)
+CUDNN_RNN_PADDED_IO_DISABLED, CUDNN_RNN_PADDED_IO_ENABLED = 0, 1
+# cudnnWgradMode_t
+CUDNN_WGRAD_MODE_ADD, CUDNN_WGRAD_MODE_SET = 0, 1
+
+_TABLE.update({
+    # cudnnStatus_t cudnnCreateRNNDescriptor(cudnnRNNDescriptor_t *rnnDesc)
+    "cudnnCreateRNNDescriptor": (STATUS, [P(vp)]),
+    # cudnnStatus_t cudnnDestroyRNNDescriptor(cudnnRNNDescriptor_t rnnDesc)
+    "cudnnDestroyRNNDescriptor": (STATUS, [vp]),
+    # cudnnStatus_t cudnnSetRNNDescriptor_v8(cudnnRNNDescriptor_t rnnDesc, cudnnRNNAlgo_t algo,
+    #     cudnnRNNMode_t cellMode, cudnnRNNBiasMode_t biasMode, cudnnDirectionMode_t dirMode,
+    #     cudnnRNNInputMode_t inputMode, cudnnDataType_t dataType, cudnnDataType_t mathPrec, cudnnMathType_t mathType,
+    #     int32_t inputSize, int32_t hiddenSize, int32_t projSize, int32_t numLayers,
+    #     cudnnDropoutDescriptor_t dropoutDesc, uint32_t auxFlags)
+    "cudnnSetRNNDescriptor_v8": (STATUS, [vp, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, vp,
+                                          ctypes.c_uint32]),
+    # cudnnStatus_t cudnnRNNSetClip_v8(cudnnRNNDescriptor_t rnnDesc, cudnnRNNClipMode_t clipMode,
+    #     cudnnNanPropagation_t clipNanOpt, double lclip, double rclip)
+    "cudnnRNNSetClip_v8": (STATUS, [vp, i32, i32, f64, f64]),
+    # cudnnStatus_t cudnnCreateRNNDataDescriptor(cudnnRNNDataDescriptor_t *rnnDataDesc)
+    "cudnnCreateRNNDataDescriptor": (STATUS, [P(vp)]),
+    # cudnnStatus_t cudnnDestroyRNNDataDescriptor(cudnnRNNDataDescriptor_t rnnDataDesc)
+    "cudnnDestroyRNNDataDescriptor": (STATUS, [vp]),
+    # cudnnStatus_t cudnnSetRNNDataDescriptor(cudnnRNNDataDescriptor_t rnnDataDesc, cudnnDataType_t dataType,
+    #     cudnnRNNDataLayout_t layout, int maxSeqLength, int batchSize, int vectorSize,
+    #     const int seqLengthArray[] (host), void *paddingFill (host, a value of dataType))
+    "cudnnSetRNNDataDescriptor": (STATUS, [vp, i32, i32, i32, i32, i32, _pi, vp]),
+    # cudnnStatus_t cudnnGetRNNWeightSpaceSize(cudnnHandle_t handle, cudnnRNNDescriptor_t rnnDesc,
+    #     size_t *weightSpaceSize)
+    "cudnnGetRNNWeightSpaceSize": (STATUS, [vp, vp, P(size_t)]),
+    # cudnnStatus_t cudnnGetRNNWeightParams(cudnnHandle_t handle, cudnnRNNDescriptor_t rnnDesc, int32_t pseudoLayer,
+    #     size_t weightSpaceSize, const void *weightSpace, int32_t linLayerID, cudnnTensorDescriptor_t mDesc,
+    #     void **mAddr, cudnnTensorDescriptor_t bDesc, void **bAddr)
+    "cudnnGetRNNWeightParams": (STATUS, [vp, vp, i32, size_t, vp, i32, vp, P(vp), vp, P(vp)]),
+    # cudnnStatus_t cudnnGetRNNTempSpaceSizes(cudnnHandle_t handle, cudnnRNNDescriptor_t rnnDesc,
+    #     cudnnForwardMode_t fwdMode, cudnnRNNDataDescriptor_t xDesc, size_t *workSpaceSize,
+    #     size_t *reserveSpaceSize)
+    "cudnnGetRNNTempSpaceSizes": (STATUS, [vp, vp, i32, vp, P(size_t), P(size_t)]),
+    # cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t rnnDesc, cudnnForwardMode_t fwdMode,
+    #     const int32_t devSeqLengths[], cudnnRNNDataDescriptor_t xDesc, const void *x,
+    #     cudnnRNNDataDescriptor_t yDesc, void *y, cudnnTensorDescriptor_t hDesc, const void *hx, void *hy,
+    #     cudnnTensorDescriptor_t cDesc, const void *cx, void *cy, size_t weightSpaceSize,
+    #     const void *weightSpace, size_t workSpaceSize, void *workSpace, size_t reserveSpaceSize,
+    #     void *reserveSpace)
+    "cudnnRNNForward": (STATUS, [vp, vp, i32, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, size_t, vp, size_t, vp,
+                                 size_t, vp]),
+    # cudnnStatus_t cudnnRNNBackwardData_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t rnnDesc,
+    #     const int32_t devSeqLengths[], cudnnRNNDataDescriptor_t yDesc, const void *y, const void *dy,
+    #     cudnnRNNDataDescriptor_t xDesc, void *dx, cudnnTensorDescriptor_t hDesc, const void *hx,
+    #     const void *dhy, void *dhx, cudnnTensorDescriptor_t cDesc, const void *cx, const void *dcy, void *dcx,
+    #     size_t weightSpaceSize, const void *weightSpace, size_t workSpaceSize, void *workSpace,
+    #     size_t reserveSpaceSize, void *reserveSpace)
+    "cudnnRNNBackwardData_v8": (STATUS, [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, size_t, vp,
+                                         size_t, vp, size_t, vp]),
+    # cudnnStatus_t cudnnRNNBackwardWeights_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t rnnDesc,
+    #     cudnnWgradMode_t addGrad, const int32_t devSeqLengths[], cudnnRNNDataDescriptor_t xDesc, const void *x,
+    #     cudnnTensorDescriptor_t hDesc, const void *hx, cudnnRNNDataDescriptor_t yDesc, const void *y,
+    #     size_t weightSpaceSize, void *dweightSpace, size_t workSpaceSize, void *workSpace,
+    #     size_t reserveSpaceSize, void *reserveSpace)
+    # NOTE: ADD accumulates into dweightSpace: zero it first.
+    "cudnnRNNBackwardWeights_v8": (STATUS, [vp, vp, i32, vp, vp, vp, vp, vp, vp, vp, size_t, vp, size_t, vp,
+                                            size_t, vp]),
+})

@@ -13,16 +13,13 @@ operators (loss helpers, add_n, waitall).
 
 from __future__ import annotations
 
-from .._lib.errors import DnnbindTypeError, DnnbindValueError
+from .._lib.errors import DnnbindError, DnnbindTypeError, DnnbindValueError
 
 from ..runtime.array import NDArray  # noqa: F401  (nd.NDArray)
-from . import _indexing, _linalg, _shape, _sort, _table  # noqa: F401  (each registers its ops)
-from ._creation import (arange, array, empty, eye, full, linspace, ones, ones_like, zeros,  # noqa: F401
-                        zeros_like)
+from . import _composite_layers, _graph_ops, _indexing, _linalg, _shape, _sort, _table  # noqa: F401  (each registers its ops)
+from ._creation import arange, array, empty, eye, full, linspace, ones, zeros  # noqa: F401
 from ._bn_fused import BatchNormAddRelu  # noqa: F401
-from ._helpers import add_n, pick_nll, reshape_like, softmax_ce_per_sample, waitall  # noqa: F401
-
-ElementWiseSum = add_n
+from ._helpers import pick_nll, softmax_ce_per_sample, waitall  # noqa: F401
 from ._registry import REGISTRY, Op, call, invoke, lib_op  # noqa: F401
 from ._params import into, reject  # noqa: E402
 from ..ops import defs as _defs  # noqa: E402,F401  (declares the library-backed operators)
@@ -34,6 +31,7 @@ _set_table(_untaped_call)
 for _d in _DEFS.values():
     lib_op(_d)
 from . import random  # noqa: E402,F401
+from . import contrib  # noqa: E402,F401
 
 def _accepted(op: Op) -> tuple:
     """The keywords an nd table function takes: the op's declared parameters, and for a ``func`` op the keyword
@@ -51,7 +49,11 @@ def _accepted(op: Op) -> tuple:
 
 
 def _mxnet_name(op: Op) -> str:
-    """The operator name MXNet's messages use (``Concat`` for nd.concat)."""
+    """The operator name MXNet's messages use: the entry's own where MXNet declares it (``add_n``), else its
+    capitalized alias (``Concat`` for nd.concat)."""
+    from ._mxnet_params import DECLARED
+    if op.name in DECLARED:
+        return op.name
     return next((n for n in op.nd_names if n[:1].isupper()), op.name)
 
 
@@ -79,15 +81,38 @@ def _declared_doc(*names) -> str:
     return ""
 
 
+def _string_params(*names):
+    """The parser for MXNet's string form of parameter values (``axis='(0, 1)'``, ``depth='3'``: what MXNet's
+    frontend itself sends and a config file holds), from the schema of the first of ``names`` MXNet declares: a
+    str value of a parameter declared with a non-string type is parsed as MXNet parses it. None if none is
+    declared (dnnbind's own functions take Python values only)."""
+    from ._mxnet_params import ALIASES, DECLARED
+    from ._schema import parse_value, schema
+    for n in names:
+        if n in DECLARED or n in ALIASES:
+            sch = schema(n)
+
+            def parse(params: dict) -> None:
+                for k, v in params.items():
+                    if type(v) is str and sch.declares(k):
+                        params[k] = parse_value(sch.op, sch.param(k), v)
+            return parse
+    return None
+
+
 def _make_function(op: Op, nd_name: str):
     names = op.params
     accepted = _accepted(op)
     allowed, mx_name = frozenset(accepted), _mxnet_name(op)
     same_shape = nd_name in _SAME_SHAPE
+    strings = _string_params(nd_name, mx_name)
 
     def fn(*args, out=None, name=None, **params):
-        if params and not allowed.issuperset(params):  # a misspelled keyword never runs with a default
-            reject(mx_name, params, accepted)
+        if params:
+            if not allowed.issuperset(params):  # a misspelled keyword never runs with a default
+                reject(mx_name, {k: v for k, v in params.items() if k not in allowed}, accepted)
+            if strings is not None:
+                strings(params)
         if same_shape:
             _same_shapes(nd_name, args)
         n = len(args) if op.arity is None else op.arity
@@ -112,6 +137,41 @@ def _make_function(op: Op, nd_name: str):
     fn.__name__ = fn.__qualname__ = nd_name
     fn.__doc__ = (op.doc or f"MXNet ``nd.{nd_name}`` (dnnbind table op {op.name!r}, kind {op.kind}).") + _declared_doc(
         nd_name, mx_name)
+    return fn
+
+
+def _make_composite_function(op: Op, nd_name: str):
+    """``nd.<name>`` of a composite op: its function's own signature, with MXNet's refusal of unknown keywords,
+    its string parameter values parsed, and ``out=``."""
+    import inspect
+    impl = op.cpu
+    sig = inspect.signature(impl).parameters.values()
+    open_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig)  # the function checks its own keywords (reshape)
+    accepted = tuple(p.name for p in sig if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    allowed, mx_name = frozenset(accepted), _mxnet_name(op)
+    strings = _string_params(nd_name, mx_name)
+    from ._mxnet_params import ALIASES, DECLARED
+    possible = None if mx_name in DECLARED or mx_name in ALIASES else accepted  # MXNet's list where it has one
+
+    def fn(*args, out=None, name=None, **params):
+        if params:
+            if not open_kwargs and not allowed.issuperset(params):
+                reject(mx_name, {k: v for k, v in params.items() if k not in allowed}, possible)
+            if strings is not None:
+                strings(params)
+        try:
+            result = impl(*args, **params)
+        except DnnbindError:
+            raise
+        except (TypeError, ValueError, IndexError) as exc:
+            # A composite checks what its own arithmetic needs; what slips past (a list where an int goes, a
+            # surplus positional argument) still reaches the caller as MXNet's error, naming the operator.
+            kind = DnnbindTypeError if isinstance(exc, TypeError) else DnnbindValueError
+            raise kind(f"{mx_name}: {exc}") from exc
+        return result if out is None else into(out, result)
+
+    fn.__name__ = fn.__qualname__ = nd_name
+    fn.__doc__ = (op.doc or f"MXNet ``nd.{nd_name}``.") + _declared_doc(nd_name, mx_name)
     return fn
 
 
@@ -165,7 +225,8 @@ def _build_namespace(ns: dict) -> list:
         for nd_name in op.nd_names:
             if nd_name in ns and not getattr(ns[nd_name], "_generated", False):
                 raise RuntimeError(f"nd.{nd_name} is defined twice (table op {op.name!r} and a function)")
-            fn = (_make_lib_function if op.kind == "lib" else _make_function)(op, nd_name)
+            make = {"lib": _make_lib_function, "composite": _make_composite_function}.get(op.kind, _make_function)
+            fn = make(op, nd_name)
             fn._generated = True
             ns[nd_name] = fn
             made.append(nd_name)
@@ -174,6 +235,27 @@ def _build_namespace(ns: dict) -> list:
 
 _generated = _build_namespace(globals())
 _table._bind_names(globals())
+
+
+def _operator_table() -> dict:
+    """MXNet operator name -> (the registry entry, the function a graph node calls with its inputs and parameters):
+    the nd function where the entry has one (its keyword checks and string parsing), else the dispatch itself
+    (the internal ``_plus_scalar`` family). MXNet's aliases of each name (``_Plus``, ``_npi_*``) map too."""
+    from ._mxnet_params import ALIASES
+    table = {}
+    for op in REGISTRY.values():
+        def direct(*args, _op=op, **params):
+            return invoke(_op, args, params)
+        table.setdefault(op.name, (op, globals()[op.nd_names[0]] if op.nd_names else direct))
+        for n in op.nd_names:
+            table.setdefault(n, (op, globals()[n]))
+    for alias, canonical in ALIASES.items():
+        if canonical in table:
+            table.setdefault(alias, table[canonical])
+    return table
+
+
+OPERATORS = _operator_table()
 
 
 def save(fname, data) -> None:
@@ -201,8 +283,6 @@ from . import _methods  # noqa: E402  (installs the NDArray methods and operator
 
 _methods.install(globals())
 
-__all__ = sorted({*_generated, "arange", "array", "empty", "eye", "full", "linspace", "ones", "ones_like",
-                  "zeros", "zeros_like", "Activation", "BatchNorm", "Convolution", "Deconvolution", "Dropout", "Flatten", "FullyConnected",
-                  "Pooling", "add_n", "ElementWiseSum", "reshape_like", "log_softmax", "pick_nll", "softmax", "softmax_ce_per_sample", "waitall", "save",
-                  "load", "load_frombuffer", "Embedding", "LeakyReLU", "concatenate", "NDArray", "random",
-                  "BatchNormAddRelu"})
+__all__ = sorted({*_generated, "arange", "array", "empty", "eye", "full", "linspace", "ones", "zeros", "pick_nll",
+                  "softmax_ce_per_sample", "waitall", "save", "load", "load_frombuffer", "concatenate", "NDArray",
+                  "random", "contrib", "BatchNormAddRelu"})

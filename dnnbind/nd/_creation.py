@@ -85,9 +85,19 @@ def empty(shape, ctx=None, dtype=None, stype=None, device=None) -> NDArray:
     return _rt.empty(_fits("empty", shape, dtype, dev), dtype, dev)
 
 
+def _no_attrs(kwargs: dict) -> dict:
+    """The keywords less MXNet's node attributes (``__layout__``, ``__init__``): an operator call takes those and
+    keeps them on a symbol's node; an eager call has no node to keep them on."""
+    if any(k.startswith("__") and k.endswith("__") for k in kwargs):
+        return {k: v for k, v in kwargs.items() if not (k.startswith("__") and k.endswith("__"))}
+    return kwargs
+
+
 def zeros(shape, ctx=None, dtype=None, stype=None, device=None, out=None, name=None, **kwargs) -> NDArray:
     """``nd.zeros`` (MXNet's operator ``_zeros``): float32 unless ``dtype`` says otherwise; ``out`` takes the
-    zeros; an unknown keyword (a misspelled ``dtype``) is refused; ``name`` is ignored."""
+    zeros; an unknown keyword (a misspelled ``dtype``) is refused; ``name`` and attributes (``__layout__``, which
+    Gluon's RNN cells pass) are ignored, as MXNet ignores them."""
+    kwargs = _no_attrs(kwargs)
     if kwargs:
         reject("_zeros", kwargs)
     _stype("zeros", stype)
@@ -97,6 +107,7 @@ def zeros(shape, ctx=None, dtype=None, stype=None, device=None, out=None, name=N
 
 def ones(shape, ctx=None, dtype=None, device=None, out=None, name=None, **kwargs) -> NDArray:
     """``nd.ones`` (MXNet's operator ``_ones``), as ``zeros``."""
+    kwargs = _no_attrs(kwargs)
     if kwargs:
         reject("_ones", kwargs)
     shape, dtype, dev = _shape("ones", shape), _dtype(dtype), _ctx(ctx, device)
@@ -121,14 +132,16 @@ def _like(op: str, data) -> NDArray:
     return data
 
 
-def zeros_like(data, ctx=None, dtype=None) -> NDArray:
+def zeros_like(data) -> NDArray:
+    """MXNet's zeros_like: zeros of data's shape, type and device (MXNet declares no parameters)."""
     data = _like("zeros_like", data)
-    return _rt.zeros(data.shape, _dtype(dtype, data.dtype), data.device if ctx is None else as_device(ctx))
+    return _rt.zeros(data.shape, data.dtype, data.device)
 
 
-def ones_like(data, ctx=None, dtype=None) -> NDArray:
+def ones_like(data) -> NDArray:
+    """MXNet's ones_like: ones of data's shape, type and device (MXNet declares no parameters)."""
     data = _like("ones_like", data)
-    return _rt.full(data.shape, 1, _dtype(dtype, data.dtype), data.device if ctx is None else as_device(ctx))
+    return _rt.full(data.shape, 1, data.dtype, data.device)
 
 
 def arange(start, stop=None, step=1.0, repeat=1, infer_range=None, ctx=None, dtype=None, device=None) -> NDArray:
@@ -182,3 +195,40 @@ def eye(N, M=0, k=0, ctx=None, dtype=None, device=None) -> NDArray:
     dtype, dev = _dtype(dtype), _ctx(ctx, device)
     _fits("eye", (n, m or n), dtype, dev)
     return _rt.array(np.eye(n, m or None, int(k), dtype=dtype), device=dev)
+
+
+# -- the creation operators' registry entries ---------------------------------------------------------------------
+# A symbol graph writes ``F.zeros(shape)`` as an ``_zeros`` node with no inputs (``ctx`` '' for the default device);
+# ``zeros_like``/``ones_like`` are nd functions and nodes alike.
+
+def _node_ctx(ctx):
+    return None if ctx in ("", None) else ctx
+
+
+def _zeros_node(shape=(), ctx=None, dtype="float32"):
+    return zeros(shape, _node_ctx(ctx), dtype)
+
+
+def _ones_node(shape=(), ctx=None, dtype="float32"):
+    return ones(shape, _node_ctx(ctx), dtype)
+
+
+def _full_node(shape=None, ctx=None, dtype="float32", value=None):
+    return full(shape, value, _node_ctx(ctx), dtype)
+
+
+def _arange_node(start=None, stop=None, step=1.0, repeat=1, infer_range=False, ctx=None, dtype="float32"):
+    return arange(start, stop, step, repeat, infer_range, _node_ctx(ctx), dtype)
+
+
+def _composites() -> None:
+    from ._registry import composite
+    composite("zeros_like", zeros_like)
+    composite("ones_like", ones_like)
+    composite("_zeros", _zeros_node, nd=())
+    composite("_ones", _ones_node, nd=())
+    composite("_full", _full_node, nd=())
+    composite("_arange", _arange_node, nd=())
+
+
+_composites()

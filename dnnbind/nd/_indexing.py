@@ -21,7 +21,8 @@ from .. import autograd
 from ..runtime.array import NDArray, check_size, empty, zeros
 from . import _lower
 from ._params import int_arg
-from ._registry import as_array, call, check_int_scalar, func, norm_axes
+from ..ops.opdef import typed
+from ._registry import as_array, call, check_int_scalar, composite, func, norm_axes
 
 
 class NDIndexError(IndexError, ValueError):
@@ -352,7 +353,7 @@ def _stream(a):
 func("take", _take_check, _take_cpu, _take_gpu,
      lambda g, y, a, indices, axis=0, mode="clip": (call("_take_backward", g, indices, shape=a.shape, axis=axis,
                                                           mode=mode), None),
-     methods=("take",), arity=2, params=("axis", "mode"))
+     methods=("take",), arity=2, params=("axis", "mode"), dtype=typed(own=(1,)))
 
 
 def _take_bwd_check(g, indices, shape=None, axis=0, mode="clip"):
@@ -508,3 +509,12 @@ func("_pick_backward", _pick_bwd_check, _pick_bwd_cpu, _pick_bwd_gpu,
      lambda gg, y, g, index, shape=None, axis=-1, mode="clip":
      (call("_pick", gg, index, axis=axis, keepdims=False, mode=mode).reshape(g.shape), None),
      nd=(), arity=2, params=("shape", "axis", "mode"))
+
+
+# -- the composites' registry entries ---------------------------------------------------------------------------
+
+composite("slice", slice_op)
+composite("slice_axis", slice_axis)
+composite("flip", flip, nd=("flip", "reverse"))
+composite("one_hot", one_hot, dtype=typed(own=(0,), out=lambda p, t: [np.dtype(p["dtype"])]))
+composite("pick", pick, dtype=typed(own=(1,)))  # the index keeps its own type

@@ -32,7 +32,15 @@ def _rmat(shape, trans: bool) -> tuple:
     return (math.prod(shape[:-1]), shape[-1]) if trans else (shape[0], math.prod(shape[1:]))
 
 
-def _dot_check(a, b, transpose_a=False, transpose_b=False, **_):
+def _dense_only(op: str, forward_stype) -> None:
+    """MXNet's ``forward_stype`` picks a sparse output storage; dnnbind's arrays are dense only."""
+    if forward_stype not in (None, "default"):
+        raise DnnbindValueError(f"{op}: forward_stype {forward_stype!r} (sparse storage) is not supported by dnnbind; "
+                                f"leave it None or 'default'")
+
+
+def _dot_check(a, b, transpose_a=False, transpose_b=False, forward_stype=None):
+    _dense_only("dot", forward_stype)
     if a.ndim == 0 or b.ndim == 0:
         raise DnnbindValueError(f"dot: operands must have at least 1 dimension, got shapes {a.shape} and {b.shape}")
     if a.dtype != b.dtype:
@@ -85,10 +93,11 @@ def _dot_grad(g, y, a, b, transpose_a=False, transpose_b=False, **_):
 
 
 func("dot", _dot_check, _dot_cpu, _dot_gpu, _dot_grad, methods=("dot",), arity=2,
-     params=("transpose_a", "transpose_b"))
+     params=("transpose_a", "transpose_b", "forward_stype"))
 
 
-def _bdot_check(a, b, transpose_a=False, transpose_b=False, **_):
+def _bdot_check(a, b, transpose_a=False, transpose_b=False, forward_stype=None):
+    _dense_only("batch_dot", forward_stype)
     if a.ndim != 3 or b.ndim != 3:
         raise DnnbindValueError(f"batch_dot: operands must be 3-D (batch, rows, cols), got {a.shape} and {b.shape}")
     if a.dtype != b.dtype or a.dtype not in _BLAS:
@@ -124,4 +133,5 @@ def _bdot_grad(g, y, a, b, transpose_a=False, transpose_b=False, **_):
     return da, db
 
 
-func("batch_dot", _bdot_check, _bdot_cpu, _bdot_gpu, _bdot_grad, arity=2, params=("transpose_a", "transpose_b"))
+func("batch_dot", _bdot_check, _bdot_cpu, _bdot_gpu, _bdot_grad, arity=2,
+     params=("transpose_a", "transpose_b", "forward_stype"))

@@ -64,16 +64,6 @@ def _data(op: str, x) -> NDArray:
     return x if type(x) is NDArray else as_array(op, "data", x)
 
 
-def _block_grad(op: str, data) -> NDArray:
-    """MXNet's BlockGrad: a new array (a detached view would let a write into it change ``data``), untaped; still
-    in the graph while recording when ``data`` is (writes into it are refused, as in MXNet)."""
-    data = _data(op, data)
-    out = data.detach().copy()
-    if autograd._tls.__dict__.get("recording"):
-        autograd.hold(out, (data,))
-    return out
-
-
 def _astype(self, dtype, copy: bool = True):
     self = _data("cast", self)
     try:
@@ -114,21 +104,6 @@ def _rebuild(host, kind, index):
 
 
 def install(ns: dict) -> None:
-    # Composite nd functions (no table entries of their own: they call table ops).
-    extra = {"reshape": _shape.reshape, "expand_dims": _shape.expand_dims, "squeeze": _shape.squeeze,
-             "flatten": _shape.flatten, "swapaxes": _shape.swapaxes, "SwapAxis": _shape.swapaxes,
-             "broadcast_like": _shape.broadcast_like, "broadcast_axis": _shape.broadcast_axis,
-             "broadcast_axes": _shape.broadcast_axis, "stack": _shape.stack, "split": _shape.split,
-             "SliceChannel": _shape.split, "tile": _shape.tile, "repeat": _shape.repeat,
-             "slice": _indexing.slice_op, "slice_axis": _indexing.slice_axis, "flip": _indexing.flip,
-             "reverse": _indexing.flip, "one_hot": _indexing.one_hot, "pick": _indexing.pick,
-             "sort": _sort.sort, "argsort": _sort.argsort, "topk": _sort.topk, "norm": norm,
-             "cast": lambda data, dtype: _astype(data, dtype), "Cast": lambda data, dtype: _astype(data, dtype),
-             "identity": lambda data: _data("identity", data).copy(),
-             "stop_gradient": lambda data: _block_grad("stop_gradient", data),
-             "BlockGrad": lambda data: _block_grad("BlockGrad", data)}
-    for k, v in extra.items():
-        ns[k] = v
     # Operators.
     for dunder, name in (("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "divide"),
                          ("div", "divide"), ("mod", "modulo"), ("pow", "power")):
@@ -194,12 +169,3 @@ def _asscalar(self):
         raise DnnbindValueError(f"asscalar: the array must have exactly one element, it has shape {self.shape}")
     return self.numpy().reshape(()).item() if self.dtype.kind != "f" else self.dtype.type(self.numpy().reshape(()))
 
-
-def norm(data, ord=2, axis=None, keepdims=False):
-    """``nd.norm``: ord 2 is sqrt(sum(x*x)), ord 1 sum(|x|) (compositions: their gradients come for free)."""
-    from ._registry import call
-    if ord == 2:
-        return call("_norm2", data, axis=axis, keepdims=keepdims)
-    if ord == 1:
-        return call("sum", call("abs", data), axis=axis, keepdims=keepdims)
-    raise DnnbindValueError(f"norm: ord must be 1 or 2, got {ord!r}")

@@ -49,13 +49,13 @@ class Op:
 
     __slots__ = ("name", "kind", "numpy", "expr", "lib", "grad", "check", "cpu", "gpu", "reduce", "map_expr",
                  "post_expr", "ints", "out_dtype", "nd_names", "methods", "differentiable", "doc", "_exprs", "arity",
-                 "params", "same", "saves", "opdef", "schema", "required", "count")
+                 "params", "same", "saves", "opdef", "schema", "required", "count", "dtype")
 
     def __init__(self, name: str, kind: str, numpy=None, *, expr: str | None = None, lib=None, grad=None,
                  check=None, cpu=None, gpu=None, reduce: str | None = None, map_expr: str = "a",
                  post_expr: str = "acc", ints: bool = True, out_dtype=None, nd=None, methods=(),
                  differentiable: bool = True, doc: str = "", arity: int = 1, params: tuple = (),
-                 same: tuple | None = None, saves: tuple | None = None, opdef=None):
+                 same: tuple | None = None, saves: tuple | None = None, opdef=None, dtype=None):
         self.name, self.kind, self.numpy, self.expr, self.lib, self.grad = name, kind, numpy, expr, lib, grad
         self.check, self.cpu, self.gpu, self.reduce = check, cpu, gpu, reduce
         self.map_expr, self.post_expr, self.ints, self.out_dtype = map_expr, post_expr, ints, out_dtype
@@ -72,6 +72,11 @@ class Op:
         # declared parameters plus the entry's extras), see _lib_call
         self.opdef, self.schema, self.required = opdef, None, ()
         self.count = None  # a lib op with a variadic input list: the parameter that counts them (num_args)
+        # type inference for symbol graphs: ``dtype(p, types, n_out) -> (input types, output types)`` (None where
+        # unknown); None means MXNet's element-wise rule (every input and output share one type). See
+        # ops/opdef.py ``same_type`` and the rules beside the ops that differ (one_hot's ``dtype``, shape_array's
+        # int64, BatchNorm's float32 parameters under float16 data).
+        self.dtype = dtype
 
     def __repr__(self) -> str:
         return f"<nd op {self.name} ({self.kind})>"
@@ -175,6 +180,8 @@ def invoke(op: Op, args: tuple, params: dict):
     kind = op.kind
     if kind == "lib":
         return _lib_call(op, args, params)
+    if kind == "composite":  # composes registered ops, which check, run and tape themselves
+        return op.cpu(*args, **params)
     if kind == "map":
         out, arrays = _map(op, args, params)
     elif kind == "reduce":
@@ -436,11 +443,19 @@ def new_empty(shape, dtype, dev) -> NDArray:
 
 
 def func(name: str, check, cpu, gpu, grad=None, *, nd=None, methods=(), arity: int | None = 1, params=(),
-         differentiable: bool = True, doc: str = "") -> Op:
+         differentiable: bool = True, doc: str = "", dtype=None) -> Op:
     """Register a ``func`` op: ``check(*arrays, **params) -> meta`` validates and infers (before any library
     call); ``cpu(meta, *arrays, **params)`` / ``gpu(...)`` compute; ``grad(g, out, *arrays, **params)``."""
     return register(Op(name, "func", check=check, cpu=cpu, gpu=gpu, grad=grad, nd=nd, methods=methods,
-                       arity=arity, params=params, differentiable=differentiable, doc=doc))
+                       arity=arity, params=params, differentiable=differentiable, doc=doc, dtype=dtype))
+
+
+def composite(name: str, fn: Callable, *, nd=None, methods=(), dtype=None, doc: str = "") -> Op:
+    """Register a ``composite`` op: ``fn(*arrays, **params)`` composes registered ops (reshape's codes, split,
+    tile, norm), so it has no backend or gradient of its own: the ops it calls check, run and tape themselves.
+    Its entry gives it ``nd.*`` names, NDArray methods, MXNet's parameter parsing and the symbol executor's node."""
+    return register(Op(name, "composite", cpu=fn, nd=nd, methods=methods, arity=None, dtype=dtype,
+                       doc=doc or (fn.__doc__ or "")))
 
 
 def call(name: str, *args, **params):
@@ -467,7 +482,7 @@ Callable  # noqa: B018  (re-exported type for the table's annotations)
 
 def lib_op(d) -> Op:
     """Register the ops.opdef.OpDef ``d`` as a "lib" op: ``nd.<name>`` and ``sym.<name>`` come from it."""
-    op = Op(d.name, "lib", nd=d.nd, doc=d.doc, opdef=d)
+    op = Op(d.name, "lib", nd=d.nd, doc=d.doc, opdef=d, dtype=d.dtype)
     base = schema_of(d.name)
     extra = tuple(parse_type_info(d.name, n, info) for n, info in d.extra)
     op.schema = Schema(base.op, base.inputs, base.params + extra)
@@ -599,7 +614,12 @@ def _lib_call(op: Op, args: tuple, params: dict):
             if a is not None and (a._node is not None or a._grad_req != "null"):  # autograd.needs_grad, inlined
                 wanted = True
         if wanted and low.backward is not None:
-            autograd.record_op(op.name, first, args, _lib_backward(op.name, low, c, saved, args, dev.kind == "gpu"))
+            if d.grad_outputs and isinstance(out, tuple):
+                autograd.record_outputs(op.name, out, args, _lib_backward(op.name, low, c, saved, args,
+                                                                           dev.kind == "gpu", out))
+            else:
+                autograd.record_op(op.name, first, args, _lib_backward(op.name, low, c, saved, args,
+                                                                       dev.kind == "gpu"))
         else:
             autograd.hold(out, args)
     return out
@@ -611,11 +631,22 @@ def _host_array(r):
     return NDArray._from_numpy(np.asarray(r, order="C"))  # (ascontiguousarray would make a 0-d result 1-d)
 
 
-def _lib_backward(name: str, low, c, saved, args, gpu: bool):
+def _lib_backward(name: str, low, c, saved, args, gpu: bool, outputs: tuple | None = None):
     """The taped backward of one lib op call. It keeps what the lowering saved and, of the inputs, only whether
     each wants a gradient and its identity (for the leaf gradient buffer autograd may offer: ``grads.into``):
-    an input the lowering does not save (a ReLU's input) is not kept alive by the tape."""
+    an input the lowering does not save (a ReLU's input) is not kept alive by the tape. With ``outputs`` (an op
+    whose every output takes a gradient) ``dy`` is a tuple; an output no gradient reached gets zeros."""
     needs = tuple(autograd.needs_grad(a) for a in args)
+    if outputs is not None:
+        metas = tuple((o._shape, o._dtype, o._device) for o in outputs)
+        inner = _lib_backward(name, low, c, saved, args, gpu)
+
+        def backward_outputs(dys):
+            dys = dys if isinstance(dys, tuple) else (dys,)
+            dys = dys + (None,) * (len(metas) - len(dys))
+            full = tuple(g if g is not None else _zeros(*m) for g, m in zip(dys, metas))
+            return inner(full)
+        return backward_outputs
     # only leaves can have a buffer to write into, and the tape's node holds each leaf input, so its id stays its own
     keys = tuple(id(a) if a is not None and a._node is None and a._grad_req != "null" else None
                  for a in args) if gpu else None
@@ -631,6 +662,11 @@ def _lib_backward(name: str, low, c, saved, args, gpu: bool):
                 with _scope(name):
                     return low.backward(c, saved, grads, box.pop())
             return low.backward(c, saved, grads, box.pop())
-        dxs = low.backward(c, saved, grads, dy._data)
+        dxs = low.backward(c, saved, grads, tuple(g._data for g in dy) if isinstance(dy, tuple) else dy._data)
         return tuple(_host_array(g) for g in dxs)
     return backward
+
+
+def _zeros(shape, dtype, device):
+    from ..runtime.array import zeros
+    return zeros(shape, dtype, device)

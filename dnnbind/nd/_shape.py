@@ -17,7 +17,8 @@ import numpy as np
 from ..runtime.array import NDArray, check_size, empty
 from . import _lower
 from ._params import shape_arg
-from ._registry import as_array, broadcast_shape, call, func, norm_axes
+from ..ops.opdef import typed
+from ._registry import as_array, broadcast_shape, call, composite, func, norm_axes
 
 
 def _arr(op: str, data, name: str = "data") -> NDArray:
@@ -154,10 +155,22 @@ def _cast_cpu(dt, x, dtype=None):
         return NDArray._from_numpy(x._data.astype(dt))
 
 
-func("cast", lambda x, dtype=None: np.dtype(dtype), _cast_cpu,
+def _cast_check(x, dtype=None):
+    """MXNet's Cast takes a numeric dtype, required."""
+    try:
+        dt = np.dtype(dtype) if dtype is not None else None
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in "biuf":
+        raise DnnbindTypeError(f"cast: dtype must be a numeric dtype (float16, float32, float64, uint8, int8, int32, "
+                               f"int64, bool), got {dtype!r} (data {x.shape})")
+    return dt
+
+
+func("cast", _cast_check, _cast_cpu,
      lambda dt, x, dtype=None: _lower.copy_strided(x, _lower.contiguous_strides(x.shape), 0, x.shape, dtype=dt),
      lambda g, y, x, dtype=None: call("cast", g, dtype=x.dtype) if x.dtype.kind == "f" else None,
-     nd=(), params=("dtype",))
+     nd=("cast", "Cast"), params=("dtype",), dtype=typed(out=lambda p, t: [np.dtype(p["dtype"])]))
 
 
 # -- transpose ------------------------------------------------------------------------------------------------------
@@ -349,3 +362,57 @@ def repeat(data, repeats, axis=None):
     target = data.shape[:a + 1] + (r,) + data.shape[a + 1:]
     x = call("broadcast_to", _view(data, inter), shape=target)
     return _view(x, data.shape[:a] + (data.shape[a] * r,) + data.shape[a + 1:])
+
+
+# -- the composites' registry entries (nd.*, NDArray methods, MXNet's parameter parsing, the symbol executor) ------
+
+composite("reshape", reshape, nd=("reshape", "Reshape"))
+composite("expand_dims", expand_dims)
+composite("squeeze", squeeze)
+composite("flatten", flatten)
+composite("swapaxes", swapaxes, nd=("swapaxes", "SwapAxis"))
+composite("broadcast_like", broadcast_like)
+composite("broadcast_axis", broadcast_axis, nd=("broadcast_axis", "broadcast_axes"))
+composite("stack", stack)
+composite("split", split, nd=("split", "SliceChannel"))
+composite("tile", tile)
+composite("repeat", repeat)
+
+
+def shape_array(data):
+    """MXNet's shape_array: the shape as an int64 array on the data's device (no gradient)."""
+    from ..runtime.array import array
+    data = _arr("shape_array", data)
+    return array(np.array(data.shape, dtype=np.int64), device=data.device)
+
+
+def size_array(data):
+    """MXNet's size_array: the element count as a 1-element int64 array on the data's device."""
+    from ..runtime.array import array
+    data = _arr("size_array", data)
+    return array(np.array([data.size], dtype=np.int64), device=data.device)
+
+
+def slice_like(data, shape_like, axes=()):
+    """MXNet's slice_like: ``data`` cut to ``shape_like``'s extent on ``axes`` (all axes when empty), from 0."""
+    data, like = _arr("slice_like", data), _arr("slice_like", shape_like, "shape_like")
+    axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+    if not axes:
+        if like.ndim != data.ndim:
+            raise DnnbindValueError(f"slice_like: data {data.shape} and shape_like {like.shape} must have the same "
+                                    f"number of dimensions when axes is empty")
+        axes = tuple(range(data.ndim))
+    key = [slice(None)] * data.ndim
+    for a in axes:
+        ax = norm_axes("slice_like", data.ndim, a)[0]
+        la = norm_axes("slice_like", like.ndim, a)[0]
+        if like.shape[la] > data.shape[ax]:
+            raise DnnbindValueError(f"slice_like: shape_like {like.shape} is larger than data {data.shape} on axis {a}")
+        key[ax] = slice(0, like.shape[la])
+    return call("_basic_index", data, key=tuple(key))
+
+
+_INT64 = typed(out=lambda p, t: [np.dtype(np.int64)])
+composite("shape_array", shape_array, dtype=_INT64)
+composite("size_array", size_array, dtype=_INT64)
+composite("slice_like", slice_like, dtype=typed(own=(1,)))

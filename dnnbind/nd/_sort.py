@@ -14,7 +14,8 @@ import numpy as np
 
 from ..runtime.array import NDArray, empty
 from . import _lower
-from ._registry import as_array, call, func, norm_axes
+from ..ops.opdef import typed
+from ._registry import as_array, call, composite, func, norm_axes
 
 
 def _check(x, axis=-1, k=0, is_ascend=True, ret="value", dtype="float32"):
@@ -109,3 +110,13 @@ def topk(data, axis=-1, k=1, ret_typ="indices", is_ascend=False, dtype="float32"
         hot = one_hot(_swap_last(idx, a), data.shape[a], dtype=data.dtype)
         return _swap_last(call("sum", hot, axis=-2), a, inverse=True)
     return call("_sortk", data, axis=axis, k=k, is_ascend=is_ascend, ret=ret_typ, dtype=dtype)
+
+
+def _topk_types(p, t):
+    idx = np.dtype(p["dtype"])
+    return {"value": [t], "indices": [idx], "both": [t, idx], "mask": [t]}[p["ret_typ"]]
+
+
+composite("sort", sort)
+composite("argsort", argsort, dtype=typed(out=lambda p, t: [np.dtype(p["dtype"])]))
+composite("topk", topk, dtype=typed(out=_topk_types))

@@ -17,7 +17,9 @@ import numpy as np
 
 from .. import autograd
 from ._lower import activation, optensor, relu_backward
-from ._registry import Op, REGISTRY, keepdims_shape, norm_axes, reduced_size, register
+from .._lib.errors import DnnbindValueError
+from ..ops.opdef import typed
+from ._registry import Op, REGISTRY, call, composite, keepdims_shape, norm_axes, reduced_size, register
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 _SQRT_PI_2 = 2.0 / math.sqrt(math.pi)
@@ -103,6 +105,42 @@ unary("softsign", lambda x: x / (1 + np.abs(x)), "a / (1 + (a < 0 ? -a : a))",
       lambda g, y, a: g / square(abs(a) + 1.0))
 unary("logical_not", lambda x: (x == 0), "a == 0", _zero, ints=True)
 
+unary("arcsinh", np.arcsinh, "asinh(a)", lambda g, y, a: g * rsqrt(a * a + 1.0))
+unary("arccosh", np.arccosh, "acosh(a)", lambda g, y, a: g * rsqrt(a * a - 1.0))
+unary("arctanh", np.arctanh, "atanh(a)", lambda g, y, a: g / (1.0 - a * a))
+unary("degrees", np.degrees, "a * (180.0 / 3.14159265358979323846)", lambda g, y, a: g * (180.0 / math.pi), saves=())
+unary("radians", np.radians, "a * (3.14159265358979323846 / 180.0)", lambda g, y, a: g * (math.pi / 180.0), saves=())
+unary("rcbrt", lambda x: 1.0 / np.cbrt(x), "1 / cbrt(a)", lambda g, y, a: -(g * y) / (a * 3.0))
+unary("gamma", lambda x: np.asarray(_gamma(x), dtype=np.result_type(x)), "tgamma(a)",
+      lambda g, y, a: g * y * _digamma(a))
+unary("gammaln", lambda x: np.asarray(_lgamma(x), dtype=np.result_type(x)), "lgamma(a)",
+      lambda g, y, a: g * _digamma(a))
+# MXNet's hard_sigmoid: clip(alpha * x + beta, 0, 1), alpha and beta parameters of its kernel
+register(Op("hard_sigmoid", "map", lambda x, alpha=0.2, beta=0.5: np.clip(alpha * x + beta, 0, 1),
+            expr="(alpha * a + beta) < 0 ? 0 : ((alpha * a + beta) > 1 ? 1 : alpha * a + beta)",
+            grad=lambda g, y, a, alpha=0.2, beta=0.5: g * (((a * alpha + beta) > 0) * ((a * alpha + beta) < 1)) * alpha,
+            params=("alpha", "beta"), methods=()))
+
+
+def _digamma(x):
+    """The digamma function composed of table ops (the gradient of gamma and gammaln; NVRTC has no digamma):
+    psi(x) = psi(x + 6) - sum 1/(x + k), k < 6, with the asymptotic series at x + 6 >= 6 (error below 1e-9),
+    and the reflection psi(x) = psi(1 - x) - pi / tan(pi x) for x < 0.5."""
+    neg = x < 0.5
+    z = where(neg, 1.0 - x, x)
+    shift = z * 0.0
+    for k in range(6):
+        shift = shift + 1.0 / (z + float(k))
+    w = z + 6.0
+    inv2 = 1.0 / (w * w)
+    series = log(w) - 0.5 / w - inv2 * (1.0 / 12 - inv2 * (1.0 / 120 - inv2 * (1.0 / 252 - inv2 * (1.0 / 240))))
+    psi = series - shift
+    return where(neg, psi - math.pi / tan(x * math.pi), psi)
+
+
+_gamma = np.frompyfunc(lambda v: math.gamma(v) if v == v and not (v <= 0 and v == int(v)) else math.nan, 1, 1)
+_lgamma = np.frompyfunc(lambda v: math.lgamma(v) if v == v and not (v <= 0 and v == int(v)) else math.inf, 1, 1)
+
 
 # The activations' backward from their output, one kernel each (what cudnnActivationBackward does), so an eager
 # training step pays one launch per activation gradient, not two.
@@ -136,10 +174,10 @@ binary("power", np.power, "pow((double)a, (double)b)",
        lambda g, y, a, b: (_b(a, lambda: g * b * power(a, b - 1.0)), _b(b, lambda: g * y * _log_of(a))),
        nd=("broadcast_power", "pow", "_power"))
 binary("maximum", np.maximum, "a > b ? a : (b > a ? b : (a != a ? a : b))",
-       lambda g, y, a, b: (_b(a, lambda: g * (a >= b)), _b(b, lambda: g * (a < b))), nd=("broadcast_maximum",),
+       lambda g, y, a, b: (_b(a, lambda: g * (a >= b)), _b(b, lambda: g * (a < b))), nd=("broadcast_maximum", "_maximum"),
        lib=optensor("max"))
 binary("minimum", np.minimum, "a < b ? a : (b < a ? b : (a != a ? a : b))",
-       lambda g, y, a, b: (_b(a, lambda: g * (a <= b)), _b(b, lambda: g * (a > b))), nd=("broadcast_minimum",),
+       lambda g, y, a, b: (_b(a, lambda: g * (a <= b)), _b(b, lambda: g * (a > b))), nd=("broadcast_minimum", "_minimum"),
        lib=optensor("min"))
 binary("hypot", np.hypot, "sqrt((double)a * a + (double)b * b)",
        lambda g, y, a, b: (_b(a, lambda: g * a / y), _b(b, lambda: g * b / y)), nd=("broadcast_hypot",))
@@ -159,7 +197,7 @@ for _name, _fn, _c, _aliases in (
 
 register(Op("where", "map", lambda c, x, y: np.where(c != 0, x, y), expr="a != 0 ? b : c",
             grad=lambda g, out, c, x, y: (None, _b(x, lambda: g * (c != 0)), _b(y, lambda: g * (c == 0))),
-            arity=3, same=(1, 2), methods=()))
+            arity=3, same=(1, 2), methods=(), dtype=typed(own=(0,))))
 register(Op("clip", "map", lambda x, a_min, a_max: np.clip(x, a_min, a_max),
             expr="a < a_min ? a_min : (a > a_max ? a_max : a)", ints=True, methods=("clip",), params=("a_min", "a_max"),
             grad=lambda g, y, a, a_min, a_max: g * ((a >= a_min) * (a <= a_max))))
@@ -213,9 +251,10 @@ def _prod_grad(g, y, x, axis=None, keepdims=False, exclude=False):
     return _spread(g, x, axis, keepdims, exclude)[0] * yb / x
 
 
-def reduction(name, numpy, kind, grad, map_expr="a", post_expr="acc", out_dtype=None, ints=True, nd=None):
+def reduction(name, numpy, kind, grad, map_expr="a", post_expr="acc", out_dtype=None, ints=True, nd=None,
+              params=("axis", "keepdims", "exclude")):
     return register(Op(name, "reduce", numpy, reduce=kind, grad=grad, map_expr=map_expr, post_expr=post_expr,
-                       out_dtype=out_dtype, ints=ints, methods=(name,) if nd != () else (), nd=nd, params=("axis", "keepdims", "exclude")))
+                       out_dtype=out_dtype, ints=ints, methods=(name,) if nd != () else (), nd=nd, params=params))
 
 
 reduction("sum", lambda x, axes: np.sum(x, axis=axes), "sum", _sum_grad, nd=("sum", "sum_axis"))
@@ -223,14 +262,18 @@ reduction("mean", lambda x, axes: np.mean(x, axis=axes) if x.size else np.zeros(
 reduction("prod", lambda x, axes: np.prod(x, axis=axes), "prod", _prod_grad)
 reduction("max", lambda x, axes: np.max(x, axis=axes), "max", _extreme_grad, nd=("max", "max_axis"))
 reduction("min", lambda x, axes: np.min(x, axis=axes), "min", _extreme_grad, nd=("min", "min_axis"))
+reduction("nanprod", lambda x, axes: np.nanprod(x, axis=axes), "prod",
+          lambda g, y, x, **k: _prod_grad(g, y, where(x == x, x, 1.0), **k) * (x == x), map_expr="(a != a ? 1 : a)")
 reduction("nansum", lambda x, axes: np.nansum(x, axis=axes), "sum",
           lambda g, y, x, **k: _sum_grad(g, y, x, **k) * (x == x), map_expr="(a != a ? 0 : a)")
 reduction("_norm2", lambda x, axes: np.sqrt(np.sum(np.square(x, dtype=np.float64), axis=axes)), "sum",
           lambda g, y, x, axis=None, keepdims=False, exclude=False:
           _spread(g / y, x, axis, keepdims, exclude)[0] * x, map_expr="(double)a * a", post_expr="sqrt(acc)",
           nd=())
-reduction("argmax", lambda x, axes: _arg(np.argmax, x, axes), "argmax", None, out_dtype=lambda d: np.float32)
-reduction("argmin", lambda x, axes: _arg(np.argmin, x, axes), "argmin", None, out_dtype=lambda d: np.float32)
+# MXNet's arg-reductions give the index in the input's own type (float16 data, float16 indices) and take no
+# ``exclude``.
+reduction("argmax", lambda x, axes: _arg(np.argmax, x, axes), "argmax", None, params=("axis", "keepdims"))
+reduction("argmin", lambda x, axes: _arg(np.argmin, x, axes), "argmin", None, params=("axis", "keepdims"))
 
 
 def _arg(fn, x, axes):
@@ -242,13 +285,61 @@ def _arg(fn, x, axes):
     return fn(moved, axis=-1)
 
 
+# -- composites: ops MXNet declares that compose the entries above ------------------------------------------------
+
+def norm(data, ord=2, axis=None, out_dtype=None, keepdims=False):
+    """``nd.norm``: ord 2 is sqrt(sum(x*x)), ord 1 sum(|x|) (compositions: their gradients come for free), in
+    ``out_dtype`` where one is given."""
+    if ord == 2:
+        out = call("_norm2", data, axis=axis, keepdims=keepdims)
+    elif ord == 1:
+        out = call("sum", call("abs", data), axis=axis, keepdims=keepdims)
+    else:
+        raise DnnbindValueError(f"norm: ord must be 1 or 2, got {ord!r}")
+    if out_dtype is not None and np.dtype(out_dtype) != out.dtype:
+        out = call("cast", out, dtype=np.dtype(out_dtype))
+    return out
+
+
+def _scalar_of(data, scalar):
+    """MXNet's scalar operators compute in the array's type: the scalar is cast to it (an int array plus "2.5"
+    adds 2, truncated as C casts)."""
+    if getattr(data, "dtype", np.dtype(np.float32)).kind in "iub":
+        return int(scalar)
+    return float(scalar)
+
+
+def _scalar_op(name: str, op: str, reverse: bool = False):
+    """The internal operator a symbol's ``x + 2`` / ``2 - x`` writes (``_plus_scalar``, ``_rminus_scalar``)."""
+    def fn(data, scalar=1.0, is_int=True):
+        s = _scalar_of(data, scalar)
+        return call(op, s, data) if reverse else call(op, data, s)
+    fn.__name__ = name
+    fn.__doc__ = f"MXNet's internal {name}: {'scalar ' + op + ' data' if reverse else 'data ' + op + ' scalar'}."
+    composite(name, fn, nd=())
+
+
+for _name, _op, _rev in (("_plus_scalar", "add", False), ("_minus_scalar", "subtract", False),
+                         ("_rminus_scalar", "subtract", True), ("_mul_scalar", "multiply", False),
+                         ("_div_scalar", "divide", False), ("_rdiv_scalar", "divide", True),
+                         ("_mod_scalar", "modulo", False), ("_rmod_scalar", "modulo", True),
+                         ("_power_scalar", "power", False), ("_rpower_scalar", "power", True),
+                         ("_maximum_scalar", "maximum", False), ("_minimum_scalar", "minimum", False),
+                         ("_equal_scalar", "equal", False), ("_not_equal_scalar", "not_equal", False),
+                         ("_greater_scalar", "greater", False), ("_greater_equal_scalar", "greater_equal", False),
+                         ("_lesser_scalar", "lesser", False), ("_lesser_equal_scalar", "lesser_equal", False)):
+    _scalar_op(_name, _op, _rev)
+
+composite("norm", norm, dtype=typed(out=lambda p, t: [np.dtype(p["out_dtype"]) if p.get("out_dtype") else t]))
+
+
 # Names the rules above use; bound after the nd namespace is built (they are table ops themselves).
 def _bind_names(ns: dict) -> None:
     for n in ("sign", "cos", "sin", "cosh", "sinh", "rsqrt", "exp", "sigmoid", "square", "abs", "power", "log",
-              "floor", "clip", "broadcast_to"):
+              "floor", "clip", "broadcast_to", "where", "tan"):
         globals()[n] = ns[n]
 
 
 sign = cos = sin = cosh = sinh = rsqrt = exp = sigmoid = square = abs = power = log = floor = clip = None  # noqa
-broadcast_to = None
+broadcast_to = where = tan = None
 REGISTRY  # noqa: B018

@@ -160,3 +160,23 @@ def _unsupported(name):
 exponential = _unsupported("exponential")
 poisson = _unsupported("poisson")
 multinomial = _unsupported("multinomial")
+
+
+def _composites() -> None:
+    """The random operators a symbol graph writes (``F.random.uniform`` is an ``_random_uniform`` node with no
+    inputs, ``ctx`` '' for the default device): registry entries with no nd names of their own."""
+    from ._registry import composite
+
+    def ctx_of(ctx):
+        return None if ctx in ("", None) else ctx
+
+    composite("_random_uniform", lambda low=0.0, high=1.0, shape=None, ctx=None, dtype=None:
+              uniform(low, high, shape, dtype, ctx_of(ctx)), nd=())
+    composite("_random_normal", lambda loc=0.0, scale=1.0, shape=None, ctx=None, dtype=None:
+              normal(loc, scale, shape, dtype, ctx_of(ctx)), nd=())
+    composite("_random_randint", lambda low=None, high=None, shape=None, ctx=None, dtype=None:
+              randint(low, high, shape, dtype, ctx_of(ctx)), nd=())
+    composite("_shuffle", lambda data: shuffle(data), nd=())
+
+
+_composites()

@@ -225,3 +225,86 @@ def conv_output_dim(x_shape, w_shape, padding, stride, dilation, groups, dtype) 
                                             tensor(tuple(x_shape), dtype), filt(tuple(w_shape), dtype),
                                             ctypes.byref(n), ctypes.byref(c), ctypes.byref(h), ctypes.byref(w))
     return n.value, c.value, h.value, w.value
+
+
+# --- RNN (ops/defs/rnn.py) -------------------------------------------------------------------------------------
+
+class StateTensorDesc(_Descriptor):
+    """A packed 3-D tensor descriptor (layers * directions, batch, size): an RNN's hx/cx/hy/cy. NOTE: cuDNN's RNN
+    calls want exactly 3 dims here; the 4-D descriptors above (trailing 1) are refused."""
+    _create, _destroy = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
+    __slots__ = ()
+
+    def __init__(self, shape3: tuple, dtype):
+        super().__init__()
+        a, b, c = shape3
+        dims, strides = (ctypes.c_int * 3)(a, b, c), (ctypes.c_int * 3)(b * c, c, 1)
+        L.cudnnSetTensorNdDescriptor(self, cudnn_dtype("rnn", dtype), 3, dims, strides)
+
+
+class RNNDesc(_Descriptor):
+    """cudnnSetRNNDescriptor_v8 (+ cudnnRNNSetClip_v8). ``dropout`` is a dropout descriptor (ops/dropout.py's, kept
+    alive here: cuDNN reads it at every training forward) or None."""
+    _create, _destroy = "cudnnCreateRNNDescriptor", "cudnnDestroyRNNDescriptor"
+    __slots__ = ("dropout",)
+
+    CELLS = {"rnn_relu": cudnn.CUDNN_RNN_RELU, "rnn_tanh": cudnn.CUDNN_RNN_TANH, "lstm": cudnn.CUDNN_LSTM,
+             "gru": cudnn.CUDNN_GRU}
+
+    def __init__(self, mode: str, dtype, math: str, input_size: int, hidden: int, proj: int, layers: int,
+                 bidirectional: bool, clip, clip_nan: bool, dropout):
+        super().__init__()
+        self.dropout = dropout
+        dt = np.dtype(dtype)
+        data = cudnn_dtype("RNN", dt)
+        # NOTE: half data accumulates in float (mathPrec FLOAT) on tensor cores; float32 follows dnnbind's math mode
+        # as convolutions do (FMA_MATH forbids TF32, DEFAULT_MATH allows it); double computes in double.
+        if dt == np.float16:
+            prec, math_type = cudnn.CUDNN_DATA_FLOAT, cudnn.CUDNN_TENSOR_OP_MATH
+        elif dt == np.float64:
+            prec, math_type = cudnn.CUDNN_DATA_DOUBLE, cudnn.CUDNN_DEFAULT_MATH
+        else:
+            prec = cudnn.CUDNN_DATA_FLOAT
+            math_type = cudnn.CUDNN_DEFAULT_MATH if math == "tf32" else cudnn.CUDNN_FMA_MATH
+        L.cudnnSetRNNDescriptor_v8(self, cudnn.CUDNN_RNN_ALGO_STANDARD, self.CELLS[mode], cudnn.CUDNN_RNN_DOUBLE_BIAS,
+                                   cudnn.CUDNN_BIDIRECTIONAL if bidirectional else cudnn.CUDNN_UNIDIRECTIONAL,
+                                   cudnn.CUDNN_LINEAR_INPUT, data, prec, math_type, input_size, hidden, proj, layers,
+                                   dropout, cudnn.CUDNN_RNN_PADDED_IO_ENABLED)
+        if clip is not None:
+            nan = cudnn.CUDNN_NOT_PROPAGATE_NAN if clip_nan else cudnn.CUDNN_PROPAGATE_NAN
+            L.cudnnRNNSetClip_v8(self, cudnn.CUDNN_RNN_CLIP_MINMAX, nan, float(clip[0]), float(clip[1]))
+
+
+_ZERO_FILL = ctypes.c_double(0.0)  # the padding value of an RNN output: 8 zero bytes read as any data type
+
+
+class RNNDataDesc(_Descriptor):
+    """cudnnSetRNNDataDescriptor, padded sequence-major (MXNet's TNC): ``lengths`` one per batch entry; padding in
+    an output is filled with 0 (MXNet's outputs past a sequence's length)."""
+    _create, _destroy = "cudnnCreateRNNDataDescriptor", "cudnnDestroyRNNDataDescriptor"
+    __slots__ = ()
+
+    def __init__(self, dtype, max_len: int, batch: int, vector: int, lengths: tuple):
+        super().__init__()
+        seq = (ctypes.c_int * batch)(*lengths)  # read by the call (host), not kept
+        L.cudnnSetRNNDataDescriptor(self, cudnn_dtype("RNN", dtype), cudnn.CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED,
+                                    max_len, batch, vector, seq, ctypes.addressof(_ZERO_FILL))
+
+
+def rnn_state(shape3: tuple, dtype) -> StateTensorDesc:
+    key = ("rs", shape3, dtype)
+    return _cache.get(key) or _insert(key, lambda: StateTensorDesc(shape3, dtype))
+
+
+def rnn(mode: str, dtype, math: str, input_size: int, hidden: int, proj: int, layers: int, bidirectional: bool,
+        clip, clip_nan: bool, dropout=None) -> RNNDesc:
+    """The RNN descriptor for these settings; one per dropout descriptor (a per-handle RNG state and rate p)."""
+    key = ("rnn", mode, dtype, math, input_size, hidden, proj, layers, bidirectional, clip, clip_nan,
+           None if dropout is None else id(dropout))
+    return _cache.get(key) or _insert(key, lambda: RNNDesc(mode, dtype, math, input_size, hidden, proj, layers,
+                                                           bidirectional, clip, clip_nan, dropout))
+
+
+def rnn_data(dtype, max_len: int, batch: int, vector: int, lengths: tuple) -> RNNDataDesc:
+    key = ("rd", dtype, max_len, batch, vector, lengths)
+    return _cache.get(key) or _insert(key, lambda: RNNDataDesc(dtype, max_len, batch, vector, lengths))

@@ -25,6 +25,13 @@ gradient); an OpDef is that registration for dnnbind. One entry carries:
   oracle. The gpu lowering takes and returns NDArrays and makes the library calls; its backend tactics (fusions,
   small-filter kernels, refusal caches) live with it, here in ops.
 - ``samples(rng)``: valid calls (numpy inputs, parameters) for the tests parametrized over the registry.
+- ``dtype(p, types, n_out) -> (input types, output types)``: type inference for symbol graphs, where an operator
+  departs from MXNet's element-wise rule (every input and output of one type): BatchNorm's parameters stay
+  float32 under float16 data, Embedding's weight and output are its ``dtype``. ``types`` holds a numpy dtype or
+  None (unknown) per input; None as the rule means the element-wise one.
+- ``grad_outputs``: every output takes a gradient (RNN's output and final states): the backward's ``dy`` is a
+  tuple with one gradient per output, zeros where none reached that output. Otherwise only the first output
+  carries a gradient (BatchNorm's mean and variance outputs take none, as in MXNet).
 - ``loss``: the backward is the op's own defined gradient, not the derivative of its forward (MXNet's output
   layers: SoftmaxOutput's backward gives softmax - one_hot(label) and ignores the gradient from above), so the
   tests check it against MXNet's own gradients, not against central differences of the forward.
@@ -41,7 +48,7 @@ from typing import Callable, NamedTuple
 
 from ..runtime.array import NDArray
 
-__all__ = ["Call", "DEFS", "Grads", "Lowering", "OpDef", "define", "table", "view"]
+__all__ = ["Call", "DEFS", "Grads", "Lowering", "OpDef", "define", "float32_params", "table", "typed", "view"]
 
 
 class Lowering(NamedTuple):
@@ -74,12 +81,13 @@ def _one_output(p) -> tuple:
 
 class OpDef:
     __slots__ = ("name", "extra", "prepare", "infer", "aux", "optional", "init", "outputs", "cpu", "gpu",
-                 "samples", "nd", "doc", "mutates", "nograd", "loss")
+                 "samples", "nd", "doc", "mutates", "nograd", "loss", "dtype", "grad_outputs")
 
     def __init__(self, name: str, *, prepare: Callable, infer: Callable, cpu: Lowering, gpu: Lowering,
                  samples: Callable, extra: tuple = (), aux: tuple = (), optional: dict | None = None,
                  init: dict | None = None, outputs: Callable = _one_output, nd: tuple | None = None,
-                 doc: str = "", mutates: tuple = (), nograd: tuple = (), loss: bool = False):
+                 doc: str = "", mutates: tuple = (), nograd: tuple = (), loss: bool = False,
+                 dtype: Callable | None = None, grad_outputs: bool = False):
         self.name, self.extra, self.prepare, self.infer = name, tuple(extra), prepare, infer
         self.aux, self.optional, self.init, self.outputs = tuple(aux), dict(optional or {}), dict(init or {}), outputs
         self.cpu, self.gpu, self.samples, self.doc = cpu, gpu, samples, doc
@@ -87,9 +95,34 @@ class OpDef:
         self.mutates = tuple(mutates)  # inputs the op updates in place: NDArrays only (a numpy copy would lose it)
         self.nograd = tuple(nograd)  # inputs that take no gradient (class ids, indices): never perturbed by tests
         self.loss = bool(loss)  # backward = the op's defined gradient (an output layer), not its forward's derivative
+        self.dtype = dtype  # type inference where the element-wise rule does not hold (see the module docstring)
+        self.grad_outputs = bool(grad_outputs)  # the backward takes every output's gradient (a tuple)
 
     def __repr__(self) -> str:
         return f"<OpDef {self.name}>"
+
+
+def typed(own: tuple = (), out: Callable | None = None) -> Callable:
+    """A type rule: the inputs at ``own`` keep their own types (indices, lengths, a condition); the other inputs
+    and the outputs share one type, unless ``out(p, t)`` gives the output types (one_hot's ``dtype``, argsort's
+    indices, shape_array's int64) from the parameters and the shared type ``t`` (None while unknown)."""
+    def rule(p, types, n_out):
+        t = next((x for i, x in enumerate(types) if i not in own and x is not None), None)
+        ins = [types[i] if i in own else t for i in range(len(types))]
+        return ins, (list(out(p, t)) if out is not None else [t] * n_out)
+    return rule
+
+
+def float32_params(p, types, n_out):
+    """The normalization layers' type rule (MXNet's BatchNorm): the output has the data's type; the learned
+    parameters and statistics (every input after data, and the hidden mean/var outputs) are float32 under float16
+    data, else the data's type."""
+    import numpy as np
+    t = types[0]
+    if t is None:
+        return types, [None] * n_out
+    pt = np.dtype(np.float32) if t == np.float16 else t
+    return [t] + [pt] * (len(types) - 1), [t] + [pt] * (n_out - 1)
 
 
 DEFS: dict[str, OpDef] = {}

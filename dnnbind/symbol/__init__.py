@@ -26,7 +26,8 @@ Symbol.infer_type = _infer.infer_type
 Symbol.simple_bind = _executor.simple_bind
 Symbol.bind = _executor.bind
 
-__all__ = ["AttrScope", "Group", "NameManager", "Prefix", "Symbol", "Variable", "compose", "load", "load_json", "var"]
+__all__ = ["AttrScope", "Group", "NameManager", "Prefix", "Symbol", "Variable", "arange", "compose", "full", "load",
+           "load_json", "ones", "var", "zeros"]
 
 Variable = var
 
@@ -35,6 +36,32 @@ def load(fname: str) -> Symbol:
     """``mx.sym.load``: the Symbol in a symbol file."""
     with open(fname, encoding="utf-8") as f:
         return load_json(f.read())
+
+
+def _dtype_name(dtype) -> str:
+    import numpy as np
+    return np.dtype(dtype if dtype is not None else np.float32).name
+
+
+def zeros(shape, dtype=None, **kwargs) -> Symbol:
+    """``mx.sym.zeros``: an ``_zeros`` node (no inputs), float32 unless ``dtype`` says otherwise."""
+    return make("_zeros", shape=shape, dtype=_dtype_name(dtype), **kwargs)
+
+
+def ones(shape, dtype=None, **kwargs) -> Symbol:
+    """``mx.sym.ones``: an ``_ones`` node."""
+    return make("_ones", shape=shape, dtype=_dtype_name(dtype), **kwargs)
+
+
+def full(shape, val, dtype=None, **kwargs) -> Symbol:
+    """``mx.sym.full``: an ``_full`` node of ``val``."""
+    return make("_full", shape=shape, dtype=_dtype_name(dtype), value=float(val), **kwargs)
+
+
+def arange(start, stop=None, step=1.0, repeat=1, infer_range=False, name=None, dtype=None) -> Symbol:
+    """``mx.sym.arange``: an ``_arange`` node."""
+    return make("_arange", start=start, stop=stop, step=step, repeat=repeat, infer_range=infer_range, name=name,
+                dtype=_dtype_name(dtype))
 
 
 def _operator(name: str):

@@ -456,7 +456,9 @@ def make(called: str, *args, name: str | None = None, attr: dict | None = None, 
     sch = schema(op)
     input_names = [i.name for i in sch.inputs]
     sym_kwargs = {k: v for k, v in kwargs.items() if isinstance(v, Symbol)}
-    params_given = {k: v for k, v in kwargs.items() if not isinstance(v, Symbol)}
+    # ``__layout__=`` and the like are the node's attributes, not parameters (MXNet keeps them on the node)
+    node_attrs = {k: str(v) for k, v in kwargs.items() if k.startswith("__") and k.endswith("__")}
+    params_given = {k: v for k, v in kwargs.items() if not isinstance(v, Symbol) and k not in node_attrs}
     for k in sym_kwargs:
         if k not in input_names:
             raise DnnbindValueError(f"{called}: {k} is not an input of {op} (inputs: {', '.join(input_names)})")
@@ -471,6 +473,7 @@ def make(called: str, *args, name: str | None = None, attr: dict | None = None, 
     declared = {p.name for p in sch.params}
     params = sch.parse({k: v for k, v in params_given.items() if k in declared or k != count})
     attrs = _scope_attrs(attr)
+    attrs.update(node_attrs)
     attrs.update({k: attr_string(v) for k, v in params_given.items()})
     node_name = current_name_manager().get(name, called.lower())
     names = _opio.inputs(op, sch, params, len(args))

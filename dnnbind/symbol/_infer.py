@@ -101,6 +101,15 @@ RULES = {
 }
 
 
+# Operators with no inputs whose output shape is their ``shape`` parameter (MXNet's creation and random nodes;
+# ``_arange`` is run instead, its length is arithmetic on its parameters).
+_SHAPED = frozenset(["_zeros", "_ones", "_full", "_random_uniform", "_random_normal", "_random_randint"])
+
+
+def _shape_param(p, shapes):
+    return [], [tuple(p["shape"] or ())]
+
+
 # rules that fill in unknown inputs from the first (the learned parameters, labels, element-wise operands)
 _FILLS = {_same}
 
@@ -144,8 +153,10 @@ def infer_shapes(symbol: Symbol, given: dict, partial: bool):
         d = _opio.opdef(n.op)
         rule = d.infer if d is not None else RULES.get(n.op)
         fills = d is not None or rule in _FILLS  # an OpDef's rule fills in its learned inputs from the data
-        if not ins or not _known(ins[0]) or (not fills and not all(_known(s) for s in ins)):
+        if ins and (not _known(ins[0]) or (not fills and not all(_known(s) for s in ins))):
             continue  # not yet: a later call with more shapes given may get further
+        if not ins and n.op in _SHAPED:  # a creation node (_zeros, _random_uniform): its shape parameter
+            rule = _shape_param
         try:
             if rule is not None:
                 want_in, outs = rule(n.params, ins)
@@ -174,10 +185,25 @@ def infer_shapes(symbol: Symbol, given: dict, partial: bool):
     return args, outs, auxs
 
 
+def _elementwise(p, types, n_out):
+    """MXNet's element-wise type rule: every input and output share one type."""
+    t = next((x for x in types if x is not None), None)
+    return [t] * len(types), [t] * n_out
+
+
+def _type_rule(op: str):
+    """The operator's own type rule where its registry entry declares one (nd.OPERATORS), else element-wise."""
+    from .. import nd
+    found = nd.OPERATORS.get(op)
+    rule = found[0].dtype if found is not None else None
+    return rule if rule is not None else _elementwise
+
+
 def infer_types(symbol: Symbol, given: dict):
     """(arg types, output types, aux types) as numpy type classes (what MXNet returns), or (None, None, None) when
-    some stay unknown. Types flow through every operator both ways, as MXNet's element-wise rule: an operator's
-    inputs and outputs share one type (Cast's output is its ``dtype``), so a weight takes its data's type."""
+    some stay unknown. Types flow through every operator, both ways, by its registry entry's rule: the element-wise
+    one (inputs and outputs share one type, so a weight takes its data's type) unless the entry declares its own
+    (Cast's and one_hot's ``dtype``, BatchNorm's float32 parameters under float16 data, an index's own type)."""
     from ._graph import DTYPE_FLAGS
     names = {v: k for k, v in DTYPE_FLAGS.items()}
     nodes = symbol._topo()
@@ -192,21 +218,26 @@ def infer_types(symbol: Symbol, given: dict):
     if unknown_inputs:
         raise DnnbindValueError(f"infer_type: {sorted(unknown_inputs)[0]!r} is not an input of the graph")
     out_types: dict[tuple[int, int], np.dtype | None] = {}
-    for _ in range(2):  # a second pass carries types found later back to earlier operators' other inputs
+    for n in nodes:
+        if n.op is None:
+            out_types[(id(n), 0)] = types[id(n)]
+    for _ in range(len(nodes) + 1):  # until nothing changes: a later type flows back to earlier variables
+        changed = False
         for n in nodes:
             if n.op is None:
-                out_types[(id(n), 0)] = types[id(n)]
                 continue
             seen = [out_types.get((id(src), i)) for src, i in n.inputs]
-            t = next((x for x in seen if x is not None), None)
-            if t is None:
-                continue
-            for src, _ in n.inputs:
-                if src.op is None and types[id(src)] is None:
+            ins, outs = _type_rule(n.op)(n.params, seen, n.num_outputs)
+            for (src, i), t in zip(n.inputs, ins):
+                if t is not None and src.op is None and types[id(src)] is None:  # a variable takes the rule's type
                     types[id(src)] = out_types[(id(src), 0)] = t
-            out = np.dtype(n.params["dtype"]) if n.op == "Cast" else t
-            for i in range(n.num_outputs):
-                out_types[(id(n), i)] = out
+                    changed = True
+            for i, t in enumerate(outs):
+                if t is not None and out_types.get((id(n), i)) is None:
+                    out_types[(id(n), i)] = np.dtype(t)
+                    changed = True
+        if not changed:
+            break
     aux = symbol._aux_nodes()
     args = [types[id(n)] for n in nodes if n.op is None and id(n) not in aux]
     auxs = [types[id(n)] for n in nodes if n.op is None and id(n) in aux]

@@ -37,7 +37,7 @@ from .. import batchnorm as _bn
 from .. import batchnorm_fused as _bn_ex
 from ..blas import copy, fill
 from .._common import out_like
-from ..opdef import Lowering, OpDef, define, table, view
+from ..opdef import Lowering, OpDef, define, float32_params, table, view
 from ..reference.batchnorm import (batchnorm_backward, batchnorm_forward_inference, batchnorm_forward_training,
                                    bn_dtypes, bn_scalars, bn_shapes, items_per_channel)
 
@@ -284,7 +284,7 @@ def _samples(rng):
     yield arrays((2, 3, 2, 2, 2)), {"fix_gamma": False, "output_mean_var": True}
 
 
-define(OpDef(NAME, prepare=_prepare, infer=_infer, samples=_samples, outputs=_outputs,
+define(OpDef(NAME, prepare=_prepare, infer=_infer, samples=_samples, outputs=_outputs, dtype=float32_params,
              aux=("moving_mean", "moving_var"), init={"moving_mean": '["zero", {}]', "moving_var": '["one", {}]'},
              mutates=("gamma", "moving_mean", "moving_var"),
              cpu=Lowering(_cpu_forward, _cpu_backward), gpu=Lowering(_gpu_forward, _gpu_backward),

@@ -90,7 +90,13 @@ def _samples(rng):
         {"input_dim": 4, "output_dim": 3}
 
 
-define(OpDef("Embedding", prepare=_prepare, infer=_infer, samples=_samples,
+def _dtype(p, types, n_out):
+    """MXNet's rule: the indices keep their own type; the weight and the output are the ``dtype`` parameter."""
+    t = np.dtype(p["dtype"])
+    return [types[0], t], [t]
+
+
+define(OpDef("Embedding", prepare=_prepare, infer=_infer, samples=_samples, dtype=_dtype,
              cpu=Lowering(_cpu_forward, _cpu_backward), gpu=Lowering(_gpu_forward, _gpu_backward),
              nograd=("data",),  # indices: MXNet gives them no gradient
              doc="MXNet's Embedding: weight[data], indices truncated and clipped into [0, input_dim); the gradient "

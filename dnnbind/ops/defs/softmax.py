@@ -130,8 +130,17 @@ def _samples(rng):
     yield {"data": x((2, 3, 4))}, {"axis": -1, "temperature": 0.5}
 
 
+def _dtype(p, types, n_out):
+    """The output is the ``dtype`` parameter where one is given (float32 softmax of float16 data), else the data's
+    type; ``length`` (use_length) keeps its own integer type."""
+    t = types[0]
+    out = np.dtype(p["dtype"]) if p.get("dtype") is not None else t
+    return [t] + list(types[1:]), [out]
+
+
 for _log in (False, True):
     define(OpDef("log_softmax" if _log else "softmax", prepare=_prepare_for(_log), infer=_infer, samples=_samples,
+                 dtype=_dtype,
                  cpu=Lowering(_cpu_forward, _cpu_backward), gpu=Lowering(_gpu_forward, _gpu_backward),
                  optional={"length": lambda p: bool(p.get("use_length"))},
                  doc=f"MXNet's {'log_softmax' if _log else 'softmax'} over ``axis``: cudnnSoftmaxForward"
