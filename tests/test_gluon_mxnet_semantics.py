@@ -9,7 +9,7 @@ the public names (``dir()``) of MXNet's namespaces and Gluon classes.
 2. ``collect_params()`` is keyed by full names with MXNet's global per-class counters; save_parameters writes
    structural paths (each path of a shared Parameter); both kinds of MXNet file load.
 3. An MXNet name dnnbind lacks raises UnsupportedFeature (NotImplementedError and AttributeError) naming the
-   feature, by every path (``mx.gluon.rnn.LSTM``, ``net.optimize_for``, ``mx.gluon.nn.Conv3D``); a typo a plain
+   feature, by every path (``mx.gluon.model_zoo``, ``net.optimize_for``, ``mx.gluon.nn.Conv3D``); a typo a plain
    AttributeError.
 4. Every layer of ``gluon.nn`` given bad constructor arguments or bad inputs raises ValueError, TypeError or
    NotImplementedError naming the layer, never AttributeError, ZeroDivisionError or a deferred-init RuntimeError.
@@ -263,8 +263,7 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
         mx = dnnbind.install_mxnet_alias()
         from mxnet.gluon import nn
         from dnnbind.mxnet._unsupported import UnsupportedFeature
-        cases = {"mx.gluon.rnn.LSTM": lambda: mx.gluon.rnn.LSTM,
-                 "mx.gluon.model_zoo": lambda: mx.gluon.model_zoo.vision.resnet18_v1,
+        cases = {"mx.gluon.model_zoo": lambda: mx.gluon.model_zoo.vision.resnet18_v1,
                  "mx.nd.sparse": lambda: mx.nd.sparse.csr_matrix, "mx.recordio": lambda: mx.recordio.MXRecordIO,
                  "mx.use_np": lambda: mx.use_np, "nn.Conv3D": lambda: nn.Conv3D, "optimize_for": lambda: nn.Dense(2).optimize_for,
                  "mx.nd.Custom": lambda: mx.nd.Custom, "mx.gluon.contrib": lambda: mx.gluon.contrib.cnn}
@@ -288,13 +287,11 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
-    assert "mx.gluon.rnn.LSTM -> mxnet.gluon.rnn is not supported by dnnbind yet (mxnet.gluon.rnn.LSTM was used): " \
-           "recurrent layers" in lines
     for what, feature in [("mx.gluon.model_zoo", "mxnet.gluon.model_zoo.vision"),
                           ("mx.nd.sparse", "mxnet.nd.sparse"), ("mx.recordio", "mxnet.recordio"), ("mx.use_np", "mxnet.use_np"),
                           ("nn.Conv3D", "mxnet.gluon.nn.Conv3D"),
                           ("optimize_for", "mxnet.gluon.HybridBlock.optimize_for"), ("mx.nd.Custom", "mxnet.nd.Custom"),
-                          ("mx.gluon.contrib", "mxnet.gluon.contrib")]:
+                          ("mx.gluon.contrib", "mxnet.gluon.contrib.cnn")]:
         line = next(x for x in lines if x.startswith(what + " ->"))
         assert f"-> {feature} is not supported by dnnbind" in line, line
     assert any(x.startswith("mx.gluonn -> AttributeError") for x in lines), lines
@@ -304,9 +301,9 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
 
 def test_the_alias_leaves_dnnbinds_namespaces_as_they_were(alias):
     import mxnet
-    assert hasattr(mxnet.gluon, "rnn") and not hasattr(mxnet.gluon, "no_such_name")
+    assert hasattr(mxnet.gluon, "model_zoo") and not hasattr(mxnet.gluon, "no_such_name")
     _finder.uninstall_mxnet_alias()
-    assert not hasattr(dnnbind.gluon, "rnn") and "__getattr__" not in vars(dnnbind.nd)
+    assert not hasattr(dnnbind.gluon, "model_zoo") and "__getattr__" not in vars(dnnbind.nd)
     with pytest.raises(AttributeError) as err:
         dnnbind.nd.Custom  # noqa: B018
     assert not isinstance(err.value, NotImplementedError)

@@ -13,6 +13,8 @@ from .parameter_dict import ParameterDict
 # on) need not import parameter_dict: no import cycle.
 _parameter_module.ParameterDict = ParameterDict
 from .trainer import StaleGradientError, Trainer
+from . import rnn  # noqa: E402  (recurrent cells and layers)
+from . import contrib  # noqa: E402  (contrib.rnn: VariationalDropoutCell, LSTMPCell)
 
 try:
     from . import data
@@ -34,9 +36,11 @@ __all__ = [
     "StaleGradientError",
     "SymbolBlock",
     "Trainer",
+    "contrib",
     "data",
     "loss",
     "metric",
     "nn",
+    "rnn",
     "utils",
 ]

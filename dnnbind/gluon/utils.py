@@ -6,7 +6,7 @@ complete new one, never a torn write (an interrupted job must be able to resume 
 
 from __future__ import annotations
 
-from .._lib.errors import DnnbindValueError
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 import hashlib
 import os
@@ -69,21 +69,28 @@ def split_and_load(data, ctx_list, batch_axis: int = 0, even_split: bool = True)
 def clip_global_norm(arrays: list, max_norm: float, check_isfinite: bool = True):
     """Scale ``arrays`` in place so that their joint 2-norm is at most ``max_norm``; return that norm.
 
-    MXNet's rule: ``scale = min(max_norm / (norm + 1e-8), 1)``, computed and applied with nd ops on the
-    arrays' device. With ``check_isfinite`` the norm is read back (a float; a warning if it is nan/inf),
-    otherwise it stays an NDArray of shape (1,) and nothing waits for the device.
+    MXNet's rule: ``scale = min(max_norm / (norm + 1e-8), 1)``. Each array's sum of squares is computed on its own
+    device and gathered on the first array's, where the norm and the scale are computed; the scale then goes to
+    each array's device, so the arrays may live on several devices (cpu and GPUs). With ``check_isfinite`` the
+    norm is read back and returned as MXNet's ``asscalar()`` gives it (a numpy scalar of the arrays' dtype:
+    ``numpy.float32``), with a warning if it is nan or inf (the arrays are then scaled by nan or 0, as in MXNet);
+    otherwise it stays an NDArray of shape (1,) and nothing waits for the device. (MXNet 1.9.1 fails on float64
+    or float16 arrays, concatenating the scale with a float32 one; here they work.)
     """
     from .. import nd
-    if not arrays:
+    if isinstance(arrays, NDArray) or not arrays:
         raise DnnbindValueError("clip_global_norm: arrays must be a non-empty list of NDArrays")
+    for i, a in enumerate(arrays):
+        if not isinstance(a, NDArray):
+            raise DnnbindTypeError(f"clip_global_norm: arrays[{i}] must be an NDArray, got {type(a).__name__}")
     ctx = arrays[0].context
     squares = [nd.sum(nd.square(a)).reshape((1,)).as_in_context(ctx) for a in arrays]
     total = nd.sqrt(nd.add_n(*squares) if len(squares) > 1 else squares[0])
     if check_isfinite:
-        value = float(total.asscalar())
+        value = total.asscalar()
         if not np.isfinite(value):
             warnings.warn(UserWarning("nan or inf is detected. Clipping results will be undefined."), stacklevel=2)
-    scale = nd.minimum(max_norm / (total + 1e-8), 1.0)
+    scale = nd.minimum(max_norm / (total + 1e-8), 1.0)  # (nan stays nan, as MXNet's min over [scale, 1])
     for a in arrays:
         a[:] = a * scale.as_in_context(a.context)
     return value if check_isfinite else total
