@@ -291,7 +291,7 @@ def test_clip_global_norm(max_norm):
     arrays = [nd.array(h.astype(np.float32)) for h in host]
     norm = utils.clip_global_norm(arrays, max_norm)
     want = math.sqrt(sum((h ** 2).sum() for h in host))
-    assert isinstance(norm, float) and norm == pytest.approx(want, rel=1e-5)
+    assert isinstance(norm, np.float32) and norm == pytest.approx(want, rel=1e-5)  # MXNet's asscalar()
     scale = min(max_norm / (want + 1e-8), 1.0)
     for a, h in zip(arrays, host):
         assert_close(a, h * scale, rtol=1e-5, atol=1e-6, name="clipped")

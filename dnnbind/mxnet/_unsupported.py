@@ -1,9 +1,8 @@
 """MXNet namespaces dnnbind does not back yet: importable, and the first use says so. Layer: top (the MXNet
 alias); imports nothing of dnnbind.
 
-``import mxnet.contrib.text`` and ``from mxnet.contrib import text`` succeed (d2lzh does this at import time);
-reading any attribute (``text.vocab.Vocabulary``, ``mx.sym.Variable``) raises NotImplementedError naming the
-namespace. Programs that never touch these features run; programs that do fail at the first use with a clear
+``import mxnet.contrib.onnx`` and ``from mxnet.contrib import onnx`` succeed; reading any attribute raises
+NotImplementedError naming the namespace. Programs that never touch these features run; programs that do fail at the first use with a clear
 message, never with a stand-in that computes something different. ``NAMESPACES`` are top-level (registered as
 ``dnnbind.mxnet.<ns>``); ``CHILDREN`` live under modules dnnbind does back (``mxnet.gluon.rnn``) and are handed
 out by the alias only while dnnbind has no module of that name.
@@ -33,14 +32,9 @@ NAMESPACES: dict[str, str] = {
     "numpy": "MXNet's NumPy interface",
     "numpy_extension": "MXNet's NumPy extensions",
     "contrib": "",
-    "contrib.text": "",
-    "contrib.text.embedding": "",
-    "contrib.text.vocab": "",
-    "contrib.text.utils": "",
     "contrib.onnx": "",
     "contrib.quantization": "",
     "contrib.autograd": "use mxnet.autograd",
-    "contrib.ndarray": "",
     "contrib.symbol": "",
     "contrib.io": "",
     "contrib.tensorboard": "",
@@ -64,7 +58,11 @@ NAMESPACES: dict[str, str] = {
 
 # Namespaces under an unbacked parent that dnnbind does back: ``mxnet.contrib.amp`` is dnnbind.amp (loss scaling for
 # a network cast to float16), though ``mxnet.contrib`` itself is a stand-in.
-REAL: dict[str, str] = {"contrib.amp": "dnnbind.amp"}
+REAL: dict[str, str] = {"contrib.amp": "dnnbind.amp", "contrib.text": "dnnbind.contrib.text",
+                        "contrib.text.embedding": "dnnbind.contrib.text.embedding",
+                        "contrib.text.vocab": "dnnbind.contrib.text.vocab",
+                        "contrib.text.utils": "dnnbind.contrib.text.utils",
+                        "contrib.ndarray": "dnnbind.nd.contrib"}
 
 # Unbacked children of modules dnnbind does back (mxnet.gluon.rnn): served only through the alias, when the
 # dnnbind module (dnnbind.gluon.rnn) does not exist; never registered under a dnnbind name.
