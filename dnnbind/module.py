@@ -16,8 +16,20 @@ cpu copy, synchronised after updates); ``init_optimizer`` sets ``rescale_grad = 
 optimizer given by name, MXNet's default multipliers (no weight decay on parameters whose name ends neither in
 ``_weight`` nor ``_gamma``; ``__lr_mult__``/``__wd_mult__`` symbol attributes); ``fit`` logs
 ``Epoch[%d] Train-<metric>=%f``, ``Epoch[%d] Time cost=%.3f`` and ``Epoch[%d] Validation-<metric>=%f``;
-``predict`` strips the padded rows of the last batch. One device per Module (no data parallelism yet);
-kvstore 'local'/'device'/None only (one device needs none).
+``predict`` strips the padded rows of the last batch.
+
+Several contexts (``context=[gpu(0), gpu(1)]``, MXNet's data parallelism in one process): one executor per
+context, bound for its slice of the batch (``work_load_list``, split as MXNet's ``_split_input_slice`` does, along
+each input's ``layout`` batch axis); forward copies each slice to its device; ``get_outputs``/``get_input_grads``
+concatenate the slices (``merge_multi_context=False``: a list of per-device arrays). ``update`` with a kvstore
+('local', 'device', 'nccl') sums the gradients over the contexts (the gluon Trainer's machinery: one NCCL
+all-reduce per flat gradient buffer on GPUs, a numpy sum on the host) and runs the updater on every device with
+that sum, so every device keeps the same weights; with ``kvstore=None`` each device is updated with its own
+gradient and the copies drift apart, as in MXNet 1.9.1. ``get_params`` averages the devices' copies (arguments
+and auxiliary states, as MXNet's ``_sync_params_from_devices``). Where dnnbind differs: MXNet, with a 'local'
+kvstore, runs the optimizer once on the store's copy (state keyed by parameter name, ``idx2name`` {i: name});
+dnnbind runs it on each device with the summed gradient (state per ``i * num_device + k``, MXNet's kvstore=None
+indices), which gives the same weights without copying them between devices.
 """
 
 from __future__ import annotations
@@ -37,6 +49,8 @@ from .features import UnsupportedFeature
 from .gluon import metric as _metric
 from .gluon import optimizer as _opt
 from .io import DataBatch, DataDesc, DataIter
+from .gluon import _trainer_reduce as _reduce
+from .gluon._trainer_pack import ALIGN
 from .model import BatchEndParam
 from .runtime.array import NDArray, array, zeros
 from .runtime.device import as_device, cpu
@@ -297,7 +311,8 @@ class BaseModule:
 
 
 class Module(BaseModule):
-    """A Symbol bound to one device, with parameters, an optimizer and MXNet's Module methods."""
+    """A Symbol bound to one device or several (data parallelism), with parameters, an optimizer and MXNet's
+    Module methods."""
 
     def __init__(self, symbol: Symbol, data_names=("data",), label_names=("softmax_label",), logger=logging,
                  context=None, work_load_list=None, fixed_param_names=None, state_names=None, group2ctxs=None,
@@ -308,11 +323,13 @@ class Module(BaseModule):
         if group2ctxs:
             raise UnsupportedFeature("Module(group2ctxs=...) (model parallelism) is not supported by dnnbind")
         contexts = _as_list(context) if context is not None else [cpu()]
-        if len(contexts) != 1:
-            raise DnnbindValueError(f"Module: one context is supported for now, got {len(contexts)} ({contexts}); "
-                                    "train on several devices with gluon.Trainer and a kvstore")
-        self._context = [as_device(contexts[0])]
-        self._work_load_list = work_load_list
+        if not contexts:
+            raise DnnbindValueError("Module: context is an empty list; give one context or a list of them")
+        self._context = [as_device(c) for c in contexts]
+        if len(self._context) > 1 and len({d.kind for d in self._context}) > 1:
+            raise DnnbindValueError(f"Module: context={contexts} mixes cpu and gpu contexts; gradients are summed "
+                                    "on GPUs (NCCL) or on the host, not across both. Use only GPUs or only the cpu.")
+        self._work_load_list = _check_work_load(work_load_list, len(self._context))
         self._symbol = symbol
         self._data_names = list(data_names or [])
         self._label_names = list(label_names or [])
@@ -335,7 +352,14 @@ class Module(BaseModule):
         self._updater = None
         self._preload_opt_states = None
         self._grad_req = None
-        self._exec = None
+        self._exec = None  # the executor of the first context (the only one on one context)
+        self._execs: list = []  # one per context
+        self._slices: list | None = None  # the batch rows of each context (several contexts only)
+        self._data_axes: list = []  # the batch axis of each data / label input (-1: none, copied whole)
+        self._label_axes: list = []
+        self._output_axes: list | None = None
+        self._grads: _GradReplicas | None = None  # several contexts: the flat gradient buffers and their sum
+        self._sum_grads = False  # several contexts and a kvstore: update() sums the gradients first
         self._data_shapes: list | None = None
         self._label_shapes: list | None = None
 
@@ -433,7 +457,8 @@ class Module(BaseModule):
             fill(name, arr, aux_params)
         self.params_initialized = True
         self._params_dirty = False
-        self._exec.copy_params_from(self._arg_params, self._aux_params, allow_extra_params=allow_extra)
+        for exe in self._execs:
+            exe.copy_params_from(self._arg_params, self._aux_params, allow_extra_params=allow_extra)
 
     def set_params(self, arg_params, aux_params, allow_missing: bool = False, force_init: bool = True,
                    allow_extra: bool = False) -> None:
@@ -447,15 +472,34 @@ class Module(BaseModule):
             warnings.warn("Parameters already initialized and force_init=False. set_params call ignored.",
                           stacklevel=2)
             return
-        self._exec.copy_params_from(arg_params, aux_params, allow_extra_params=allow_extra)
+        for exe in self._execs:
+            exe.copy_params_from(arg_params, aux_params, allow_extra_params=allow_extra)
         self._params_dirty = True
         self.params_initialized = True
 
     def _sync_params_from_devices(self) -> None:
+        if len(self._execs) > 1:
+            self._average_params_from_devices()
+            return
         for name, arr in self._arg_params.items():
             _copy_into(arr, self._exec.arg_dict[name], name)
         for name, arr in self._aux_params.items():
             _copy_into(arr, self._exec.aux_dict[name], name)
+        self._params_dirty = False
+
+    def _average_params_from_devices(self) -> None:
+        """The cpu copies become the mean over the devices, arguments and auxiliary states alike, summed in
+        context order and divided by their number (MXNet's DataParallelExecutorGroup.get_params): the same
+        weights with a kvstore (identical copies), an average with kvstore=None, and BatchNorm's moving statistics
+        (each device's own) averaged."""
+        n = len(self._execs)
+        for params, which in ((self._arg_params, "arg_dict"), (self._aux_params, "aux_dict")):
+            for name, dst in params.items():
+                total = None
+                for exe in self._execs:
+                    w = getattr(exe, which)[name].numpy()
+                    total = w if total is None else np.add(total, w, out=total)
+                _copy_into(dst, (total / n).astype(dst.dtype, copy=False), name)
         self._params_dirty = False
 
     # -- binding ---------------------------------------------------------------------------------------------
@@ -476,11 +520,16 @@ class Module(BaseModule):
         self._grad_req = grad_req
         self._data_shapes = _parse_data_desc(self._data_names, data_shapes, "data", True)
         self._label_shapes = _parse_data_desc(self._label_names, label_shapes, "label", False)
-        self._exec = self._simple_bind()
+        if len(self._context) == 1:
+            self._exec = self._simple_bind()
+            self._execs = [self._exec]
+        else:
+            self._bind_replicas(None)
         self.binded = True
 
-        if self.params_initialized:  # re-bound (or loaded): the parameters we hold go into the new executor
-            self._exec.copy_params_from(self._arg_params, self._aux_params)
+        if self.params_initialized:  # re-bound (or loaded): the parameters we hold go into the new executors
+            for exe in self._execs:
+                exe.copy_params_from(self._arg_params, self._aux_params)
         else:
             _require(self._arg_params is None and self._aux_params is None, "bind: parameters without init")
             self._arg_params = {n: zeros(self._exec.arg_dict[n].shape, self._exec.arg_dict[n].dtype, cpu())
@@ -511,17 +560,98 @@ class Module(BaseModule):
     def _reset_bind(self) -> None:
         self.binded = False
         self._exec = None
+        self._execs = []
+        self._slices = None
+        self._grads = None
         self._data_shapes = None
         self._label_shapes = None
 
     def reshape(self, data_shapes, label_shapes=None) -> None:
-        """Bind again for new input shapes, keeping the parameters (the new executor gets a copy)."""
+        """Bind again for new input shapes, keeping the parameters (the new executor gets a copy; on several
+        contexts the new executors share the old ones' parameter, gradient and auxiliary arrays)."""
         _require(self.binded, "reshape: call bind first")
         old = self._exec
-        self._data_shapes = _parse_data_desc(self._data_names, data_shapes, "data", True)
-        self._label_shapes = _parse_data_desc(self._label_names, label_shapes, "label", False)
+        data_descs = _parse_data_desc(self._data_names, data_shapes, "data", True)
+        label_descs = _parse_data_desc(self._label_names, label_shapes, "label", False)
+        if len(self._context) > 1:
+            old_shapes = (self._data_shapes, self._label_shapes)
+            self._data_shapes, self._label_shapes = data_descs, label_descs
+            try:
+                self._bind_replicas(self._execs)
+            except Exception:  # (a batch too small to split): stay bound as before
+                self._data_shapes, self._label_shapes = old_shapes
+                raise
+            return
+        self._data_shapes, self._label_shapes = data_descs, label_descs
         self._exec = self._simple_bind()
+        self._execs = [self._exec]
         self._exec.copy_params_from({n: old.arg_dict[n] for n in self._param_names}, dict(old.aux_dict))
+
+    # -- several contexts ------------------------------------------------------------------------------------
+    def _bind_replicas(self, old_execs) -> None:
+        """One executor per context, each bound for its slice of the batch. Parameter gradients are views of one
+        flat buffer per dtype and context (_GradReplicas), so that summing them over the contexts is one
+        all-reduce per buffer. ``old_execs`` (a reshape): the new executors take over their parameter, gradient
+        and auxiliary arrays, so weights, BatchNorm statistics and the optimizer's state carry over untouched."""
+        data, labels = self._data_shapes or [], self._label_shapes or []
+        batch, self._data_axes = _batch_axes(data, None, "data_shapes")
+        batch, self._label_axes = _batch_axes(labels, batch, "label_shapes")
+        if batch is None:
+            raise DnnbindValueError(f"Module.bind: several contexts ({self._context}) split the batch along the "
+                                    f"batch axis, but no data shape has one (data_shapes={data})")
+        slices = _split_batch(batch, self._work_load_list, data + labels)
+        reqs = self._grad_reqs()
+        type_dict = {d.name: getattr(d, "dtype", np.float32) for d in data + labels}
+        execs = []
+        for k, ctx in enumerate(self._context):
+            rows = slices[k].stop - slices[k].start
+            shapes = {d.name: _sliced(d.shape, axis, rows)
+                      for d, axis in zip(data + labels, self._data_axes + self._label_axes)}
+            # arrays of the right shapes and dtypes, no gradients: bound again below with the flat views
+            execs.append(self._symbol.simple_bind(ctx, grad_req="null", type_dict=type_dict, **shapes))
+        if old_execs is None:
+            specs = [(n, execs[0].arg_dict[n].shape, execs[0].arg_dict[n].dtype) for n in self._param_names
+                     if reqs[n] != "null"]
+            self._grads = _GradReplicas([e._ctx for e in execs], specs, any(reqs[n] == "add" for n, _, _ in specs))
+        names = self._symbol.list_arguments()
+        for k, exe in enumerate(execs):
+            args, auxs = dict(exe.arg_dict), dict(exe.aux_dict)
+            if old_execs is not None:
+                args.update({n: old_execs[k].arg_dict[n] for n in self._param_names})
+                auxs = dict(old_execs[k].aux_dict)
+            grads = {}
+            for n in names:
+                if reqs[n] == "null":
+                    continue
+                if n in self._grads.views[k]:
+                    grads[n] = self._grads.views[k][n]
+                elif old_execs is not None and n in old_execs[k].grad_dict and \
+                        old_execs[k].grad_dict[n].shape == args[n].shape:
+                    grads[n] = old_execs[k].grad_dict[n]
+                else:  # an input's gradient (inputs_need_grad): each context its own
+                    grads[n] = zeros(args[n].shape, args[n].dtype, exe._ctx)
+            execs[k] = self._symbol.bind(exe._ctx, args=args, args_grad=grads or None,
+                                         grad_req={n: reqs[n] if n in grads else "null" for n in names},
+                                         aux_states=auxs)
+        self._execs, self._exec, self._slices = execs, execs[0], slices
+        if self._output_axes is None:
+            self._output_axes = [DataDesc.get_batch_axis(self._symbol[i].attr("__layout__"))
+                                 for i in range(len(self._output_names))]
+
+    def _merged(self, per_exec: list, axes: list, merge: bool) -> list:
+        """``per_exec[i]``: the i-th input/output of every executor; concatenated along its batch axis on the
+        first context (merge), or as they are (a list of per-device arrays each)."""
+        if not merge:
+            return per_exec
+        from . import nd
+        dev = self._execs[0]._ctx
+        out = []
+        for arrays, axis in zip(per_exec, axes):
+            if axis < 0:
+                out.append(arrays[0])
+            else:
+                out.append(nd.concat(*[a.detach().as_in_context(dev) for a in arrays], dim=axis))
+        return out
 
     # -- the optimizer ---------------------------------------------------------------------------------------
     def init_optimizer(self, kvstore="local", optimizer="sgd", optimizer_params=(("learning_rate", 0.01),),
@@ -547,9 +677,18 @@ class Module(BaseModule):
         if isinstance(kvstore, str) and "dist" in kvstore:
             raise UnsupportedFeature(f"Module.init_optimizer(kvstore={kvstore!r}): distributed training of a Module "
                                      "is not supported by dnnbind yet")
+        num_device = len(self._context)
+        if num_device > 1:
+            # MXNet makes a store of any other non-dist name ('local_allreduce_device', ...): all of them sum
+            if kvstore is not None and not (kvstore.startswith("local") or kvstore in ("device", "nccl")):
+                raise DnnbindValueError(f"Module.init_optimizer(kvstore={kvstore!r}): unknown kvstore for "
+                                        f"{num_device} contexts; use 'local', 'device', 'nccl' or None")
+            self._sum_grads = kvstore is not None
         batch_size = self._batch_size()
         rescale_grad = 1.0 / batch_size
-        idx2name = dict(enumerate(self._param_names))  # one device: index i*num_device + k is i
+        # MXNet's indices without an update on the store: parameter i on device k is i * num_device + k, so each
+        # device's copy has its own optimizer state (one device: i)
+        idx2name = {i * num_device + k: name for i, name in enumerate(self._param_names) for k in range(num_device)}
         if isinstance(optimizer, str):
             params = dict(optimizer_params)
             params.setdefault("rescale_grad", rescale_grad)
@@ -596,9 +735,17 @@ class Module(BaseModule):
         ``is_train`` None means ``for_training``."""
         _require(self.binded and self.params_initialized, "forward: call bind and init_params first")
         _require(data_batch is not None, "Encountered empty data batch")
-        if isinstance(data_batch, (list, tuple)):
-            raise UnsupportedFeature("Module.forward with a list of pre-sliced batches (several devices) is not "
-                                     "supported by dnnbind yet")
+        if isinstance(data_batch, (list, tuple)):  # one batch per context, already sliced
+            if len(data_batch) != len(self._execs):
+                raise DnnbindValueError(f"Module.forward: a list of {len(data_batch)} data batches for "
+                                        f"{len(self._execs)} contexts; give one per context")
+            if len(self._execs) > 1:
+                self._forward_presliced(list(data_batch), is_train)
+                return
+            data_batch = data_batch[0]
+        if len(self._execs) > 1:
+            self._forward_replicas(data_batch, is_train)
+            return
         data = list(data_batch.data)
         new_shapes = tuple(tuple(d.shape) for d in data)
         if new_shapes != tuple(tuple(d.shape) for d in self._data_shapes):
@@ -622,36 +769,144 @@ class Module(BaseModule):
                 _copy_into(self._exec.arg_dict[name], value, name)
         self._exec.forward(is_train=self.for_training if is_train is None else bool(is_train))
 
+    def _reshape_for(self, data_batch, new_shapes: tuple) -> None:
+        """Bind again when the batch's shapes differ from the bound ones (MXNet's forward)."""
+        if new_shapes == tuple(tuple(d.shape) for d in self._data_shapes):
+            return
+        provided = getattr(data_batch, "provide_data", None)
+        new_dshape = provided if provided else [DataDesc(d.name, shape, d.dtype, d.layout)
+                                                for d, shape in zip(self._data_shapes, new_shapes)]
+        labels = data_batch.label or []
+        provided = getattr(data_batch, "provide_label", None)
+        if provided:
+            new_lshape = provided
+        elif self._label_shapes is not None and labels:
+            new_lshape = [DataDesc(d.name, tuple(x.shape), d.dtype, d.layout)
+                          for d, x in zip(self._label_shapes, labels)]
+        else:
+            new_lshape = None
+        self.reshape(new_dshape, new_lshape)
+
+    def _forward_replicas(self, data_batch, is_train) -> None:
+        """Several contexts: each executor gets its rows of every input, then runs."""
+        data = list(data_batch.data)
+        self._reshape_for(data_batch, tuple(tuple(d.shape) for d in data))
+        labels = list(data_batch.label or []) if self._label_shapes is not None else []
+        for exe, rows in zip(self._execs, self._slices):
+            for name, value, axis in zip(self._data_names, data, self._data_axes):
+                _copy_into(exe.arg_dict[name], _rows(value, axis, rows), name)
+            for name, value, axis in zip(self._label_names, labels, self._label_axes):
+                _copy_into(exe.arg_dict[name], _rows(value, axis, rows), name)
+        train = self.for_training if is_train is None else bool(is_train)
+        for exe in self._execs:
+            exe.forward(is_train=train)
+
+    def _forward_presliced(self, batches: list, is_train) -> None:
+        """A list of batches, the k-th for context k (MXNet's forward of a list): the bound shapes are their
+        concatenation along axis 0."""
+        new_shapes = []
+        for i in range(len(batches[0].data)):
+            shape = tuple(batches[0].data[i].shape)
+            if any(tuple(b.data[i].shape) != shape for b in batches):
+                raise DnnbindValueError(f"Module.forward: all data batches in a list need to have the same shape; "
+                                        f"data {i} has shapes {[tuple(b.data[i].shape) for b in batches]}")
+            new_shapes.append((len(batches) * shape[0],) + shape[1:])
+        if tuple(new_shapes) != tuple(tuple(d.shape) for d in self._data_shapes):
+            dshape = [DataDesc(d.name, shape, d.dtype, d.layout) for d, shape in zip(self._data_shapes, new_shapes)]
+            lshape = None
+            if self._label_shapes is not None and batches[0].label:
+                lshape = [DataDesc(d.name, (len(batches) * x.shape[0],) + tuple(x.shape[1:]), d.dtype, d.layout)
+                          for d, x in zip(self._label_shapes, batches[0].label)]
+            self.reshape(dshape, lshape)
+        for exe, b in zip(self._execs, batches):
+            for name, value in zip(self._data_names, b.data):
+                _copy_into(exe.arg_dict[name], value, name)
+            if self._label_shapes is not None and b.label:
+                for name, value in zip(self._label_names, b.label):
+                    _copy_into(exe.arg_dict[name], value, name)
+        train = self.for_training if is_train is None else bool(is_train)
+        for exe in self._execs:
+            exe.forward(is_train=train)
+
     def backward(self, out_grads=None) -> None:
         _require(self.binded and self.params_initialized, "backward: call bind and init_params first")
-        self._exec.backward(out_grads=out_grads)
+        if len(self._execs) == 1:
+            self._exec.backward(out_grads=out_grads)
+            return
+        _require(self.for_training, "backward: re-bind with for_training=True to run backward")
+        if out_grads is not None and not isinstance(out_grads, (list, tuple)):
+            out_grads = [out_grads]
+        for exe, rows in zip(self._execs, self._slices):
+            mine = None
+            if out_grads is not None:  # each executor gets its rows of the head gradients, on its device
+                mine = [_rows(g, axis, rows).as_in_context(exe._ctx) if isinstance(g, NDArray)
+                        else array(np.asarray(_rows(g, axis, rows)), device=exe._ctx)
+                        for g, axis in zip(out_grads, self._output_axes)]
+            exe.backward(out_grads=mine)
 
     def update(self) -> None:
         """One optimizer step on every parameter with a gradient."""
         _require(self.binded and self.params_initialized and self.optimizer_initialized,
                  "update: call bind, init_params and init_optimizer first")
         self._params_dirty = True
+        if len(self._execs) > 1:
+            self._update_replicas()
+            return
         for index, name in enumerate(self._param_names):
             grad = self._exec.grad_dict.get(name)
             if grad is None:  # fixed parameter
                 continue
             self._updater(index, grad, self._exec.arg_dict[name])
 
+    def _update_replicas(self) -> None:
+        """Several contexts: the gradients summed over them (with a kvstore), then device k's copy of parameter i
+        updated as index ``i * num_device + k``, device after device (MXNet's _update_params)."""
+        grads = self._grads.summed() if self._sum_grads else self._grads.views
+        n = len(self._execs)
+        for k, exe in enumerate(self._execs):
+            mine = grads[k]
+            for i, name in enumerate(self._param_names):
+                grad = mine.get(name)
+                if grad is not None:  # (fixed parameters have none)
+                    self._updater(i * n + k, grad, exe.arg_dict[name])
+
     def get_outputs(self, merge_multi_context: bool = True) -> list:
         _require(self.binded and self.params_initialized, "get_outputs: call bind and init_params first")
-        return list(self._exec.outputs)
+        if len(self._execs) == 1:
+            return list(self._exec.outputs)
+        per_exec = [[exe.outputs[i] for exe in self._execs] for i in range(len(self._output_names))]
+        return self._merged(per_exec, self._output_axes, merge_multi_context)
 
     def get_input_grads(self, merge_multi_context: bool = True) -> list:
         _require(self.binded and self.params_initialized and self.inputs_need_grad,
                  "get_input_grads: bind with inputs_need_grad=True and call init_params first")
-        return [self._exec.grad_dict[name] for name in self._data_names]
+        if len(self._execs) == 1:
+            return [self._exec.grad_dict[name] for name in self._data_names]
+        per_exec = [[exe.grad_dict[name] for exe in self._execs] for name in self._data_names]
+        return self._merged(per_exec, self._data_axes, merge_multi_context)
 
     def get_states(self, merge_multi_context: bool = True) -> list:
         _require(self.binded and self.params_initialized, "get_states: call bind and init_params first")
+        if len(self._execs) > 1:
+            if merge_multi_context:
+                raise DnnbindValueError("Module.get_states(merge_multi_context=True) is not supported with several "
+                                        "contexts (as in MXNet); pass merge_multi_context=False for a list of "
+                                        "per-device arrays per state")
+            return [[exe.arg_dict[name] for exe in self._execs] for name in self._state_names]
         return [self._exec.arg_dict[name] for name in self._state_names]
 
     def set_states(self, states=None, value=None) -> None:
         _require(self.binded and self.params_initialized, "set_states: call bind and init_params first")
+        if len(self._execs) > 1:
+            for i, name in enumerate(self._state_names):
+                for k, exe in enumerate(self._execs):
+                    dst = exe.arg_dict[name]
+                    if states is None:
+                        dst[:] = value
+                    else:  # per state: a list of per-device arrays, or one array for every device
+                        src = states[i][k] if isinstance(states[i], (list, tuple)) else states[i]
+                        _copy_into(dst, src, name)
+            return
         for i, name in enumerate(self._state_names):
             dst = self._exec.arg_dict[name]
             if states is not None:
@@ -661,8 +916,15 @@ class Module(BaseModule):
 
     def update_metric(self, eval_metric, labels, pre_sliced: bool = False) -> None:
         """``eval_metric.update_dict`` with the labels by label name and the outputs by output name."""
+        if len(self._execs) > 1:  # one update per context, with its rows of the labels (MXNet's order)
+            for k, (exe, rows) in enumerate(zip(self._execs, self._slices)):
+                mine = labels[k] if pre_sliced else [_rows(lab, axis, rows)
+                                                     for lab, axis in zip(labels or [], self._label_axes)]
+                eval_metric.update_dict(dict(zip(self._label_names, mine)), dict(zip(self._output_names,
+                                                                                      exe.outputs)))
+            return
         if pre_sliced:
-            raise UnsupportedFeature("update_metric(pre_sliced=True) (several devices) is not supported by dnnbind")
+            labels = labels[0]
         labels_ = dict(zip(self._label_names, labels or []))
         preds = dict(zip(self._output_names, self._exec.outputs))
         eval_metric.update_dict(labels_, preds)
@@ -688,3 +950,132 @@ def _copy_into(dst: NDArray, src, name: str) -> None:
     else:
         src = np.asarray(src, dtype=dst.dtype)
     dst[:] = src
+
+
+# -- several contexts: splitting the batch, summing the gradients ---------------------------------------------------
+
+def _check_work_load(work_load_list, num_ctx: int) -> list:
+    """``work_load_list`` (None: equal shares) as a list of non-negative numbers, one per context."""
+    if work_load_list is None:
+        return [1] * num_ctx
+    if not isinstance(work_load_list, (list, tuple)):
+        raise DnnbindTypeError(f"Module: work_load_list must be a list of numbers (one per context), got "
+                               f"{type(work_load_list).__name__}")
+    if len(work_load_list) != num_ctx:
+        raise DnnbindValueError(f"Module: work_load_list has {len(work_load_list)} entries ({list(work_load_list)}) "
+                                f"for {num_ctx} contexts; give one share per context")
+    for w in work_load_list:
+        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)) or not w >= 0:
+            raise DnnbindValueError(f"Module: work_load_list={list(work_load_list)}: every share must be a "
+                                    f"number >= 0, got {w!r}")
+    if not sum(work_load_list) > 0:
+        raise DnnbindValueError(f"Module: work_load_list={list(work_load_list)} sums to 0")
+    return list(work_load_list)
+
+
+def _batch_axes(descs: list, batch, what: str) -> tuple:
+    """The batch axis of each desc (its layout's 'N', default 0; -1: none) and the batch size they share."""
+    axes = []
+    for d in descs:
+        axis = DataDesc.get_batch_axis(getattr(d, "layout", None))
+        axes.append(axis)
+        if axis < 0:
+            continue
+        size = int(d.shape[axis])
+        if batch is None:
+            batch = size
+        elif size != batch:
+            raise DnnbindValueError(f"Module.bind: all inputs must have the same batch size: batch_size = {batch}, "
+                                    f"but {what} {d.name} has shape {tuple(d.shape)} (batch axis {axis})")
+    return batch, axes
+
+
+def _split_batch(batch_size: int, work_load_list: list, descs: list) -> list:
+    """The rows of each context: shares rounded (Python's round, as MXNet's _split_input_slice), the rounding
+    shortfall to the last context, every slice clipped to the batch. An empty slice is an error."""
+    total = sum(work_load_list)
+    counts = [round(w * batch_size / total) for w in work_load_list]
+    if sum(counts) < batch_size:
+        counts[-1] += batch_size - sum(counts)
+    slices, end = [], 0
+    for k, count in enumerate(counts):
+        begin = min(end, batch_size)
+        end = min(begin + count, batch_size)
+        if begin >= end:
+            shapes = [(d.name, tuple(d.shape)) for d in descs]
+            raise DnnbindValueError(f"Module: work_load_list={work_load_list} splits a batch of {batch_size} rows "
+                                    f"(shapes {shapes}) over {len(work_load_list)} contexts as {counts} rows, which "
+                                    f"leaves context {k} no rows (MXNet: Too many slices. Some splits are empty.); "
+                                    "use a larger batch, fewer contexts or other shares")
+        slices.append(slice(begin, end))
+    return slices
+
+
+def _sliced(shape, axis: int, rows: int) -> tuple:
+    shape = list(shape)
+    if axis >= 0:
+        shape[axis] = rows
+    return tuple(shape)
+
+
+def _rows(value, axis: int, rows: slice):
+    """``value``'s ``rows`` along ``axis`` (all of it for axis -1): a view along axis 0."""
+    if axis < 0 or (rows.start == 0 and rows.stop == value.shape[axis]):
+        return value
+    if axis == 0:
+        return value[rows.start:rows.stop]
+    if isinstance(value, NDArray):
+        from . import nd
+        return nd.slice_axis(value, axis=axis, begin=rows.start, end=rows.stop)
+    return np.asarray(value)[(slice(None),) * axis + (rows,)]
+
+
+class _GradReplicas:
+    """The parameter gradients of every context, as views of one flat buffer per dtype and context (the same
+    offsets on every context), so that their sum over the contexts is one call per buffer of the gluon Trainer's
+    reduction (gluon/_trainer_reduce.py): an in-place NCCL all-reduce per GPU issued as one group, or a numpy sum on
+    the host. With grad_req 'add' the executors' buffers accumulate across steps, so the sum goes to separate buffers
+    (as MXNet's update on the store leaves the gradients alone)."""
+
+    def __init__(self, devices: list, specs: list, keep: bool):
+        self.devices = devices
+        offsets, totals = {}, {}
+        for name, shape, dtype in specs:
+            dtype = np.dtype(dtype)
+            start = totals.get(dtype, 0)
+            offsets[name] = (dtype, start, int(np.prod(shape, dtype=np.int64)), tuple(shape))
+            totals[dtype] = (start + offsets[name][2] + ALIGN - 1) // ALIGN * ALIGN  # aligned for cuDNN/cuBLAS
+        self.flats = [{dt: zeros((max(t, 1),), dt, dev) for dt, t in totals.items()} for dev in devices]
+        self.views = [self._views(f, offsets) for f in self.flats]
+        self._sums = [{dt: zeros(b.shape, dt, b.device) for dt, b in f.items()} for f in self.flats] if keep else None
+        self._sum_views = [self._views(f, offsets) for f in self._sums] if keep else None
+        self._offsets = offsets
+        self._comms = None
+
+    @staticmethod
+    def _views(flats: dict, offsets: dict) -> dict:
+        return {n: flats[dt][o:o + size].reshape(shape) for n, (dt, o, size, shape) in offsets.items()}
+
+    def summed(self) -> list:
+        """Every context's gradient views, now holding the sum over the contexts."""
+        targets = self.flats
+        if self._sums is not None:
+            for mine, sums in zip(self.flats, self._sums):
+                for dt, buf in mine.items():
+                    sums[dt].copy_(buf)
+            targets = self._sums
+        for dt in targets[0]:
+            bufs = [t[dt] for t in targets]
+            if self.devices[0].kind == "cpu":
+                _reduce.sum_on_host(bufs)
+            elif len({d.index for d in self.devices}) == len(self.devices):
+                if self._comms is None:
+                    self._comms = _reduce.local_communicators(self.devices)
+                _reduce.sum_on_devices(self._comms, bufs)
+            else:  # one GPU named twice: NCCL needs distinct devices, so add copies on the first
+                total = bufs[0].copy()
+                for b in bufs[1:]:
+                    total += b.as_in_context(total.device)
+                for b in bufs:
+                    b.copy_(total.as_in_context(b.device))
+        return self._sum_views if self._sums is not None else self.views

@@ -170,8 +170,6 @@ def test_errors_and_warnings_like_mxnet():
         warnings.simplefilter("always")
         mod.init_params()
     assert [str(x.message) for x in w] == errors["init_twice_warning"]
-    with pytest.raises(ValueError, match="one context is supported for now"):
-        mod_api.Module(mlp(), context=["cpu", "cpu"])
 
 
 def test_checkpoint_round_trip_resumes_training(tmp_path):
