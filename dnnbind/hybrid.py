@@ -56,7 +56,7 @@ from .gluon import block as _block
 from .gluon.block import RUN_EAGERLY
 from .gluon import parameter as _parameter
 from .recording import CallRecording, CaptureError
-from .runtime.array import NDArray, empty
+from .runtime.array import NDArray, empty, zeros
 from .runtime.stream import current_stream
 
 __all__ = ["CachedBlock", "set_replay_graphs"]
@@ -82,20 +82,49 @@ class _Signature:
     """One recording: static inputs, the forward's and the backward's calls, the static output and head grad."""
 
     __slots__ = ("state", "inputs", "needs", "fwd", "bwd", "output", "head", "tape", "leaves", "binding",
-                 "last", "serial", "done")
+                 "last", "serial", "done", "shape", "zeros")
 
     def __init__(self) -> None:
         self.state = _WARM
         self.serial = self.done = 0  # forwards emitted; the forward whose backward ran last
-        self.fwd = self.bwd = self.output = self.head = self.tape = self.last = None
+        self.fwd = self.bwd = self.output = self.head = self.tape = self.last = self.shape = self.zeros = None
         self.inputs, self.needs, self.leaves, self.binding = [], (), [], ()
 
     def close(self) -> None:
         for rec in (self.fwd, self.bwd):
             if rec is not None:
                 rec.close()
-        self.fwd = self.bwd = self.output = self.head = self.tape = self.last = None
+        self.fwd = self.bwd = self.output = self.head = self.tape = self.last = self.shape = self.zeros = None
         self.inputs, self.leaves, self.binding = [], [], ()
+
+
+def _flatten(out):
+    """(the NDArrays of a forward's result in order, its shape to rebuild it from them), or (None, reason): one
+    NDArray, or tuples and lists of them nested (an RNN's ``(output, [h, c])``)."""
+    if type(out) is NDArray:
+        return [out], None
+    if isinstance(out, (tuple, list)):
+        flat, shape = [], []
+        for item in out:
+            sub, sub_shape = _flatten(item)
+            if sub is None:
+                return None, sub_shape
+            shape.append((len(sub), sub_shape))
+            flat += sub
+        return flat, (type(out), shape)
+    return None, f"the forward returns a {type(out).__name__}, not NDArrays (one, or tuples and lists of them)"
+
+
+def _rebuild(flat: list, shape):
+    """The forward's result from its arrays (``_flatten``'s inverse)."""
+    if shape is None:
+        return flat[0]
+    kind, parts = shape
+    items, i = [], 0
+    for n, sub in parts:
+        items.append(_rebuild(flat[i:i + n], sub))
+        i += n
+    return kind(items)
 
 
 def _binding(params) -> tuple:
@@ -134,17 +163,24 @@ class CachedBlock:
     def __call__(self, args: tuple):
         if _inside[0] or RECORDING:
             return RUN_EAGERLY
+        layout = None
         for a in args:
-            if type(a) is not NDArray or a._data is not None:  # not an array, or a cpu (numpy-backed) array
+            if type(a) is not NDArray:  # lists of arrays (an RNN's states) are inputs too: flattened
+                args, layout = _flatten(args)
+                if args is None:
+                    return RUN_EAGERLY
+                break
+        for a in args:
+            if a._data is not None:  # a cpu (numpy-backed) array
                 return RUN_EAGERLY
         recording = autograd.is_recording()
         key = (tuple((a._shape, a._dtype, a.device, autograd.needs_grad(a)) for a in args), recording,
-               autograd.is_training())
+               autograd.is_training(), None if layout is None else repr(layout))
         if self._generation != _parameter.generation[0]:
             self._drop_stale()
         sig = self._sigs.get(key)
         if sig is None:
-            return self._warm(key, args)
+            return self._warm(key, args, layout)
         self._sigs.move_to_end(key)
         state = sig.state
         if state is _READY:
@@ -156,10 +192,10 @@ class CachedBlock:
         if state is _WARM:
             if TRACING:
                 return RUN_EAGERLY
-            return self._record(key, sig, args, recording)
+            return self._record(key, sig, args, recording, layout)
         return RUN_EAGERLY  # _EAGER
 
-    def _warm(self, key, args):
+    def _warm(self, key, args, layout):
         """First call of a signature: eager, outside any recording; tells whether it can be recorded at all."""
         block = self._block()
         sig = self._sigs[key] = _Signature()
@@ -167,12 +203,13 @@ class CachedBlock:
             self._sigs.popitem(last=False)[1].close()
         _inside[0] += 1
         try:
-            out = block.forward(*args)
+            out = block.forward(*(args if layout is None else _rebuild(args, layout)))
         finally:
             _inside[0] -= 1
-        if type(out) is not NDArray:
+        flat, reason = _flatten(out)
+        if flat is None:
             sig.state = _EAGER
-            self.eager_reasons[key] = f"the forward returns a {type(out).__name__}, not one NDArray"
+            self.eager_reasons[key] = reason
         return out
 
     def _params(self) -> list:
@@ -188,7 +225,7 @@ class CachedBlock:
             self._sigs[k].state = _WARM  # its caches are warm: the next call records straight away
 
     # -- recording --------------------------------------------------------------------------------------------
-    def _record(self, key, sig: _Signature, args: tuple, recording: bool):
+    def _record(self, key, sig: _Signature, args: tuple, recording: bool, layout):
         block = self._block()
         params = self._params()
         aux = [(_copy(p), _copy(p).copy()) for p in params if p._data is not None and p._grad_req == "null"]
@@ -208,7 +245,7 @@ class CachedBlock:
             # (and its backward's) read as an eager call's, from this Block down (see _traced_replay).
             hooks.push(_trace_name(block))
             try:
-                return block.forward(*inputs)
+                return block.forward(*(inputs if layout is None else _rebuild(inputs, layout)))
             finally:
                 hooks.pop()
                 _inside[0] -= 1
@@ -220,21 +257,27 @@ class CachedBlock:
             sig.state = _EAGER
             self.eager_reasons[key] = str(exc)
             return RUN_EAGERLY
-        if type(out) is not NDArray:
+        flat, shape = _flatten(out)
+        if flat is None:
             rec.close()
             sig.state = _EAGER
-            self.eager_reasons[key] = f"the forward returns a {type(out).__name__}, not one NDArray"
+            self.eager_reasons[key] = shape
             for data, saved in aux:
                 data.copy_(saved)
             return RUN_EAGERLY
-        sig.inputs, sig.needs, sig.fwd, sig.output = inputs, needs, rec, out
+        sig.inputs, sig.needs, sig.fwd, sig.output, sig.shape = inputs, needs, rec, flat, shape
         sig.binding = _binding(params)
         if recording:
-            sig.tape = out  # its private tape waits for the first backward
-            sig.head = empty(out._shape, out._dtype, out.device)
+            sig.tape = flat  # its private tape waits for the first backward
+            sig.head = [empty(o._shape, o._dtype, o.device) for o in flat]
+            # An output no gradient reaches in a call (an RNN's final state, unused) gets zeros as its head
+            sig.zeros = [None] * len(flat)
             # The Parameters this forward used (as eager backward would, it marks only their gradients fresh: an
             # unused one stays stale for the Trainer to report).
-            used = {id(x) for x in autograd.leaves(out)}
+            used = set()
+            for o in flat:
+                if o._node is not None:
+                    used.update(id(x) for x in autograd.leaves(o))
             sig.leaves = [c for c in (_copy(p) for p in params if p._data is not None and p._grad_req != "null")
                           if id(c) in used]
         sig.state = _READY
@@ -243,8 +286,10 @@ class CachedBlock:
     def _record_backward(self, sig: _Signature) -> None:
         tape, sig.tape = sig.tape, None
 
+        heads = [(o, h) for o, h in zip(tape, sig.head) if o._node is not None]
+
         def backward():
-            autograd.backward(tape, head_grads=sig.head)
+            autograd.backward([o for o, _ in heads], head_grads=[h for _, h in heads])
         if TRACING:  # a recording cannot run inside a trace: this backward runs eagerly (and is traced), and
             backward()  # the signature records again at its next call, its private tape being spent now
             sig.state = _WARM
@@ -260,22 +305,26 @@ class CachedBlock:
         if TRACING:
             _traced_replay(sig.fwd, ("",))
         else:
-            sig.fwd.replay(current_stream(sig.output.device))
+            sig.fwd.replay(current_stream(sig.output[0].device))
         self.replays += 1
         return self._emit(sig, args, recording)
 
     def _emit(self, sig: _Signature, args: tuple, recording: bool):
         """The caller's output: a copy of the static one (the next call rewrites that), taped as one node."""
         with autograd.pause(train_mode=autograd.is_training()):
-            out = sig.output.copy()
+            outs = [o.copy() for o in sig.output]
         if not recording:
-            return out
+            return _rebuild(outs, sig.shape)
         name = type(self._block()).__name__
         sig.serial += 1
-        out = autograd.record_op(f"hybridized {name}", out, tuple(args) + tuple(sig.leaves),
-                                 self._grad_fn(sig, sig.serial))
-        sig.last = weakref.ref(out._node) if out._node is not None else None
-        return out
+        if len(outs) == 1:
+            autograd.record_op(f"hybridized {name}", outs[0], tuple(args) + tuple(sig.leaves),
+                               self._grad_fn(sig, sig.serial))
+        else:  # one node for every output: its backward gets their gradients together
+            autograd.record_outputs(f"hybridized {name}", tuple(outs), tuple(args) + tuple(sig.leaves),
+                                    self._grad_fn(sig, sig.serial))
+        sig.last = weakref.ref(outs[0]._node) if outs[0]._node is not None else None
+        return _rebuild(outs, sig.shape)
 
     def _grad_fn(self, sig: _Signature, serial: int):
         def backward(g):
@@ -292,13 +341,20 @@ class CachedBlock:
             sig.done = serial
             writes = autograd.writes_leaf_grads()
             before = None if writes else [leaf._grad.copy() for leaf in sig.leaves]  # autograd.grad(): restore
-            sig.head.copy_(g)
+            gs = g if isinstance(g, tuple) else (g,)
+            gs += (None,) * (len(sig.head) - len(gs))
+            for i, (head, gi) in enumerate(zip(sig.head, gs)):
+                if gi is None:  # no gradient reached this output: zeros (kept, so a replay copies them in)
+                    if sig.zeros[i] is None:
+                        sig.zeros[i] = _zeros_like(head)
+                    gi = sig.zeros[i]
+                head.copy_(gi)
             if sig.bwd is None:
                 self._record_backward(sig)
             elif TRACING:  # the recorded scopes already say "backward" where eager's would: drop the outer one
                 _traced_replay(sig.bwd, ("", "backward"))
             else:
-                sig.bwd.replay(current_stream(sig.output.device))
+                sig.bwd.replay(current_stream(sig.output[0].device))
             grads = tuple(x._grad.copy() if need else None for x, need in zip(sig.inputs, sig.needs))
             grads += self._leaf_grads(sig, writes, before)
             if sig.state is _WARM:  # see _record_backward: drop the spent recording now that its grads are out
@@ -359,3 +415,7 @@ def _traced_replay(rec: CallRecording, outer: tuple) -> None:
 
 
 _block.set_cached_block_factory(CachedBlock)
+
+
+def _zeros_like(x: NDArray) -> NDArray:
+    return zeros(x._shape, x._dtype, x.device)

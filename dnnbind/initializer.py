@@ -357,10 +357,16 @@ def create(init) -> Initializer | None:
     if isinstance(init, type) and issubclass(init, Initializer):
         return init()
     if isinstance(init, str):
-        cls = _REGISTRY.get(init.lower())
+        kwargs = {}
+        if init.startswith("["):  # MXNet's dumps() form, what a symbol's __init__ attribute holds: '["zero", {}]'
+            try:
+                init, kwargs = json.loads(init)
+            except (ValueError, TypeError):
+                raise DnnbindValueError(f"initializer {init!r} is not MXNet's '[\"name\", {{kwargs}}]' form") from None
+        cls = _REGISTRY.get(str(init).lower())
         if cls is None:
             raise DnnbindValueError(f"unknown initializer {init!r}; known: {', '.join(sorted(_REGISTRY))}")
-        return cls()
+        return cls(**kwargs)
     if callable(init):  # a plain function f(desc, arr), as MXNet accepts
         return _FunctionInit(init)
     raise DnnbindTypeError(f"initializer must be an Initializer, a name or None, got {type(init).__name__}")

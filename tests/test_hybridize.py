@@ -442,3 +442,97 @@ def test_an_unused_parameter_stays_stale_as_in_eager():
             with pytest.raises(StaleGradientError, match="unused"):
                 trainer.step(2)
             trainer.step(2, ignore_stale_grad=True)
+
+
+class _StatefulCell(gluon.HybridBlock):
+    """A recurrent step in d2l's shape: (output, [state]) from (inputs, [state]): tuples and lists of arrays in and
+    out, the final state fed back by the caller (a language model's loop)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.i2h = nn.Dense(6, flatten=False, in_units=5)
+            self.h2h = nn.Dense(6, flatten=False, in_units=6)
+            self.out = nn.Dense(3, flatten=False, in_units=6)
+
+    def hybrid_forward(self, F, x, state):
+        h = state[0]
+        ys = []
+        for t in range(x.shape[0]):
+            h = F.tanh(self.i2h(x[t]) + self.h2h(h))
+            ys.append(self.out(h))
+        return F.stack(*ys), [h]
+
+
+@gpu
+@pytest.mark.parametrize("use_state", [True, False])
+def test_a_block_of_several_outputs_and_list_inputs_replays_like_eager(use_state):
+    """Replays of a Block taking a list of states and returning (output, [state]): values and every gradient as
+    the eager twin's, step after step with the state carried over, whether or not the loss reads the state."""
+    dev = mx.gpu(0)
+    nets = []
+    for hybrid in (False, True):
+        net = _StatefulCell()
+        net.initialize(mx.init.Xavier(), ctx=dev)
+        if nets:
+            for p, q in zip(nets[0].collect_params().values(), net.collect_params().values()):
+                q.set_data(p.data())
+        if hybrid:
+            net.hybridize()
+        nets.append(net)
+    rng = np.random.default_rng(3)
+    states = [[nd.zeros((4, 6), ctx=dev)] for _ in nets]
+    for step in range(5):
+        x = nd.array(rng.standard_normal((7, 4, 5)).astype(np.float32), ctx=dev)
+        got = []
+        for k, net in enumerate(nets):
+            st = [s.detach() for s in states[k]]
+            with autograd.record():
+                y, new = net(x, st)
+                loss = (y * y).sum() + ((new[0] * 3).sum() if use_state else 0)
+            loss.backward()
+            states[k] = new
+            got.append((y.asnumpy(), new[0].asnumpy(), _grads(net)))
+        (ye, he, ge), (yh, hh, gh) = got
+        np.testing.assert_allclose(yh, ye, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(hh, he, rtol=1e-5, atol=1e-6)
+        for name in ge:
+            np.testing.assert_allclose(gh[name], ge[name], rtol=1e-4, atol=1e-6, err_msg=f"step {step} {name}")
+    assert nets[1]._cached.replays >= 2 and not nets[1]._cached.eager_reasons
+
+
+def _grads(net):
+    return {k: p.grad().asnumpy() for k, p in net._collect_params_with_prefix().items()}
+
+
+@gpu
+def test_a_hybridized_gru_layer_with_states_replays_like_eager():
+    from dnnbind.gluon import rnn
+    dev = mx.gpu(0)
+    layers = []
+    for hybrid in (False, True):
+        layer = rnn.GRU(8, num_layers=2, input_size=5)
+        layer.initialize(mx.init.Xavier(), ctx=dev)
+        if layers:
+            for p, q in zip(layers[0].collect_params().values(), layer.collect_params().values()):
+                q.set_data(p.data())
+        if hybrid:
+            layer.hybridize()
+        layers.append(layer)
+    rng = np.random.default_rng(4)
+    for step in range(4):
+        x = nd.array(rng.standard_normal((6, 3, 5)).astype(np.float32), ctx=dev)
+        h0 = nd.array(rng.standard_normal((2, 3, 8)).astype(np.float32), ctx=dev)
+        got = []
+        for layer in layers:
+            with autograd.record():
+                y, (h,) = layer(x, [h0])
+                loss = (y * y).sum() + (h * h).sum()
+            loss.backward()
+            got.append((y.asnumpy(), h.asnumpy(), _grads(layer)))
+        (ye, he, ge), (yh, hh, gh) = got
+        np.testing.assert_allclose(yh, ye, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(hh, he, rtol=1e-5, atol=1e-6)
+        for name in ge:
+            np.testing.assert_allclose(gh[name], ge[name], rtol=1e-4, atol=1e-6, err_msg=f"step {step} {name}")
+    assert layers[1]._cached.replays >= 2 and not layers[1]._cached.eager_reasons

@@ -244,7 +244,7 @@ class _Plan:
     """Per configuration and handle: the RNN descriptor, the weight space size and how MXNet's vector maps onto it
     (``segments``: (element offset in the vector, element offset in the weight space, count), merged; ``identity``
     when the vector can be used as the weight space itself)."""
-    __slots__ = ("c_desc", "desc", "h_desc", "identity", "key", "segments", "wbytes")
+    __slots__ = ("desc", "identity", "key", "segments", "wbytes")
 
 
 _plans: dict = {}
@@ -284,9 +284,12 @@ def _make_plan(c, h: int, math: str, drop, key) -> _Plan:
     L.cudnnGetRNNWeightSpaceSize(h, plan.desc, ctypes.byref(size))
     plan.wbytes = size.value
     plan.segments, plan.identity = _weight_map(c, h, plan.desc, plan.wbytes)
-    plan.h_desc = D.rnn_state((g.L * g.D, g.N, g.P), g.dtype)
-    plan.c_desc = D.rnn_state((g.L * g.D, g.N, g.H), g.dtype)
     return plan
+
+
+def _state_descs(g):
+    """The hx/hy and cx/cy descriptors of this call's batch (not the plan's: one plan serves every batch size)."""
+    return D.rnn_state((g.L * g.D, g.N, g.P), g.dtype), D.rnn_state((g.L * g.D, g.N, g.H), g.dtype)
 
 
 def _weight_map(c, h: int, desc, wbytes: int):
@@ -420,9 +423,10 @@ def _run_forward(c, h, plan, x, params, hx, cx, lengths, dev_lengths, train: boo
     hy = out_like(hx._shape, dt, dev)
     cy = out_like(cx._shape, dt, dev) if cx is not None else None
     reserve = out_like((max(rs_bytes, 1),), np.uint8, dev) if train else None
+    h_desc, c_desc = _state_descs(g)
     with scratch(dev, max(ws_bytes, 1)) as (ws, ws_size):
-        L.cudnnRNNForward(h, plan.desc, mode, dev_lengths._ptr, xd, x._ptr, yd, y._ptr, plan.h_desc, hx._ptr,
-                          hy._ptr, plan.c_desc, None if cx is None else cx._ptr, None if cy is None else cy._ptr,
+        L.cudnnRNNForward(h, plan.desc, mode, dev_lengths._ptr, xd, x._ptr, yd, y._ptr, h_desc, hx._ptr,
+                          hy._ptr, c_desc, None if cx is None else cx._ptr, None if cy is None else cy._ptr,
                           plan.wbytes, w._ptr, ws_size, ws, rs_bytes, None if reserve is None else reserve._ptr)
     return y, hy, cy, w, reserve
 
@@ -462,6 +466,7 @@ def _gpu_backward(c, saved, grads, dy):
         xd = D.rnn_data(dt, g.T, g.N, g.C, s.lengths)
         yd = D.rnn_data(dt, g.T, g.N, g.D * g.P, s.lengths)
         ws_bytes, rs_bytes = _temp_sizes(h, plan, xd, (g.T, g.N, s.lengths), cudnn.CUDNN_FWD_MODE_TRAINING)
+        h_desc, c_desc = _state_descs(g)
         if dy._dtype != dt:
             dy = table("cast", dy, dtype=dt)
         dx = out_like(s.x._shape, dt, dev)
@@ -472,8 +477,8 @@ def _gpu_backward(c, saved, grads, dy):
         with scratch(dev, max(ws_bytes, 1)) as (ws, ws_size):
             # NOTE: BackwardData must run before BackwardWeights (it leaves what the latter reads in the reserve).
             L.cudnnRNNBackwardData_v8(h, plan.desc, s.dev_lengths._ptr, yd, y._ptr, dy._ptr, xd, dx._ptr,
-                                      plan.h_desc, s.hx._ptr, None if dhy is None else dhy._ptr, dhx._ptr,
-                                      plan.c_desc, None if s.cx is None else s.cx._ptr,
+                                      h_desc, s.hx._ptr, None if dhy is None else dhy._ptr, dhx._ptr,
+                                      c_desc, None if s.cx is None else s.cx._ptr,
                                       None if dcy is None else dcy._ptr, None if dcx is None else dcx._ptr,
                                       plan.wbytes, w._ptr, ws_size, ws, rs_bytes, reserve._ptr)
             dparams = None
@@ -481,7 +486,7 @@ def _gpu_backward(c, saved, grads, dy):
                 dws = out_like((max(plan.wbytes, 1),), np.uint8, dev)
                 memset(dws._ptr, 0, plan.wbytes, current_stream(dev))  # NOTE: the weight gradient is ADDed into
                 L.cudnnRNNBackwardWeights_v8(h, plan.desc, cudnn.CUDNN_WGRAD_MODE_ADD, s.dev_lengths._ptr, xd,
-                                             s.x._ptr, plan.h_desc, s.hx._ptr, yd, y._ptr, plan.wbytes, dws._ptr,
+                                             s.x._ptr, h_desc, s.hx._ptr, yd, y._ptr, plan.wbytes, dws._ptr,
                                              ws_size, ws, rs_bytes, reserve._ptr)
                 dparams = _weights_out(plan, dws, s.params)
     except CudnnError as exc:
