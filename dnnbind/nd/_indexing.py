@@ -388,7 +388,6 @@ def one_hot(indices, depth, on_value=1.0, off_value=0.0, dtype="float32"):
     """Composite: expand_dims(indices, -1) == arange(depth), scaled to on/off values. Float indices truncate toward
     zero (MXNet casts them; 1.7 marks 1) and are compared in float64 (a float16 arange cannot count past 2048; NaN
     marks nothing, where a cast to an integer would give 0 on the GPU). An index outside [0, depth) marks nothing."""
-    from ._creation import arange
     indices = as_array("one_hot", "indices", indices)
     depth = int_arg("one_hot", "depth", depth)
     if depth < 0:
@@ -399,12 +398,28 @@ def one_hot(indices, depth, on_value=1.0, off_value=0.0, dtype="float32"):
         indices = call("trunc", call("cast", indices, dtype=np.dtype(np.float64)))
     elif indices.dtype not in (np.int32, np.int64):
         indices = call("cast", indices, dtype=np.dtype(np.int64))
-    classes = arange(depth, ctx=indices.device, dtype=indices.dtype)
+    classes = _classes(depth, indices.dtype, indices.device)
     hit = call("equal", indices.reshape(indices.shape + (1,)), classes)
     hit = hit.astype(dtype) if np.dtype(dtype) != hit.dtype else hit
     if on_value == 1.0 and off_value == 0.0:
         return hit
     return hit * (float(on_value) - float(off_value)) + float(off_value)
+
+
+_CLASSES: dict = {}  # (depth, dtype, device) -> 0..depth-1 on the device, never written
+
+
+def _classes(depth: int, dtype, device):
+    """one_hot's class ids, uploaded once per (depth, dtype, device): a copy from the host at every call would
+    stop a hybridized Block that one-hot encodes its input (a language model) from being recorded."""
+    key = (depth, dtype, device)
+    classes = _CLASSES.get(key)
+    if classes is None:
+        from ._creation import arange
+        if len(_CLASSES) >= 64:
+            _CLASSES.clear()
+        classes = _CLASSES[key] = arange(depth, ctx=device, dtype=dtype)
+    return classes
 
 
 def pick(data, index, axis=-1, keepdims=False, mode="clip"):
