@@ -28,6 +28,7 @@ elemwise_div elemwise_mul elemwise_sub erf exp expand_dims expm1 fix flip floor 
 log1p log2 log_softmax max mean min nanprod nansum negative norm one_hot ones_like pick prod radians rcbrt
 reciprocal relu repeat reshape_like reverse rint round rsqrt shape_array sigmoid sign sin sinh size_array slice
 slice_axis slice_like softmax softmin softsign sort split sqrt square squeeze stack sum swapaxes take tan tanh
+_rnn_param_concat
 tile topk transpose trunc where zeros_like add_n hard_sigmoid
 _copy _zeros _ones _full _arange _plus_scalar _minus_scalar _rminus_scalar _mul_scalar _div_scalar _rdiv_scalar
 _power_scalar _rpower_scalar _maximum_scalar _minimum_scalar _mod_scalar _rmod_scalar _equal_scalar

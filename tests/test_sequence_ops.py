@@ -15,6 +15,8 @@ import dnnbind
 from dnnbind import autograd, nd
 from dnnbind import symbol as sym
 from dnnbind.ops.opdef import DEFS, Call, Grads
+from dnnbind.ops.defs import sequence as seqdef
+from dnnbind.ops.reference import sequence as ref
 from tests._helpers import assert_close
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "mxnet_sequence", "sequence.npz")
@@ -127,14 +129,77 @@ def test_lengths_and_the_flag_must_agree():
     ("SequenceMask", [-1, 1], r"sequence_length\[0\] is -1.0, but each length must be >= 0"),
     ("SequenceReverse", [1, np.nan], r"sequence_length\[1\] is nan, not a number of steps"),
 ])
-@pytest.mark.parametrize("ctx", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
-def test_lengths_out_of_range_are_refused(op, lengths, message, ctx, request):
+def test_lengths_out_of_range_are_refused_on_the_cpu(op, lengths, message):
     """Where MXNet reads or writes outside the data (SequenceLast's 0 or > T, SequenceReverse's > T, a negative
-    length anywhere), the call is refused on either backend, naming the op, the value and the shapes."""
-    device = dnnbind.cpu() if ctx == "cpu" else request.getfixturevalue("gpu")
+    length anywhere), the cpu backend refuses the call, naming the op, the value and the shapes (the gpu clamps:
+    see test_gpu_clamps_out_of_range_lengths)."""
     with pytest.raises(ValueError, match=rf"{op}: {message} \(data \(3, 2, 4\), axis 0: T = 3 steps, B = 2 "
                                          rf"sequences; sequence_length \(2,\)\)"):
-        getattr(nd, op)(_x().to(device), nd.array(lengths, ctx=device), use_sequence_length=True)
+        getattr(nd, op)(_x(), nd.array(lengths), use_sequence_length=True)
+
+
+_OUT_OF_RANGE = [[-1.0, 9.0], [np.nan, 2.5], [0.0, -np.inf], [np.inf, 3.0], [4.0, 0.0]]
+
+
+def _clamped_twin(op, x, lengths, dy, axis):
+    """The twin on the lengths the gpu lowering makes of out-of-range ones (ref.clamp_lengths)."""
+    t = x.shape[axis]
+    lo = 1 if op == "SequenceLast" else 0
+    n = ref.clamp_lengths(lengths, t, lo)
+    if op == "SequenceMask":
+        return ref.sequence_mask(x, n, -7.0, axis), ref.sequence_mask_backward(dy, n, axis)
+    if op == "SequenceLast":
+        return ref.sequence_last(x, n, axis), ref.sequence_last_backward(dy, n, axis, x.shape)
+    return ref.sequence_reverse(x, n), ref.sequence_reverse(dy, n)
+
+
+def _run_gpu_lowering(name, arrays, params, dy, dtype="float64"):
+    """The gpu lowering's forward and backward run through the table's ops on whatever device the arrays are on."""
+    d = DEFS[name]
+    p = nd.REGISTRY[name].schema.parse(params)
+    xs = [arrays[0], arrays[1] if len(arrays) > 1 else None]
+    c = Call(d.prepare(p, *xs), p, xs[0].device, True)
+    y, saved = d.gpu.forward(c, *xs)
+    dx = d.gpu.backward(c, saved, Grads((True, False), (None, None), True), dy)[0]
+    return y, dx
+
+
+@pytest.mark.parametrize("op", ["SequenceMask", "SequenceLast", "SequenceReverse"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gpu_lowering_clamps_out_of_range_lengths_on_cpu_arrays(op, axis):
+    """The gpu lowering cannot refuse a length without reading it back: it clamps (NaN as 0, then [0, T], [1, T] for
+    SequenceLast), which is the twin applied to ref.clamp_lengths' lengths."""
+    if op == "SequenceReverse" and axis == 1:
+        return
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 2, 4) if axis == 0 else (2, 3, 4))
+    params = {"use_sequence_length": True, "axis": axis, **({"value": -7.0} if op == "SequenceMask" else {})}
+    for lengths in _OUT_OF_RANGE:
+        dy = rng.standard_normal((2, 4) if op == "SequenceLast" else x.shape)
+        y, dx = _run_gpu_lowering(op, [nd.array(x, dtype="float64"), nd.array(lengths, dtype="float64")], params,
+                                  nd.array(dy, dtype="float64"))
+        y_ref, dx_ref = _clamped_twin(op, x, np.array(lengths), dy, axis)
+        assert_close(y, y_ref, rtol=0, atol=0, name=f"{op} axis {axis} lengths {lengths}")
+        assert_close(dx, dx_ref, rtol=0, atol=0, name=f"{op} axis {axis} lengths {lengths} gradient")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["SequenceMask", "SequenceLast", "SequenceReverse"])
+def test_gpu_clamps_out_of_range_lengths(gpu, op):
+    """On the device, out-of-range lengths are clamped, not refused (no host copy), as documented."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 2, 4))
+    params = {"value": -7.0} if op == "SequenceMask" else {}
+    for lengths in _OUT_OF_RANGE:
+        xa = nd.array(x, ctx=gpu, dtype="float64")
+        xa.attach_grad()
+        dy = rng.standard_normal((2, 4) if op == "SequenceLast" else x.shape)
+        with autograd.record():
+            y = getattr(nd, op)(xa, nd.array(lengths, ctx=gpu, dtype="float32"), use_sequence_length=True, **params)
+        y.backward(nd.array(dy, ctx=gpu, dtype="float64"))
+        y_ref, dx_ref = _clamped_twin(op, x, np.array(lengths, np.float32), dy, 0)
+        assert_close(y, y_ref, rtol=0, atol=0, name=f"{op} lengths {lengths}")
+        assert_close(xa.grad, dx_ref, rtol=0, atol=0, name=f"{op} lengths {lengths} gradient")
 
 
 def test_what_mxnet_computes_soundly_is_kept():
@@ -194,3 +259,60 @@ def test_gpu_float16_and_int_lengths(gpu, dtype):
             out[ctx.kind] = (y.numpy(), xa.grad.numpy())
         assert_close(out["gpu"][0], out["cpu"][0], rtol=0, atol=0, name=f"{op} {dtype}")
         assert_close(out["gpu"][1], out["cpu"][1], rtol=0, atol=0, name=f"{op} {dtype} gradient")
+
+
+@pytest.mark.parametrize("name", ["SequenceMask", "SequenceLast", "SequenceReverse"])
+def test_gpu_lowering_reads_no_lengths_back_and_uploads_its_steps_once(name, monkeypatch):
+    """No host copy inside the gpu lowering (NDArray.numpy/asnumpy refused while it runs, on cpu arrays where the
+    table's ops need neither), and the arange(T)/arange(B) it compares with are uploaded once per (n, dtype, device),
+    then served from the cache."""
+    from dnnbind.runtime.array import NDArray
+    seqdef._STEPS.clear()
+    uploads = []
+    real_array = seqdef.array
+    monkeypatch.setattr(seqdef, "array", lambda *a, **k: uploads.append(a[0].shape) or real_array(*a, **k))
+
+    def refuse(self, *a, **k):
+        raise AssertionError("the gpu lowering copied an array to the host")
+    x = np.random.default_rng(7).standard_normal((5, 3, 2))
+    arrays = [nd.array(x, dtype="float64"), nd.array([2.0, 5, 1])]
+    dy = nd.array(np.ones((3, 2) if name == "SequenceLast" else x.shape), dtype="float64")
+    with monkeypatch.context() as m:
+        m.setattr(NDArray, "numpy", refuse)
+        m.setattr(NDArray, "asnumpy", refuse)
+        for _ in range(3):
+            _run_gpu_lowering(name, arrays, {"use_sequence_length": True}, dy)
+    assert len(uploads) == len(set(uploads)) and uploads, uploads  # each arange once, however many calls
+    assert all(k[1] == np.float64 for k in seqdef._STEPS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("axis", [0, 1])
+def test_sequence_mask_in_a_hybridized_block_replays(gpu, axis):
+    """SequenceMask with lengths runs on the device only, so a hybridized Block records it and replays it (a CUDA
+    graph), with the values of the eager call; the gradient as well."""
+    from dnnbind import gluon
+
+    class Masked(gluon.HybridBlock):
+        def hybrid_forward(self, F, x, lengths):
+            return F.SequenceMask(x, lengths, use_sequence_length=True, value=-3.0, axis=axis)
+
+    eager, block = Masked(), Masked()
+    block.hybridize()
+    rng = np.random.default_rng(8)
+    shape = (6, 4, 5) if axis == 0 else (4, 6, 5)
+    for step in range(5):
+        x = rng.standard_normal(shape).astype(np.float32)
+        lengths = rng.integers(0, 8, 4).astype(np.float32)  # 7 > T: clamped, as the eager gpu call does
+        got = []
+        for net in (eager, block):
+            xa = nd.array(x, ctx=gpu)
+            xa.attach_grad()
+            with autograd.record():
+                y = net(xa, nd.array(lengths, ctx=gpu))
+            y.backward(nd.ones(shape, ctx=gpu) * 2)
+            got.append((y.asnumpy(), xa.grad.asnumpy()))
+        assert_close(got[1][0], got[0][0], rtol=0, atol=0, name=f"step {step}")
+        assert_close(got[1][1], got[0][1], rtol=0, atol=0, name=f"step {step} gradient")
+        assert_close(got[0][0], ref.sequence_mask(x, ref.clamp_lengths(lengths, 6), -3.0, axis), rtol=0, atol=0)
+    assert block._cached.replays >= 2 and not block._cached.eager_reasons, block._cached.eager_reasons

@@ -4,6 +4,8 @@ Module checkpoint, two hand-written legacy files) run in dnnbind and give MXNet'
 
 from __future__ import annotations
 
+import json
+
 import pathlib
 
 import numpy as np
@@ -150,7 +152,17 @@ def test_bad_uses_are_refused_naming_the_problem():
         gluon.SymbolBlock(sym.Activation(d, act_type="relu"), sym.var("label"))
     with pytest.raises(DnnbindTypeError, match="inputs must be variables"):
         gluon.SymbolBlock(sym.Activation(d, act_type="relu"), sym.Activation(d, act_type="relu"))
-    with pytest.raises(UnsupportedFeature, match="operators dnnbind cannot run yet: CTCLoss"):
-        gluon.SymbolBlock(sym.CTCLoss(d, sym.var("label")), [d, sym.var("label")])
+    # an operator dnnbind cannot run (MXNet's "Custom", a Python operator): a symbol file naming it is refused at
+    # load, naming the node and the operator; a graph holding it is refused by SymbolBlock, naming them too
+    doc = json.loads(sym.Activation(d, act_type="relu", name="act").tojson())
+    for node in doc["nodes"]:
+        if node["op"] == "Activation":
+            node["op"], node["attrs"] = "Custom", {"op_type": "mine"}
+    with pytest.raises(DnnbindValueError, match="node 'act' uses operator 'Custom', which dnnbind does not"):
+        sym.load_json(json.dumps(doc))
+    custom = sym.Activation(d, act_type="relu", name="act")
+    next(n for n in custom._topo() if n.op == "Activation").op = "Custom"
+    with pytest.raises(UnsupportedFeature, match=r"operators dnnbind cannot run yet: Custom \(node 'act'\)"):
+        gluon.SymbolBlock(custom, d)
     with pytest.raises(DnnbindValueError, match="1 input\\(s\\) expected"):
         _tiny_block()(nd.ones((2, 3), ctx=CPU), nd.ones((2, 3), ctx=CPU))

@@ -576,3 +576,36 @@ _TABLE.update({
     "cudnnRNNBackwardWeights_v8": (STATUS, [vp, vp, i32, vp, vp, vp, vp, vp, vp, vp, size_t, vp, size_t, vp,
                                             size_t, vp]),
 })
+
+# --- CTC loss (the CTCLoss operator, ops/defs/ctc_loss.py), cudnn_adv.h / cudnn_graph.h / cudnn_ops.h of the
+# nvidia-cudnn wheel (9.28). The _v8 loss and workspace calls take labels and lengths in device memory (so they
+# neither synchronize nor refuse a CUDA graph); the descriptor is set with _v9 (cudnnSetCTCLossDescriptor_v8 is
+# deprecated in 9 and takes a cudnnNanPropagation_t where _v9 takes a cudnnCTCGradMode_t). ----------------------
+# cudnnLossNormalizationMode_t. SOFTMAX: the input is unnormalized activations and the gradient is w.r.t. them
+CUDNN_LOSS_NORMALIZATION_NONE, CUDNN_LOSS_NORMALIZATION_SOFTMAX = 0, 1
+# cudnnCTCGradMode_t (cudnn_graph.h): what the gradient of a sample with no alignment (L + repeats > T) is
+CUDNN_CTC_ZERO_OOB_GRADIENTS, CUDNN_CTC_SKIP_OOB_GRADIENTS = 0, 1
+# cudnnCTCLossAlgo_t (cudnn_ops.h)
+CUDNN_CTC_LOSS_ALGO_DETERMINISTIC, CUDNN_CTC_LOSS_ALGO_NON_DETERMINISTIC = 0, 1
+
+_TABLE.update({
+    # cudnnStatus_t cudnnCreateCTCLossDescriptor(cudnnCTCLossDescriptor_t *ctcLossDesc)
+    "cudnnCreateCTCLossDescriptor": (STATUS, [P(vp)]),
+    # cudnnStatus_t cudnnDestroyCTCLossDescriptor(cudnnCTCLossDescriptor_t ctcLossDesc)
+    "cudnnDestroyCTCLossDescriptor": (STATUS, [vp]),
+    # cudnnStatus_t cudnnSetCTCLossDescriptor_v9(cudnnCTCLossDescriptor_t ctcLossDesc, cudnnDataType_t compType,
+    #     cudnnLossNormalizationMode_t normMode, cudnnCTCGradMode_t ctcGradMode, int maxLabelLength)
+    "cudnnSetCTCLossDescriptor_v9": (STATUS, [vp, i32, i32, i32, i32]),
+    # cudnnStatus_t cudnnGetCTCLossWorkspaceSize_v8(cudnnHandle_t handle, cudnnCTCLossAlgo_t algo,
+    #     cudnnCTCLossDescriptor_t ctcLossDesc, const cudnnTensorDescriptor_t probsDesc,
+    #     const cudnnTensorDescriptor_t gradientsDesc, size_t *sizeInBytes)
+    "cudnnGetCTCLossWorkspaceSize_v8": (STATUS, [vp, i32, vp, vp, vp, P(size_t)]),
+    # cudnnStatus_t cudnnCTCLoss_v8(cudnnHandle_t handle, cudnnCTCLossAlgo_t algo, cudnnCTCLossDescriptor_t ctcLossDesc,
+    #     const cudnnTensorDescriptor_t probsDesc, const void *probs, const int labels[] (device),
+    #     const int labelLengths[] (device), const int inputLengths[] (device), void *costs,
+    #     const cudnnTensorDescriptor_t gradientsDesc, void *gradients, size_t workSpaceSizeInBytes,
+    #     void *workspace)
+    # NOTE: labels are the sequences' labels concatenated (packed, as cudnnCTCLoss's host labels), values in
+    # [1, A - 1]: class 0 is the blank.
+    "cudnnCTCLoss_v8": (STATUS, [vp, i32, vp, vp, vp, vp, vp, vp, vp, vp, vp, size_t, vp]),
+})

@@ -5,7 +5,7 @@ Layer: gluon; imports nd, runtime, gluon._loss_base.
 MXNet 1.x (python/mxnet/gluon/loss.py at v1.9.x) is the specification, output shapes included: TripletLoss
 sums over all but the batch axis before its margin; PoissonNLLLoss returns the mean over everything (shape
 (1,)); CosineEmbeddingLoss returns (N, 1); CTCLoss returns (N,). All are nd ops, so they have gradients and run
-on the arrays' device; CTC runs its forward recursion as one small group of ops per time step.
+on the arrays' device; CTC is the CTCLoss operator (cuDNN's CTC on a GPU), as MXNet's Gluon calls F.CTCLoss.
 """
 
 from __future__ import annotations
@@ -92,29 +92,6 @@ class CosineEmbeddingLoss(Loss):
         return self._weighting(loss, sample_weight)
 
 
-_NEG = -1e30  # log(0) stand-in: finite, so max-shifted sums and their gradients stay free of inf - inf
-
-
-def _host_ints(v, what: str, n: int) -> np.ndarray:
-    a = v.numpy() if isinstance(v, NDArray) else np.asarray(v)
-    if a.size != n:
-        raise DnnbindValueError(f"CTCLoss: {what} must have one entry per sample ({n}), got shape {a.shape}")
-    a = a.reshape(n)
-    if a.dtype.kind == "f" and not np.array_equal(a, np.round(a)):
-        raise DnnbindValueError(f"CTCLoss: {what} must hold whole numbers, got {a}")
-    return a.astype(np.int64)
-
-
-def _logsumexp(*xs: NDArray) -> NDArray:
-    m = xs[0]
-    for x in xs[1:]:
-        m = nd.maximum(m, x)
-    total = nd.exp(xs[0] - m)
-    for x in xs[1:]:
-        total = total + nd.exp(x - m)
-    return m + nd.log(total)
-
-
 class CTCLoss(Loss):
     """Connectionist Temporal Classification: -log p(label | pred) per sample, shape (N,).
 
@@ -133,85 +110,33 @@ class CTCLoss(Loss):
         super().__init__(weight, label_layout.find("N"), prefix=prefix, params=params)
         self._layout, self._label_layout = layout, label_layout
 
-    def _plan(self, label, n: int, t: int, c: int, pred_lengths, label_lengths):
-        """Host-side tables from the labels: extended label (blanks between), skip mask, lengths."""
-        lab = label.numpy() if isinstance(label, NDArray) else np.asarray(label)
-        if lab.ndim != 2:
-            raise DnnbindValueError(f"CTCLoss: label must be 2-D ({self._label_layout}), got shape {lab.shape}")
-        if self._label_layout == "TN":
-            lab = lab.T
-        if lab.shape[0] != n:
-            raise DnnbindValueError(f"CTCLoss: label shape {lab.shape} ({self._label_layout}) has {lab.shape[0]} samples "
-                             f"but pred has {n}")
-        lmax = lab.shape[1]
-        if lmax > t:
-            raise DnnbindValueError(f"CTCLoss: labels of length {lmax} cannot fit in {t} time steps of pred")
-        lab = lab.astype(np.int64)
-        if label_lengths is None:
-            pad = lab == -1
-            lens = np.where(pad.any(axis=1), pad.argmax(axis=1), lmax)
-        else:
-            lens = _host_ints(label_lengths, "label_lengths", n)
-        steps = np.full(n, t) if pred_lengths is None else _host_ints(pred_lengths, "pred_lengths", n)
-        if lens.min(initial=0) < 0 or lens.max(initial=0) > lmax:
-            raise DnnbindValueError(f"CTCLoss: label_lengths must be in 0..{lmax}, got {lens}")
-        if steps.min() < 1 or steps.max() > t:
-            raise DnnbindValueError(f"CTCLoss: pred_lengths must be in 1..{t}, got {steps}")
-        valid = np.arange(lmax)[None, :] < lens[:, None]
-        if ((lab < 0) | (lab > c - 2))[valid].any():
-            raise DnnbindValueError(f"CTCLoss: label ids must be in 0..{c - 2} (class {c - 1} is the blank), got "
-                             f"{np.unique(lab[valid]).tolist()}")
-        blank = c - 1
-        ext = np.full((n, 2 * lmax + 1), blank, np.int64)
-        ext[:, 1::2] = np.where(valid, lab, blank)
-        skip = np.zeros(ext.shape, bool)
-        skip[:, 3::2] = (ext[:, 3::2] != ext[:, 1:-2:2]) & valid[:, 1:]
-        repeats = ((lab[:, 1:] == lab[:, :-1]) & valid[:, 1:]).sum(axis=1)
-        possible = lens + repeats <= steps
-        return ext, skip, lens, steps, possible
-
     def forward(self, pred: NDArray, label, pred_lengths=None, label_lengths=None, sample_weight=None) -> NDArray:
+        # MXNet's Gluon CTCLoss is F.CTCLoss with the blank last: the operator (ops/defs/ctc_loss.py) checks the
+        # label values and lengths (on the cpu) and runs cuDNN's CTC on a GPU without reading anything back.
         _check_pred("CTCLoss", pred)
         if pred.ndim != 3:
             raise DnnbindValueError(f"CTCLoss: pred must be 3-D ({self._layout}), got shape {pred.shape}")
-        if self._layout == "TNC":
+        if self._layout == "NTC":
             pred = nd.swapaxes(pred, 0, 1)
-        n, t, c = pred.shape
+        t, n, c = pred.shape
         if c < 2:
-            raise DnnbindValueError(f"CTCLoss: pred needs at least 2 classes (labels and the blank), got shape {pred.shape}")
-        ext, skip, lens, steps, possible = self._plan(label, n, t, c, pred_lengths, label_lengths)
-        s = ext.shape[1]
-
-        def const(a) -> NDArray:
-            return array(np.asarray(a, dtype=pred.dtype), device=pred.device)
-
-        # log p(extended label s at time t): (T, N, S), by a batched product with the one-hot extended labels.
-        onehot = np.zeros((n, s, c), pred.dtype)
-        np.put_along_axis(onehot, ext[:, :, None], 1.0, axis=2)
-        logp = nd.swapaxes(nd.batch_dot(nd.log_softmax(pred, axis=-1), const(onehot), transpose_b=True), 0, 1)
-
-        neg = {k: const(np.full((n, k), _NEG)) for k in (1, 2)}
-        no_skip = const(np.where(skip, 0.0, _NEG))
-
-        def shifted(a: NDArray, k: int) -> NDArray:  # alpha[s - k], log(0) below s = k
-            if s <= k:
-                return const(np.full((n, s), _NEG))
-            return nd.concat(neg[k], nd.slice_axis(a, axis=1, begin=0, end=s - k), dim=1)
-
-        start = np.full((n, s), _NEG)
-        start[:, :2] = 0.0
-        alpha = logp[0] + const(start)
-        for step in range(1, t):
-            new = _logsumexp(alpha, shifted(alpha, 1), shifted(alpha, 2) + no_skip) + logp[step]
-            if (steps > step).all():
-                alpha = new
-            else:  # samples past their last step keep their alpha (a select: blending would cancel -1e30s)
-                alpha = nd.where(const(np.broadcast_to((steps > step)[:, None], (n, s))), new, alpha)
-        last = nd.pick(alpha, const(2 * lens), axis=1)
-        before = nd.pick(alpha, const(np.maximum(2 * lens - 1, 0)), axis=1) + const(np.where(lens > 0, 0.0, _NEG))
-        loss = -_logsumexp(last, before)
-        if not possible.all():
-            loss = loss * const(possible)
+            raise DnnbindValueError(f"CTCLoss: pred needs at least 2 classes (labels and the blank), got shape "
+                                    f"{pred.shape}")
+        label = label if isinstance(label, NDArray) else array(np.asarray(label), device=pred.device)
+        if label.ndim != 2:
+            raise DnnbindValueError(f"CTCLoss: label must be 2-D ({self._label_layout}), got shape {label.shape}")
+        if self._label_layout == "TN":
+            label = nd.swapaxes(label, 0, 1)
+        if label.shape[0] != n:
+            raise DnnbindValueError(f"CTCLoss: label shape {label.shape} ({self._label_layout}) has {label.shape[0]} "
+                                    f"samples but pred has {n}")
+        if label.shape[1] > t:
+            raise DnnbindValueError(f"CTCLoss: labels of length {label.shape[1]} cannot fit in {t} time steps of "
+                                    f"pred")
+        lengths = [v if v is None or isinstance(v, NDArray) else array(np.asarray(v), device=pred.device)
+                   for v in (pred_lengths, label_lengths)]
+        loss = nd.CTCLoss(pred, label, lengths[0], lengths[1], use_data_lengths=pred_lengths is not None,
+                          use_label_lengths=label_lengths is not None, blank_label="last")
         return self._weighting(loss, sample_weight)
 
     def __repr__(self) -> str:

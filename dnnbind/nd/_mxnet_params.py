@@ -438,6 +438,11 @@ DECLARED = {
         ('scalar', 'double, optional, default=1'),
         ('is_int', 'boolean, optional, default=1'),
     ),
+    '_rnn_param_concat': (
+        ('data', 'NDArray-or-Symbol[]'),
+        ('num_args', 'int, required'),
+        ('dim', "int, optional, default='1'"),
+    ),
     '_rpower_scalar': (
         ('data', 'NDArray-or-Symbol'),
         ('scalar', 'double, optional, default=1'),
@@ -939,6 +944,7 @@ ALIASES = {
     '_npi_minimum': 'broadcast_minimum',
     '_npi_minimum_scalar': '_minimum_scalar',
     '_npi_random_randint': '_random_randint',
+    '_npi_rnn_param_concat': '_rnn_param_concat',
     '_npi_shuffle': '_shuffle',
     '_npi_slice': 'slice',
     '_npi_sort': 'sort',
@@ -1068,6 +1074,7 @@ ALIASES = {
 VAR_ARGS = {
     'Concat': 'num_args',
     'UpSampling': 'num_args',
+    '_rnn_param_concat': 'num_args',
     'add_n': 'num_args',
     'stack': 'num_args',
 }

@@ -376,6 +376,15 @@ composite("broadcast_axis", broadcast_axis, nd=("broadcast_axis", "broadcast_axe
 composite("stack", stack)
 composite("split", split, nd=("split", "SliceChannel"))
 composite("tile", tile)
+
+
+def rnn_param_concat(*data, num_args=None, dim=1):
+    """MXNet's ``_rnn_param_concat``: what an exported Gluon RNN layer writes to join its parameters into the fused
+    operator's vector; Concat, whose inputs' deferred shapes MXNet infers from the RNN node."""
+    return call("concat", *data, dim=dim)
+
+
+composite("_rnn_param_concat", rnn_param_concat, nd=())
 composite("repeat", repeat)
 
 

@@ -308,3 +308,27 @@ def rnn(mode: str, dtype, math: str, input_size: int, hidden: int, proj: int, la
 def rnn_data(dtype, max_len: int, batch: int, vector: int, lengths: tuple) -> RNNDataDesc:
     key = ("rd", dtype, max_len, batch, vector, lengths)
     return _cache.get(key) or _insert(key, lambda: RNNDataDesc(dtype, max_len, batch, vector, lengths))
+
+
+# --- CTC loss (ops/defs/ctc_loss.py) ---------------------------------------------------------------------------
+
+class CTCLossDesc(_Descriptor):
+    """float32 compute, softmax applied inside (the input is unnormalized activations and the gradient is w.r.t.
+    them), a zero gradient for a sample with no alignment, labels up to ``max_label`` long."""
+    _create, _destroy = "cudnnCreateCTCLossDescriptor", "cudnnDestroyCTCLossDescriptor"
+    __slots__ = ()
+
+    def __init__(self, max_label: int):
+        super().__init__()
+        L.cudnnSetCTCLossDescriptor_v9(self, cudnn.CUDNN_DATA_FLOAT, cudnn.CUDNN_LOSS_NORMALIZATION_SOFTMAX,
+                                       cudnn.CUDNN_CTC_ZERO_OOB_GRADIENTS, int(max_label))
+
+
+def ctc_loss(max_label: int) -> CTCLossDesc:
+    key = ("ctc", max_label)
+    return _cache.get(key) or _insert(key, lambda: CTCLossDesc(max_label))
+
+
+def ctc_tensor(shape3: tuple) -> StateTensorDesc:
+    """The (T, N, A) float32 activations and gradients: a packed 3-D descriptor, as the RNN states'."""
+    return rnn_state(tuple(shape3), np.float32)

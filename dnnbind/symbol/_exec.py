@@ -14,6 +14,7 @@ from typing import Callable
 from .. import nd
 from .._lib.errors import DnnbindValueError
 from ..features import UnsupportedFeature
+from . import _infer
 from ._graph import Node, Symbol
 
 __all__ = ["check", "evaluate", "OPS"]
@@ -43,9 +44,20 @@ def _given(node: Node) -> dict:
     return {k: v for k, v in node.params.items() if k in node.attrs}
 
 
+def _open_shapes(symbol: Symbol, values: dict) -> dict:
+    """{id(node): its shape} for the creation nodes whose ``shape`` has unknown (0) dims (an exported RNN layer's
+    ``_zeros`` begin state of batch 0): filled in by shape inference from the values' shapes, as MXNet binds them."""
+    open_nodes = [n for n in symbol._topo() if n.op in _infer.SHAPED and 0 in tuple(n.params.get("shape") or ())]
+    if not open_nodes:
+        return {}
+    shapes, _ = _infer.node_shapes(symbol, {k: v.shape for k, v in values.items()})
+    return {id(n): shapes.get((id(n), 0)) for n in open_nodes}
+
+
 def evaluate(symbol: Symbol, values: dict) -> list:
     """Run ``symbol`` on ``values`` (variable name -> NDArray); returns its outputs in order."""
     results: dict[int, list] = {}
+    filled = _open_shapes(symbol, values)
     for n in symbol._topo():
         if n.op is None:
             if n.name not in values:
@@ -56,6 +68,12 @@ def evaluate(symbol: Symbol, values: dict) -> list:
         if fn is None:
             check(symbol)
         inputs = [results[id(src)][i] for src, i in n.inputs]
-        out = fn(inputs, _given(n), n)
+        given = _given(n)
+        if id(n) in filled:
+            if filled[id(n)] is None or 0 in filled[id(n)]:
+                raise DnnbindValueError(f"evaluate: node {n.name!r} ({n.op}) has shape {n.params['shape']} with "
+                                        f"unknown dims that no operator using it determines")
+            given["shape"] = filled[id(n)]
+        out = fn(inputs, given, n)
         results[id(n)] = list(out) if isinstance(out, (list, tuple)) else [out]
     return [results[id(n)][i] for n, i in symbol._outputs]

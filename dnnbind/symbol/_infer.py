@@ -103,7 +103,7 @@ RULES = {
 
 # Operators with no inputs whose output shape is their ``shape`` parameter (MXNet's creation and random nodes;
 # ``_arange`` is run instead, its length is arithmetic on its parameters).
-_SHAPED = frozenset(["_zeros", "_ones", "_full", "_random_uniform", "_random_normal", "_random_randint"])
+SHAPED = frozenset(["_zeros", "_ones", "_full", "_random_uniform", "_random_normal", "_random_randint"])
 
 
 def _shape_param(p, shapes):
@@ -133,6 +133,23 @@ def _known(shape) -> bool:
 def infer_shapes(symbol: Symbol, given: dict, partial: bool):
     """(arg shapes, output shapes, aux shapes), in list_arguments/list_outputs/list_auxiliary_states order, with
     None where a shape stays unknown (``partial``) — or (None, None, None) when anything does and not partial."""
+    shapes, nodes = node_shapes(symbol, given)
+    aux = symbol._aux_nodes()
+    args = [shapes.get((id(n), 0)) for n in nodes if n.op is None and id(n) not in aux]
+    auxs = [shapes.get((id(n), 0)) for n in nodes if n.op is None and id(n) in aux]
+    outs = [shapes.get((id(n), i)) for n, i in symbol._outputs]
+    if not partial and any(not _known(s) for s in args + auxs + outs):
+        return None, None, None
+    if partial:
+        fix = lambda s: s if s is not None else ()  # noqa: E731  (MXNet's partial answer: () for unknown)
+        return [fix(s) for s in args], [fix(s) for s in outs], [fix(s) for s in auxs]
+    return args, outs, auxs
+
+
+def node_shapes(symbol: Symbol, given: dict):
+    """({(id(node), output index): shape} for every entry inference reaches, the nodes in order). A creation
+    node's unknown dims (an exported RNN layer's begin state, ``_zeros`` of batch 0) are filled in from the
+    operator that consumes it, as MXNet's backward shape inference fills them."""
     shapes: dict[tuple[int, int], tuple] = {}
     nodes = symbol._topo()
     var_shape = {}
@@ -155,7 +172,7 @@ def infer_shapes(symbol: Symbol, given: dict, partial: bool):
         fills = d is not None or rule in _FILLS  # an OpDef's rule fills in its learned inputs from the data
         if ins and (not _known(ins[0]) or (not fills and not all(_known(s) for s in ins))):
             continue  # not yet: a later call with more shapes given may get further
-        if not ins and n.op in _SHAPED:  # a creation node (_zeros, _random_uniform): its shape parameter
+        if not ins and n.op in SHAPED:  # a creation node (_zeros, _random_uniform): its shape parameter
             rule = _shape_param
         try:
             if rule is not None:
@@ -172,17 +189,9 @@ def infer_shapes(symbol: Symbol, given: dict, partial: bool):
             if have is None or not _known(have):
                 shapes[(id(src), i)] = tuple(want)
         for i, s in enumerate(outs[:n.num_outputs]):
-            shapes[(id(n), i)] = tuple(s)
-    aux = symbol._aux_nodes()
-    args = [shapes.get((id(n), 0)) for n in nodes if n.op is None and id(n) not in aux]
-    auxs = [shapes.get((id(n), 0)) for n in nodes if n.op is None and id(n) in aux]
-    outs = [shapes.get((id(n), i)) for n, i in symbol._outputs]
-    if not partial and any(not _known(s) for s in args + auxs + outs):
-        return None, None, None
-    if partial:
-        fix = lambda s: s if s is not None else ()  # noqa: E731  (MXNet's partial answer: () for unknown)
-        return [fix(s) for s in args], [fix(s) for s in outs], [fix(s) for s in auxs]
-    return args, outs, auxs
+            if (id(n), i) not in shapes or not _known(shapes[(id(n), i)]):
+                shapes[(id(n), i)] = tuple(s)
+    return shapes, nodes
 
 
 def _elementwise(p, types, n_out):

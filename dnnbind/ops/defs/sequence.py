@@ -7,22 +7,37 @@ optional ``sequence_length`` input of B lengths (``use_sequence_length``):
   as in MXNet).
 
 Lengths are any numeric array; float lengths are truncated toward zero, as MXNet's ``static_cast<int>``. MXNet
-checks no length against T: where its kernels would read or write outside the data, the call is refused here,
-naming the op, the argument, the value and the shapes. What MXNet computes soundly is kept: a mask length of 0
-masks the whole sequence, one past T masks nothing, a reverse length of 0 leaves the sequence as it is. Refused:
-negative or non-finite lengths (all three), SequenceLast lengths outside [1, T] (MXNet returns memory before the
-data for 0), SequenceReverse lengths past T (MXNet corrupts the heap).
+checks no length against T. What it computes soundly is kept on both backends: a mask length of 0 masks the whole
+sequence, one past T masks nothing, a reverse length of 0 leaves the sequence as it is. Where its kernels would read
+or write outside the data the two backends differ, because only the host can refuse:
+
+- cpu (the lengths are host values already, so checking them costs nothing): the call is refused, naming the op,
+  the argument, the value and the shapes. Refused: negative or non-finite lengths (all three), SequenceLast lengths
+  outside [1, T] (MXNet returns memory before the data for 0), SequenceReverse lengths past T (MXNet corrupts the
+  heap). These are calls with no right answer to match, so the backend that can say so does.
+- gpu: the lengths are never read back (that would synchronize the stream and keep the op out of a hybridized
+  Block's CUDA graph), so out-of-range lengths are *clamped*: a NaN length counts as 0, then each length is clamped
+  to [0, T] (SequenceLast: [1, T], so a length of 0 takes step 0). SequenceMask needs no clamp: a negative length
+  masks everything, as 0 does, one past T nothing. The clamped result is what the cpu twin gives for the clamped
+  lengths (``ref.clamp_lengths``), and for in-range lengths both backends agree exactly.
 
 The gradient goes to the data only; ``sequence_length`` takes none (``nograd``). SequenceLast's gradient without
 lengths goes to step T - 1, the derivative of its forward (MXNet 1.9.1's backward reads an uninitialized length
 buffer there: wrong values, or a crash).
 
-cpu: the numpy twin (ops/reference/sequence.py). gpu: each op is a gather of whole (d0 * d1) rows of the data seen
-as (rows, rest): the table's ``take`` (composed through ``ops.opdef.table``), with one extra row of ``value``
-(SequenceMask) or zeros (the SequenceMask and SequenceLast backwards) that the masked rows read. The row indices
-are computed on the host from the lengths, which are read back there first: checking them against T needs their
-values, and B numbers are one small copy (so a call with lengths synchronizes with the device, and cannot be
-captured in a CUDA graph).
+cpu: the numpy twin (ops/reference/sequence.py). gpu: compositions of the table's ops (``ops.opdef.table``), every
+index computed on the device from the lengths cast to float64 (exact integers) and the step and sequence numbers
+``arange(T)``/``arange(B)``, uploaded once per (n, dtype, device) and cached:
+
+- SequenceMask: ``where(arange(T) < trunc(lengths), data, value)``, the (T, B) condition broadcast over the rest;
+  the backward is ``where(condition, dy, 0)``.
+- SequenceLast: ``take`` of the rows (last * B + b, or b * T + last for axis 1) of the data seen as (d0 * d1, rest),
+  last = clip(trunc(lengths), 1, T) - 1; the backward is ``where(arange(T) == last, dy spread along T, 0)``.
+- SequenceReverse: ``take`` of the rows src * B + b, src = t < n ? n - 1 - t : t; the backward is the same
+  gather of dy (the permutation is its own inverse).
+
+So a call with lengths makes a handful of small kernel launches and no host copy: a hybridized Block records it
+(``unroll(..., valid_length=...)``, an attention mask).
 """
 
 from __future__ import annotations
@@ -32,9 +47,11 @@ import math
 import numpy as np
 
 from ..._lib.errors import DnnbindTypeError, DnnbindValueError
-from ...runtime.array import array, full, zeros
+from ...runtime.array import NDArray, array, zeros
 from ..opdef import Lowering, OpDef, define, table, view
 from ..reference import sequence as ref
+
+_F64 = np.dtype(np.float64)
 
 
 class Geometry:
@@ -165,66 +182,118 @@ def _cpu_reverse_backward(c, n, grads, dy):
     return ref.sequence_reverse(dy, n), None
 
 
-# gpu: gathers of whole rows ---------------------------------------------------------------------------------------
+# gpu: compositions of table ops, all on the device ------------------------------------------------------------------
+#
+# No length is read back: the lengths become float64 step numbers on the device (exact for any integer length up to
+# 2**53, and comparable with the cached step and sequence numbers below), and every index is computed from them by
+# element-wise ops, so a call makes no host copy and a hybridized Block records it like any other op.
 
-def _row(g: Geometry, t, b):
-    """The row of (step t, sequence b) in the data seen as (d0 * d1, rest)."""
-    return t * g.b + b if g.axis == 0 else b * g.t + t
+_STEPS: dict = {}  # (n, dtype, device) -> arange(n) on that device: uploaded once, never per call
 
 
-def _gather(src, n: int, rows: np.ndarray, shape: tuple, pad=None):
-    """``src`` seen as (n, rest) rows, the given rows of it, as ``shape``; ``pad`` (a value) appends one row of it,
-    which the index ``n`` reads."""
-    if math.prod(shape) == 0:
-        return zeros(shape, src._dtype, src._device)
+def _arange(n: int, device) -> NDArray:
+    """0 .. n-1 as float64 on ``device``, uploaded the first time it is asked for and cached. The cache is never
+    trimmed: an entry is n * 8 bytes, there is one per distinct T or B a program uses, and a recording (hybridize)
+    may hold its pointer for as long as it lives."""
+    key = (n, _F64, device)
+    a = _STEPS.get(key)
+    if a is None:
+        a = _STEPS[key] = array(np.arange(n, dtype=_F64), device=device)
+    return a
+
+
+def _steps(lengths, lo: int, t: int) -> NDArray:
+    """The lengths as float64 on their device: truncated toward zero, NaN counted as 0, clamped to [lo, t]."""
+    n = table("cast", lengths, dtype="float64")
+    if lengths._dtype.kind == "f":
+        n = table("trunc", n)
+        n = table("where", table("equal", n, n), n, 0.0)  # NaN != NaN: a NaN length becomes 0
+    return table("clip", n, a_min=float(lo), a_max=float(t))
+
+
+def _broadcastable(m: NDArray, ndim: int) -> NDArray:
+    """A (d0, d1) array seen as (d0, d1, 1, ...) against data of rank ``ndim``."""
+    return view(m, m._shape + (1,) * (ndim - 2))
+
+
+def _take_rows(src: NDArray, rows: NDArray, shape: tuple) -> NDArray:
+    """``src`` (data-shaped) seen as (d0 * d1, rest) rows, the rows at the float64 indices ``rows``, as ``shape``."""
+    n = src._shape[0] * src._shape[1]
     flat = view(src, (n, src.size // n))
-    if pad is not None:
-        flat = table("concat", flat, full((1, flat._shape[1]), pad, src._dtype, src._device), dim=0)
-    idx = array(np.ascontiguousarray(rows, np.int64).reshape(-1), device=src._device)
-    return view(table("take", flat, idx, axis=0, mode="clip"), shape)
+    return view(table("take", flat, view(rows, (rows.size,)), axis=0, mode="clip"), shape)
 
 
 def _gpu_mask_forward(c, x, lengths):
     g = c.geo
-    n = _lengths(g, lengths)
-    if n is None:  # nothing to mask: a copy, as MXNet's output is its own array
+    if lengths is None or x.size == 0:  # nothing to mask: a copy, as MXNet's output is its own array
         return x.copy(), None
-    t, b = np.meshgrid(np.arange(g.t), np.arange(g.b), indexing="ij")
-    rows = np.where(t >= n[None, :], g.rows(), _row(g, t, b))  # (T, B): a masked step reads the pad row
-    order = rows if g.axis == 0 else rows.T  # in the data's own row order
-    return _gather(x, g.rows(), order, g.shape, pad=c.p["value"]), order
+    # keep[t, b] = t < length[b]: NaN compares false (all masked, as a length of 0); no clamp is needed
+    n = table("trunc", table("cast", lengths, dtype="float64")) if lengths._dtype.kind == "f" else \
+        table("cast", lengths, dtype="float64")
+    steps = _arange(g.t, x._device)
+    if g.axis == 0:
+        keep = table("lesser", view(steps, (g.t, 1)), view(n, (1, g.b)))
+    else:
+        keep = table("lesser", view(steps, (1, g.t)), view(n, (g.b, 1)))
+    keep = _broadcastable(keep, len(g.shape))
+    return table("where", keep, x, c.p["value"]), keep
 
 
-def _gpu_mask_backward(c, order, grads, dy):
-    if order is None:
+def _gpu_mask_backward(c, keep, grads, dy):
+    if keep is None:
         return dy.copy(), None
-    return _gather(dy, c.geo.rows(), order, c.geo.shape, pad=0), None
+    return table("where", keep, dy, 0.0), None
 
 
 def _gpu_last_forward(c, x, lengths):
     g = c.geo
-    n = _lengths(g, lengths)
-    last = (np.full(g.b, g.t - 1, np.int64) if n is None else n - 1)
-    rows = _row(g, last, np.arange(g.b))
-    return _gather(x, g.rows(), rows, g.out_shape), rows
+    if x.size == 0:
+        return zeros(g.out_shape, x._dtype, x._device), None
+    seqs = _arange(g.b, x._device)
+    if lengths is None:
+        last = table("add", table("multiply", seqs, 0.0), float(g.t - 1))  # (B,) of T - 1, made on the device
+    else:
+        last = table("subtract", _steps(lengths, 1, g.t), 1.0)
+    rows = (table("add", table("multiply", last, float(g.b)), seqs) if g.axis == 0
+            else table("add", table("multiply", seqs, float(g.t)), last))
+    return _take_rows(x, rows, g.out_shape), last
 
 
-def _gpu_last_backward(c, rows, grads, dy):
+def _gpu_last_backward(c, last, grads, dy):
     g = c.geo
-    inverse = np.full(g.rows(), g.b, np.int64)  # every row reads dy's zero pad row but the last steps
-    inverse[rows] = np.arange(g.b)
-    return _gather(dy, g.b, inverse, g.shape, pad=0), None
+    if last is None:
+        return zeros(g.shape, dy._dtype, dy._device), None
+    steps = _arange(g.t, dy._device)
+    rest = g.shape[2:]
+    if g.axis == 0:  # hit[t, b] = (t == last[b]); dy (B, ...) spread along the steps, kept where hit
+        hit = table("equal", view(steps, (g.t, 1)), view(last, (1, g.b)))
+        spread = view(dy, (1, g.b, *rest))
+    else:
+        hit = table("equal", view(steps, (1, g.t)), view(last, (g.b, 1)))
+        spread = view(dy, (g.b, 1, *rest))
+    return table("where", _broadcastable(hit, len(g.shape)), spread, 0.0), None
 
 
 def _gpu_reverse_forward(c, x, lengths):
     g = c.geo
-    n = _lengths(g, lengths)
-    rows = _row(g, ref.reverse_sources(n, g.t, g.b), np.arange(g.b)[None, :])  # (T, B) in the data's order
-    return _gather(x, g.rows(), rows, g.shape), rows
+    if x.size == 0:
+        return x.copy(), None
+    steps, seqs = view(_arange(g.t, x._device), (g.t, 1)), view(_arange(g.b, x._device), (1, g.b))
+    if lengths is None:  # source step T - 1 - t for every sequence
+        src = table("add", table("multiply", steps, -1.0), float(g.t - 1))
+    else:  # src = t < n ? n - 1 - t : t, written t + (t < n) * (n - 1 - 2t) (every term finite and exact)
+        n = view(_steps(lengths, 0, g.t), (1, g.b))
+        inside = table("lesser", steps, n)
+        src = table("add", steps, table("multiply", inside,
+                                        table("subtract", table("subtract", n, 1.0), table("multiply", steps, 2.0))))
+    rows = table("add", table("multiply", src, float(g.b)), seqs)  # (T, B): row src * B + b of the data
+    return _take_rows(x, rows, g.shape), rows
 
 
 def _gpu_reverse_backward(c, rows, grads, dy):
-    return _gather(dy, c.geo.rows(), rows, c.geo.shape), None  # the permutation is its own inverse
+    if rows is None:
+        return dy.copy(), None
+    return _take_rows(dy, rows, c.geo.shape), None  # the permutation is its own inverse
 
 
 # samples: axis 0 and 1, with and without lengths, one sequence, float and edge lengths ----------------------------

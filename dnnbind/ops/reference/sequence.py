@@ -66,3 +66,11 @@ def sequence_reverse(x: np.ndarray, lengths) -> np.ndarray:
     """Each sequence's first ``length`` steps in reverse order along axis 0 (a length of 0 changes nothing)."""
     t, b = x.shape[:2]
     return np.ascontiguousarray(x[reverse_sources(lengths, t, b), np.arange(b)[None, :]])
+
+
+def clamp_lengths(lengths, t: int, lo: int = 0) -> np.ndarray:
+    """What the GPU lowering makes of any lengths (it cannot refuse them without a host copy): truncated toward
+    zero, NaN counted as 0, clamped to [lo, t]. The twin's functions applied to these give the GPU's results."""
+    n = np.asarray(lengths, np.float64)
+    n = np.where(np.isnan(n), 0, np.trunc(n))
+    return np.clip(n, lo, t).astype(np.int64)
