@@ -211,3 +211,24 @@ def test_gpu_ctc_in_a_hybridized_block_replays(gpu):
         assert_close(got[1][0], got[0][0], rtol=1e-6, atol=1e-6, name=f"step {step}")
         assert_close(got[1][1], got[0][1], rtol=1e-6, atol=1e-6, name=f"step {step} gradient")
     assert block._cached.replays >= 2 and not block._cached.eager_reasons, block._cached.eager_reasons
+
+
+def test_the_gpu_path_for_empty_labels_on_cpu_arrays_matches_the_twin():
+    """cuDNN's CTC gives an empty label cost 0; the GPU lowering sets its loss and gradient itself, with table ops
+    (checked here on cpu arrays): the blank at every step, -sum log softmax[blank], softmax - onehot(blank)."""
+    from dnnbind.ops.reference.ctc import ctc_loss
+    rng = np.random.default_rng(5)
+    t, n, a = 6, 3, 4
+    x = rng.standard_normal((t, n, a)).astype(np.float32)
+    lengths = np.array([6.0, 4.0, 5.0])
+    labels = [[], [2, 3], []]
+    want_loss, want_grad = ctc_loss(x.astype(np.float64), labels, lengths, blank=0)
+    steps_in = nd.array((np.arange(t)[:, None] < lengths[None, :]).astype(np.float64), dtype="float64")
+    loss, grad = ctcdef._empty_labels(nd.array(x), nd.array([0.0, 2.0, 0.0], dtype="float64"),
+                                      nd.array(lengths, dtype="float64"), steps_in,
+                                      nd.array(np.full(n, -7.0, np.float32)), nd.array(np.full((t, n, a), 9.0, np.float32)))
+    loss, grad = loss.numpy(), grad.numpy()
+    for i in (0, 2):  # the empty labels take the twin's values, the other sequence keeps what it had
+        assert_close(loss[i], want_loss[i], rtol=1e-5, atol=1e-5, name=f"loss {i}")
+        assert_close(grad[:, i], want_grad[:, i], rtol=1e-5, atol=1e-6, name=f"gradient {i}")
+    assert loss[1] == -7.0 and (grad[:, 1] == 9.0).all()

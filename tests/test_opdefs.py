@@ -118,6 +118,11 @@ def test_bad_arguments_are_refused_before_running(name):
                 getattr(nd, name)(**x, **given)
 
 
+# Operators whose library computes in float32 whatever the data's type: float64 data is cast for the call and the
+# result back, so the GPU matches the float64 twin to float32's precision only.
+GPU_FLOAT32_ONLY = {"CTCLoss"}  # cudnnCTCLoss_v8 takes float32 only
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("train", [True, False], ids=["train", "predict"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -139,7 +144,7 @@ def test_gpu_lowering_matches_the_twin(name, i, dtype, train, gpu):
         # every output, and every input after the call (an auxiliary state the op updates in place)
         results[ctx.kind] = ([o.numpy() for o in outs] + [v.numpy() for v in xs.values()],
                              [v.grad.numpy() if d.cpu.backward is not None else None for v in xs.values()])
-    tol = 2e-5 if dtype == "float32" else 1e-10
+    tol = 2e-5 if dtype == "float32" or name in GPU_FLOAT32_ONLY else 1e-10
     for k, (g, c) in enumerate(zip(*(results[kind][0] for kind in ("gpu", "cpu")))):
         assert_close(g, c, rtol=tol, atol=tol, name=f"{name} forward, output or updated input {k}")
     for k, (g, c) in enumerate(zip(results["gpu"][1], results["cpu"][1])):

@@ -288,15 +288,34 @@ def _gpu_forward(c, data, label, data_lengths=None, label_lengths=None):
     loss = table("where", fits, costs, 0.0)
     loss = table("where", empty_label, float("inf"), loss)
     # no gradient past each sequence's steps, nor for a sequence cuDNN was not given
-    live = table("logical_and", table("lesser", view(_arange(t, data._device), (t, 1)), view(n_data, (1, n))),
-                 view(ok, (1, n)))
+    steps_in = table("lesser", view(_arange(t, data._device), (t, 1)), view(n_data, (1, n)))  # (T, N)
+    live = table("logical_and", steps_in, view(ok, (1, n)))
     grad = table("where", view(live, (t, n, 1)), grad, 0.0)
+    if t * n * a:
+        loss, grad = _empty_labels(x, n_lab, n_data, steps_in, loss, grad)
     if g.blank != 0:  # rotate the gradient back: class 0 (the blank) to A - 1
         grad = table("concat", table("slice_axis", grad, axis=2, begin=1, end=a),
                      table("slice_axis", grad, axis=2, begin=0, end=1), dim=2)
     if g.dtype != np.float32:
         loss = table("cast", loss, dtype=g.dtype.name)
     return loss, grad
+
+
+def _empty_labels(x, n_lab, n_data, steps_in, loss, grad):
+    """An empty label over some steps: cuDNN's CTC gives it cost 0, but its one alignment is the blank at every
+    step, so the loss is -sum_t log softmax(x_t)[blank] and the gradient softmax(x_t) - onehot(blank) (the blank
+    is class 0 here, after the rotation). Composed of table ops and merged in where the label is empty."""
+    t, n, a = x._shape
+    m = table("max", x, axis=2, keepdims=True)
+    lse = table("add", table("log", table("sum", table("exp", table("subtract", x, m)), axis=2, keepdims=True)), m)
+    blank_lp = view(table("subtract", table("slice_axis", x, axis=2, begin=0, end=1), lse), (t, n))
+    empty_loss = table("negative", table("sum", table("where", steps_in, blank_lp, 0.0), axis=0))
+    onehot = table("cast", table("equal", view(_arange(a, x._device), (1, 1, a)), 0.0), dtype="float32")
+    empty_grad = table("subtract", table("exp", table("subtract", x, lse)), onehot)
+    is_empty = table("logical_and", table("equal", n_lab, 0.0), table("greater", n_data, 0.0))  # (N,)
+    loss = table("where", is_empty, table("cast", empty_loss, dtype=loss._dtype.name), loss)
+    empty_grad = table("where", view(steps_in, (t, n, 1)), empty_grad, 0.0)  # nothing past its steps
+    return loss, table("where", view(is_empty, (1, n, 1)), empty_grad, grad)
 
 
 def _gpu_backward(c, grad, grads, dy):
