@@ -9,7 +9,7 @@ the public names (``dir()``) of MXNet's namespaces and Gluon classes.
 2. ``collect_params()`` is keyed by full names with MXNet's global per-class counters; save_parameters writes
    structural paths (each path of a shared Parameter); both kinds of MXNet file load.
 3. An MXNet name dnnbind lacks raises UnsupportedFeature (NotImplementedError and AttributeError) naming the
-   feature, by every path (``mx.gluon.model_zoo``, ``net.optimize_for``, ``mx.gluon.nn.Conv3D``); a typo a plain
+   feature, by every path (``mx.nd.sparse``, ``net.optimize_for``, ``mx.gluon.nn.Conv3D``); a typo a plain
    AttributeError.
 4. Every layer of ``gluon.nn`` given bad constructor arguments or bad inputs raises ValueError, TypeError or
    NotImplementedError naming the layer, never AttributeError, ZeroDivisionError or a deferred-init RuntimeError.
@@ -263,8 +263,7 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
         mx = dnnbind.install_mxnet_alias()
         from mxnet.gluon import nn
         from dnnbind.mxnet._unsupported import UnsupportedFeature
-        cases = {"mx.gluon.model_zoo": lambda: mx.gluon.model_zoo.vision.resnet18_v1,
-                 "mx.nd.sparse": lambda: mx.nd.sparse.csr_matrix, "mx.recordio": lambda: mx.recordio.MXRecordIO,
+        cases = {"mx.nd.sparse": lambda: mx.nd.sparse.csr_matrix, "mx.profiler": lambda: mx.profiler.set_config,
                  "mx.use_np": lambda: mx.use_np, "nn.Conv3D": lambda: nn.Conv3D, "optimize_for": lambda: nn.Dense(2).optimize_for,
                  "mx.nd.Custom": lambda: mx.nd.Custom, "mx.gluon.contrib": lambda: mx.gluon.contrib.cnn}
         for what, f in cases.items():
@@ -287,8 +286,7 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
-    for what, feature in [("mx.gluon.model_zoo", "mxnet.gluon.model_zoo.vision"),
-                          ("mx.nd.sparse", "mxnet.nd.sparse"), ("mx.recordio", "mxnet.recordio"), ("mx.use_np", "mxnet.use_np"),
+    for what, feature in [("mx.nd.sparse", "mxnet.nd.sparse"), ("mx.profiler", "mxnet.profiler"), ("mx.use_np", "mxnet.use_np"),
                           ("nn.Conv3D", "mxnet.gluon.nn.Conv3D"),
                           ("optimize_for", "mxnet.gluon.HybridBlock.optimize_for"), ("mx.nd.Custom", "mxnet.nd.Custom"),
                           ("mx.gluon.contrib", "mxnet.gluon.contrib.cnn")]:
@@ -301,9 +299,9 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
 
 def test_the_alias_leaves_dnnbinds_namespaces_as_they_were(alias):
     import mxnet
-    assert hasattr(mxnet.gluon, "model_zoo") and not hasattr(mxnet.gluon, "no_such_name")
+    assert hasattr(mxnet.nd, "sparse") and not hasattr(mxnet.gluon, "no_such_name")
     _finder.uninstall_mxnet_alias()
-    assert not hasattr(dnnbind.gluon, "model_zoo") and "__getattr__" not in vars(dnnbind.nd)
+    assert not hasattr(dnnbind.nd, "sparse") and "__getattr__" not in vars(dnnbind.nd)
     with pytest.raises(AttributeError) as err:
         dnnbind.nd.Custom  # noqa: B018
     assert not isinstance(err.value, NotImplementedError)

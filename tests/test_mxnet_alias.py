@@ -252,7 +252,6 @@ def test_random_resolves_to_nd_random_when_it_exists(alias):
     ("visualization.plot_network", "mxnet.visualization"),
     ("rtc.CudaModule", "mxnet.rtc"),
     ("io.ImageRecordIter", "mxnet.io.ImageRecordIter"),
-    ("recordio.MXRecordIO", "mxnet.recordio"),
     ("profiler.set_config", "mxnet.profiler"),
     ("np.zeros", "mxnet.np"),
     ("npx.set_np", "mxnet.npx"),
@@ -273,7 +272,7 @@ def test_unbacked_feature_raises_on_first_use(path, feature):
 def test_unbacked_namespaces_import_and_introspect_quietly(alias):
     import mxnet.contrib.onnx as onnx
     from mxnet.contrib import onnx as onnx2
-    assert onnx2 is onnx and not hasattr(onnx, "__file__") and not hasattr(dmx.recordio, "__all__")
+    assert onnx2 is onnx and not hasattr(onnx, "__file__") and not hasattr(dmx.profiler, "__all__")
     with pytest.raises(NotImplementedError, match="^mxnet.contrib.onnx is not supported by dnnbind yet"):
         onnx.export_model("net-symbol.json")
     # contrib.text is dnnbind's (d2lzh imports it at import time and chapter 10 uses it)
@@ -284,11 +283,9 @@ def test_unbacked_namespaces_import_and_introspect_quietly(alias):
         importlib.import_module("mxnet.contrib.no_such_thing")
     # Unbacked children of backed modules: importable through the alias while dnnbind has no such module.
     from mxnet.gluon import rnn
-    from mxnet.gluon.model_zoo import vision
-    with pytest.raises(NotImplementedError, match=r"^mxnet\.gluon\.model_zoo\.vision is not supported.*resnet18_v1"):
-        vision.resnet18_v1(pretrained=False)
+    from mxnet.gluon.model_zoo import vision  # backed now: dnnbind.gluon.model_zoo (the stand-in no longer serves)
     import mxnet.gluon.model_zoo.vision as vision2
-    assert vision2 is vision
+    assert vision2 is vision and vision is importlib.import_module("dnnbind.gluon.model_zoo.vision")
     if importlib.machinery.PathFinder.find_spec("dnnbind.gluon.rnn", dnnbind.gluon.__path__) is None:
         with pytest.raises(NotImplementedError, match=r"mxnet\.gluon\.rnn .*recurrent layers"):
             rnn.LSTM(10)
@@ -518,18 +515,19 @@ def test_unbacked_names_are_attribute_errors_too_so_introspection_works(alias):
     import pickle
     from dnnbind.mxnet._unsupported import UnsupportedFeature
     # An MXNet name dnnbind lacks names the feature; a name MXNet lacks too (a typo) is a plain AttributeError,
-    # except in a namespace dnnbind does not back at all (mx.recordio), where every name is the feature.
+    # except in a namespace dnnbind does not back at all (mx.profiler), where every name is the feature.
     for mod, mx_name in ((alias.base, "check_call"), (alias.image, "ImageIter"),
-                         (alias.test_utils, "check_numeric_gradient"), (alias.recordio, "no_such_name_here")):
+                         (alias.test_utils, "check_numeric_gradient"), (alias.profiler, "no_such_name_here")):
         for name in (mx_name, "no_such_name_here"):
             assert not hasattr(mod, name)
             assert getattr(mod, name, 7) == 7
         with pytest.raises(NotImplementedError, match="not supported by dnnbind"):
             getattr(mod, mx_name)
-        if mod is not alias.recordio:
+        if mod is not alias.profiler:
             with pytest.raises(AttributeError) as err:
                 getattr(mod, "no_such_name_here")
             assert not isinstance(err.value, NotImplementedError)
     with pytest.raises(UnsupportedFeature):
-        alias.recordio.MXRecordIO
+        alias.profiler.set_config
+    assert alias.recordio.MXRecordIO is importlib.import_module("dnnbind.recordio").MXRecordIO
     assert pickle.whichmodule(math.sqrt, "sqrt") == "math"

@@ -6,7 +6,7 @@ every other dnnbind module lazily, on first attribute access.
 ``mx.optimizer``, ``mx.lr_scheduler``, ``mx.random``, ``mx.kv``/``mx.kvstore``, ``mx.io``, ``mx.sym``, ``mx.model``,
 ``mx.mod``/``mx.module`` and ``mx.callback`` are dnnbind's own modules (see ``_finder.TARGETS``);
 ``mx.context``, ``mx.base``, ``mx.image`` and ``mx.test_utils`` are small modules here; the namespaces dnnbind
-does not back (``mx.recordio``, ``mx.profiler``, ``mx.contrib.text``, ...) import fine and raise
+does not back (``mx.profiler``, ``mx.contrib.onnx``, ...) import fine and raise
 NotImplementedError naming the feature on first use. Any other name MXNet 1.9.1 has (``mx.use_np``, and through
 the alias ``mx.gluon.rnn.LSTM``, ``mx.nd.Custom``, ``mx.gluon.nn.Conv3D``) raises UnsupportedFeature naming it; a name
 MXNet lacks too is a plain AttributeError (see _unsupported.missing). ``mx.img`` and ``mx.rnd`` are ``mx.image``
@@ -28,7 +28,7 @@ __all__ = ["Context", "MXNetError", "cpu", "cpu_pinned", "current_context", "gpu
            "num_gpus", "uninstall_mxnet_alias"]
 
 # Resolved on first access through the same table as `import mxnet.<name>`, so both give the same module.
-_LAZY = frozenset(["nd", "ndarray", "autograd", "gluon", "init", "initializer", "metric", "optimizer",
+_LAZY = frozenset(["recordio", "nd", "ndarray", "autograd", "gluon", "init", "initializer", "metric", "optimizer",
                    "lr_scheduler", "random", "image", "test_utils", "kv", "kvstore", "io", "sym", "symbol",
                    "model", "name", "attribute", "mod", "module", "callback"])
 _ALIASES = {"img": "image", "rnd": "random"}

@@ -47,6 +47,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "mxnet.mod": ("dnnbind.module",),
     "mxnet.module": ("dnnbind.module",),
     "mxnet.callback": ("dnnbind.callback",),
+    "mxnet.recordio": ("dnnbind.recordio",),
     "mxnet.name": ("dnnbind.symbol.name",),
     "mxnet.attribute": ("dnnbind.symbol.attribute",),
     "mxnet.random": ("dnnbind.nd.random", "dnnbind.mxnet.random"),  # the stand-in raises until nd.random exists

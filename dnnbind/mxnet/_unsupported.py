@@ -25,7 +25,6 @@ from ..features import NAMES, PATHS, UnsupportedFeature, missing  # noqa: F401  
 
 # MXNet 1.9's namespaces without a dnnbind implementation (dotted below ``mxnet``), with a hint where useful.
 NAMESPACES: dict[str, str] = {
-    "recordio": "RecordIO files",
     "profiler": "MXNet's profiler; use dnnbind.trace()",
     "np": "MXNet's NumPy interface",
     "npx": "MXNet's NumPy extensions",

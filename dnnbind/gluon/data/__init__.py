@@ -15,10 +15,10 @@ from .dataloader import (
                          default_batchify_fn,
                          stack_numpy,
 )
-from .dataset import ArrayDataset, Dataset, SimpleDataset
+from .dataset import ArrayDataset, Dataset, RecordFileDataset, SimpleDataset
 from .device_loader import DeviceDataLoader
 
 __all__ = [
     "ArrayDataset", "BatchSampler", "DataLoader", "Dataset", "DeviceDataLoader", "DistributedSampler",
-    "RandomSampler", "Sampler", "SequentialSampler", "SimpleDataset", "default_batchify_fn", "stack_numpy", "vision",
+    "RandomSampler", "RecordFileDataset", "Sampler", "SequentialSampler", "SimpleDataset", "default_batchify_fn", "stack_numpy", "vision",
 ]

@@ -149,3 +149,23 @@ class _SubsetDataset(Dataset):
 
     def __getitem__(self, idx: int) -> Any:
         return self._data[int(self._indices[idx])]
+
+
+class RecordFileDataset(Dataset):
+    """The records of a RecordIO file (``filename``, with its index beside it as ``<name>.idx``), as bytes in
+    index order: MXNet's ``gluon.data.RecordFileDataset``. The file is opened once; a copy pickled into a
+    DataLoader worker reopens it there."""
+
+    def __init__(self, filename: str) -> None:
+        import os
+
+        from ...recordio import MXIndexedRecordIO
+        self.idx_file = os.path.splitext(filename)[0] + ".idx"
+        self.filename = filename
+        self._record = MXIndexedRecordIO(self.idx_file, self.filename, "r")
+
+    def __getitem__(self, idx: int) -> bytes:
+        return self._record.read_idx(self._record.keys[idx])
+
+    def __len__(self) -> int:
+        return len(self._record.keys)
