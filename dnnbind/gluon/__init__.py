@@ -15,6 +15,7 @@ _parameter_module.ParameterDict = ParameterDict
 from .trainer import StaleGradientError, Trainer
 from . import rnn  # noqa: E402  (recurrent cells and layers)
 from . import contrib  # noqa: E402  (contrib.rnn: VariationalDropoutCell, LSTMPCell)
+from . import model_zoo  # noqa: E402  (model_zoo.vision: MXNet's 34 reference networks; MXNet imports it too)
 
 try:
     from . import data
@@ -40,6 +41,7 @@ __all__ = [
     "data",
     "loss",
     "metric",
+    "model_zoo",
     "nn",
     "rnn",
     "utils",

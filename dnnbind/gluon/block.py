@@ -76,12 +76,17 @@ class _BlockScope:
         return current._block.prefix + prefix
 
     def __enter__(self):
+        # As MXNet 1.x: a Block made with prefix='' opens no scope of its own; its children are numbered by the
+        # enclosing one (alexnet's features.name_scope() adds dense0, dense1, and the net's output is dense2).
+        if self._block.__dict__.get("_empty_prefix"):
+            return self
         self._old = getattr(_tls, "scope", None)
         _tls.scope = self
         return self
 
     def __exit__(self, *exc):
-        _tls.scope = self._old
+        if not self._block.__dict__.get("_empty_prefix"):
+            _tls.scope = self._old
 
 
 class BlockInputError(DnnbindValueError, TypeError):
@@ -137,6 +142,7 @@ class Block:
     def __init__(self, prefix: str | None = None, params: ParameterDict | None = None):
         object.__setattr__(self, "_children", OrderedDict())
         object.__setattr__(self, "_reg_params", OrderedDict())
+        self._empty_prefix = prefix == ""
         self._prefix = _BlockScope.create(prefix, self._alias())
         self._name = self._prefix.removesuffix("_")
         self._scope = _BlockScope(self)

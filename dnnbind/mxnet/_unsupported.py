@@ -66,8 +66,6 @@ REAL: dict[str, str] = {"contrib.amp": "dnnbind.amp", "contrib.text": "dnnbind.c
 # Unbacked children of modules dnnbind does back (mxnet.gluon.rnn): served only through the alias, when the
 # dnnbind module (dnnbind.gluon.rnn) does not exist; never registered under a dnnbind name.
 CHILDREN: dict[str, str] = {
-    "gluon.model_zoo": "pretrained model definitions",
-    "gluon.model_zoo.vision": "pretrained model definitions",
     "gluon.rnn": "recurrent layers",
     "gluon.contrib": "",
     "gluon.contrib.nn": "",
