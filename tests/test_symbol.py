@@ -152,3 +152,14 @@ def test_mxnets_symbol_files_load_and_write_back_as_mxnet_writes_them(fname):
     else:
         assert s.tojson() == (MODELS / fname).read_text()  # byte for byte
     assert s.list_arguments() and s.list_outputs()
+
+
+def test_parameters_by_position_after_the_inputs_as_mxnets_generated_functions():
+    """``mx.sym.clip(x, 0, 6)``: values after the Symbols are the parameters in MXNet's declared order (the file
+    MXNet 1.9.1 writes for it holds a_min "0", a_max "6"), the same node as by keyword."""
+    from dnnbind import symbol as sym
+    x = sym.var("x")
+    assert sym.clip(x, 0, 6, name="c").tojson() == sym.clip(x, a_min=0, a_max=6, name="c").tojson()
+    assert '"a_max": "6"' in sym.clip(x, 0, 6).tojson()
+    with pytest.raises(TypeError, match="multiple values for argument 'a_min'"):
+        sym.clip(x, 0, 6, a_min=1)

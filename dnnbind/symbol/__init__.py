@@ -43,6 +43,24 @@ def _dtype_name(dtype) -> str:
     return np.dtype(dtype if dtype is not None else np.float32).name
 
 
+def _positional_params(name: str, args: tuple, kwargs: dict):
+    """MXNet's generated operator functions take the inputs, then the parameters in declared order, by position
+    (``mx.sym.clip(x, 0, 6)``): the Symbols up front are inputs, the values after them parameters."""
+    from ..nd._schema import schema
+    k = 0
+    while k < len(args) and isinstance(args[k], Symbol):
+        k += 1
+    names = [p.name for p in schema(name).params]
+    if len(args) - k > len(names):
+        raise TypeError(f"{name}() takes at most {len(names)} parameters after its inputs, got {len(args) - k}")
+    kwargs = dict(kwargs)
+    for pname, value in zip(names, args[k:]):
+        if pname in kwargs:
+            raise TypeError(f"{name}() got multiple values for argument {pname!r}")
+        kwargs[pname] = value
+    return args[:k], kwargs
+
+
 def zeros(shape, dtype=None, **kwargs) -> Symbol:
     """``mx.sym.zeros``: an ``_zeros`` node (no inputs), float32 unless ``dtype`` says otherwise."""
     return make("_zeros", shape=shape, dtype=_dtype_name(dtype), **kwargs)
@@ -66,6 +84,8 @@ def arange(start, stop=None, step=1.0, repeat=1, infer_range=False, name=None, d
 
 def _operator(name: str):
     def create(*args, **kwargs) -> Symbol:
+        if args and not all(isinstance(a, Symbol) for a in args):
+            args, kwargs = _positional_params(name, args, kwargs)
         return make(name, *args, **kwargs)
     create.__name__ = create.__qualname__ = name
     from ..nd._schema import schema
