@@ -45,20 +45,25 @@ def _dtype_name(dtype) -> str:
 
 def _positional_params(name: str, args: tuple, kwargs: dict):
     """MXNet's generated operator functions take the inputs, then the parameters in declared order, by position
-    (``mx.sym.clip(x, 0, 6)``): the Symbols up front are inputs, the values after them parameters."""
+    (``mx.sym.clip(x, 0, 6)``): the first positions are the operator's inputs (Symbols), the rest parameters."""
+    from .._lib.errors import DnnbindTypeError
     from ..nd._schema import schema
-    k = 0
-    while k < len(args) and isinstance(args[k], Symbol):
-        k += 1
-    names = [p.name for p in schema(name).params]
-    if len(args) - k > len(names):
-        raise TypeError(f"{name}() takes at most {len(names)} parameters after its inputs, got {len(args) - k}")
+    sch = schema(name)
+    n_in = len(args) if sch.inputs and sch.inputs[0].variadic else len(sch.inputs)
+    for inp, a in zip(sch.inputs, args[:n_in]):
+        if not isinstance(a, Symbol):
+            raise DnnbindTypeError(f"{name}: Argument {inp.name} must be Symbol instances, but got {a!r} "
+                                   "(positional arguments must be Symbols up to the operator's inputs)")
+    names = [p.name for p in sch.params]
+    rest = args[n_in:]
+    if len(rest) > len(names):
+        raise DnnbindTypeError(f"{name}() takes at most {len(names)} parameters after its inputs, got {len(rest)}")
     kwargs = dict(kwargs)
-    for pname, value in zip(names, args[k:]):
+    for pname, value in zip(names, rest):
         if pname in kwargs:
-            raise TypeError(f"{name}() got multiple values for argument {pname!r}")
+            raise DnnbindTypeError(f"{name}() got multiple values for argument {pname!r}")
         kwargs[pname] = value
-    return args[:k], kwargs
+    return args[:n_in], kwargs
 
 
 def zeros(shape, dtype=None, **kwargs) -> Symbol:
