@@ -145,6 +145,11 @@ def test_device_inputs_on_cpu_arrays_match_the_host_checks(case):
     from dnnbind.ops.reference.ctc import repeats
     assert fits.numpy().tolist() == [float(len(r) + repeats(r) <= s) for r, s in zip(labels, steps)]
     assert np.flatnonzero(fits.numpy() == 0).tolist() == garbage.tolist()  # the fixture's own count of them
+    # what cuDNN is handed: a label it cannot align goes as empty, and the packing skips it, so every other label
+    # starts where the lengths cuDNN reads say it does
+    given, _, _, _ = ctcdef.device_inputs(g, p, args[1], dl, ll, given_only=True)
+    sent = [k + shift for row, s in zip(labels, steps) if len(row) + repeats(row) <= s and s > 0 for k in row]
+    assert given.numpy()[:len(sent)].tolist() == sent
 
 
 # -- gpu: cuDNN against the twin ----------------------------------------------------------------------------------

@@ -199,7 +199,7 @@ def _rounded(x: NDArray) -> NDArray:
     return v
 
 
-def device_inputs(g: Geometry, p, label, data_lengths, label_lengths):
+def device_inputs(g: Geometry, p, label, data_lengths, label_lengths, given_only: bool = False):
     """What cuDNN is given, made by table ops on the arrays' device (so the cpu tests can check it): (labels
     packed end to end in cuDNN's classes (N * L,), label lengths (N,), data lengths (N,), fits (N,): 1 where the
     label can be aligned in its steps), all float64 holding whole numbers; the lengths clamped, the labels clamped
@@ -230,8 +230,15 @@ def device_inputs(g: Geometry, p, label, data_lengths, label_lengths):
     else:
         reps = table("multiply", n_lab, 0.0)
     fits = table("lesser_equal", table("add", n_lab, reps), n_data)
-    packed = _pack(lab, n_lab, n, l_max, dev)
+    # given_only: pack only the labels cuDNN is given (an unalignable one goes as empty), so each label starts
+    # where the lengths cuDNN reads say it does
+    packed = _pack(lab, _given(n_lab, n_data, fits) if given_only else n_lab, n, l_max, dev)
     return packed, n_lab, n_data, fits
+
+
+def _given(n_lab, n_data, fits):
+    """The label lengths cuDNN is given: 0 for a label that cannot be aligned or has no steps."""
+    return table("where", table("logical_and", fits, table("greater", n_data, 0.0)), n_lab, 0.0)
 
 
 def _pack(lab: NDArray, n_lab: NDArray, n: int, l_max: int, dev) -> NDArray:
@@ -257,7 +264,7 @@ def _gpu_forward(c, data, label, data_lengths=None, label_lengths=None):
     g, p = c.geo, c.p
     dl, ll = _route(p, data_lengths, label_lengths)
     t, n, a = g.t, g.n, g.a
-    packed, n_lab, n_data, fits = device_inputs(g, p, label, dl, ll)
+    packed, n_lab, n_data, fits = device_inputs(g, p, label, dl, ll, given_only=True)
     x = data if data._dtype == np.float32 else table("cast", data, dtype="float32")
     if g.blank != 0:  # rotate the alphabet: class A - 1 (the blank) first, as cuDNN's blank is class 0
         x = table("concat", table("slice_axis", x, axis=2, begin=a - 1, end=a),
@@ -265,7 +272,7 @@ def _gpu_forward(c, data, label, data_lengths=None, label_lengths=None):
     # cuDNN is never handed a call it cannot align (its result there is not MXNet's): such a sequence gets an
     # empty label over at least one step, and its loss and gradient are set afterwards
     ok = table("logical_and", fits, table("greater", n_data, 0.0))
-    lab_len = table("where", ok, n_lab, 0.0)
+    lab_len = _given(n_lab, n_data, fits)
     steps = table("maximum", n_data, 1.0)
     as_int = [table("cast", v, dtype="int32") for v in (packed, lab_len, steps)]
     if t * n * a:
