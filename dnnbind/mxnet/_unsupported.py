@@ -34,7 +34,6 @@ NAMESPACES: dict[str, str] = {
     "contrib.onnx": "",
     "contrib.quantization": "",
     "contrib.autograd": "use mxnet.autograd",
-    "contrib.symbol": "",
     "contrib.io": "",
     "contrib.tensorboard": "",
     "rnn": "",
@@ -61,7 +60,7 @@ REAL: dict[str, str] = {"contrib.amp": "dnnbind.amp", "contrib.text": "dnnbind.c
                         "contrib.text.embedding": "dnnbind.contrib.text.embedding",
                         "contrib.text.vocab": "dnnbind.contrib.text.vocab",
                         "contrib.text.utils": "dnnbind.contrib.text.utils",
-                        "contrib.ndarray": "dnnbind.nd.contrib"}
+                        "contrib.ndarray": "dnnbind.nd.contrib", "contrib.symbol": "dnnbind.symbol.contrib"}
 
 # Unbacked children of modules dnnbind does back (mxnet.gluon.rnn): served only through the alias, when the
 # dnnbind module (dnnbind.gluon.rnn) does not exist; never registered under a dnnbind name.

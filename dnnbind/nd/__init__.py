@@ -31,7 +31,7 @@ _set_table(_untaped_call)
 for _d in _DEFS.values():
     lib_op(_d)
 from . import random  # noqa: E402,F401
-from . import contrib  # noqa: E402,F401
+from . import contrib, linalg  # noqa: E402,F401
 
 def _accepted(op: Op) -> tuple:
     """The keywords an nd table function takes: the op's declared parameters, and for a ``func`` op the keyword
@@ -285,4 +285,4 @@ _methods.install(globals())
 
 __all__ = sorted({*_generated, "arange", "array", "empty", "eye", "full", "linspace", "ones", "zeros", "pick_nll",
                   "softmax_ce_per_sample", "waitall", "save", "load", "load_frombuffer", "concatenate", "NDArray",
-                  "random", "contrib", "BatchNormAddRelu"})
+                  "random", "contrib", "linalg", "BatchNormAddRelu"})

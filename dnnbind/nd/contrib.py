@@ -76,3 +76,13 @@ def arange_like(data, start=0.0, step=1.0, repeat=1, ctx=None, axis=None, out=No
     n = int(np.prod(shape, dtype=np.int64))
     result = _array(_values(n, start, step, int(repeat), data.dtype).reshape(shape), device=dev)
     return result if out is None else into(out, result)
+
+
+def __getattr__(name: str):
+    """``nd.contrib.<Op>``: the registry entry MXNet names ``_contrib_<Op>`` (box_nms, ROIAlign, BilinearResize2D,
+    ...), once it has one; each op module that defines such an entry needs no line here."""
+    from . import OPERATORS
+    found = OPERATORS.get("_contrib_" + name)
+    if found is None:
+        raise AttributeError(f"module 'dnnbind.nd.contrib' has no attribute {name!r}")
+    return found[1]

@@ -98,7 +98,18 @@ def _operator(name: str):
     return create
 
 
+def _prefixed(prefix: str, name: str, module: str):
+    """``sym.contrib.<name>`` / ``sym.linalg.<name>``: the operator MXNet names ``prefix + name``."""
+    full = prefix + name
+    if full in DECLARED or full in ALIASES:
+        return _operator(full)
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
 def __getattr__(name: str):
+    if name in ("contrib", "linalg"):
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
     if name in DECLARED or name in ALIASES:
         fn = _operator(name)
         globals()[name] = fn

@@ -1,0 +1,9 @@
+"""``mx.sym.contrib``: MXNet's contrib operators on Symbols (``sym.contrib.box_nms`` is the ``_contrib_box_nms``
+node), for the ones nd/_mxnet_params.py declares."""
+
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    from . import _prefixed
+    return _prefixed("_contrib_", name, __name__)

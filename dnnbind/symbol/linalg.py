@@ -1,0 +1,9 @@
+"""``mx.sym.linalg``: MXNet's linear-algebra operators on Symbols (``sym.linalg.gemm2`` is the ``_linalg_gemm2``
+node), for the ones nd/_mxnet_params.py declares."""
+
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    from . import _prefixed
+    return _prefixed("_linalg_", name, __name__)
