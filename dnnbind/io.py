@@ -28,8 +28,9 @@ on 0 or a float); no data, empty data and 0-d arrays are refused with a message 
 a layout's batch axis is used for counting, shuffling and tiling too (MXNet uses axis 0 for those); a dict passed in
 is not modified (MXNet replaces its values by NDArrays).
 
-MXNet's C++ iterators (ImageRecordIter, MNISTIter, CSVIter, ... and MXDataIter, their wrapper) are not here: reading
-them raises UnsupportedFeature naming them.
+ImageRecordIter and ImageDetRecordIter are Python reimplementations (io_image.py). MXNet's other C++ iterators
+(CSVIter, LibSVMIter, ... and MXDataIter, their wrapper) are not here: reading them raises UnsupportedFeature naming
+them.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from .nd import concat, slice_axis, tile
 from .runtime.array import NDArray
 from .runtime.device import cpu
 
-__all__ = ["DataBatch", "DataDesc", "DataIter", "MNISTIter", "NDArrayIter", "PrefetchingIter", "ResizeIter"]
+__all__ = ["DataBatch", "DataDesc", "DataIter", "ImageDetRecordIter", "ImageRecordIter", "MNISTIter", "NDArrayIter",
+           "PrefetchingIter", "ResizeIter"]
 
 LAST_BATCH_HANDLES = ("pad", "discard", "roll_over")
 
@@ -606,7 +608,11 @@ class MNISTIter(DataIter):
         return 0
 
 
-# MXNet's C++ iterators and its submodules: the first use says dnnbind does not have them.
+# ImageRecordIter and ImageDetRecordIter (C++ in MXNet) are Python here; io_image imports this module's DataIter,
+# so the import sits below the classes it needs.
+from .io_image import ImageDetRecordIter, ImageRecordIter  # noqa: E402
+
+# MXNet's other C++ iterators and its submodules: the first use says dnnbind does not have them.
 _CPP_HINT = ("MXNet's C++ data iterators are not part of dnnbind; use mx.io.NDArrayIter, or a gluon.data Dataset with "
              "gluon.data.DataLoader")
 

@@ -5,7 +5,7 @@ every other dnnbind module lazily, on first attribute access.
 ``mx.nd``/``mx.ndarray``, ``mx.autograd``, ``mx.gluon``, ``mx.init``/``mx.initializer``, ``mx.metric``,
 ``mx.optimizer``, ``mx.lr_scheduler``, ``mx.random``, ``mx.kv``/``mx.kvstore``, ``mx.io``, ``mx.sym``, ``mx.model``,
 ``mx.mod``/``mx.module`` and ``mx.callback`` are dnnbind's own modules (see ``_finder.TARGETS``);
-``mx.context``, ``mx.base``, ``mx.image`` and ``mx.test_utils`` are small modules here; the namespaces dnnbind
+``mx.context``, ``mx.base`` and ``mx.test_utils`` are small modules here; the namespaces dnnbind
 does not back (``mx.profiler``, ``mx.contrib.onnx``, ...) import fine and raise
 NotImplementedError naming the feature on first use. Any other name MXNet 1.9.1 has (``mx.use_np``, and through
 the alias ``mx.gluon.rnn.LSTM``, ``mx.nd.Custom``, ``mx.gluon.nn.Conv3D``) raises UnsupportedFeature naming it; a name

@@ -26,7 +26,7 @@ ALIAS = "mxnet"
 
 # mxnet.<prefix> -> the dnnbind modules that back it, tried in order. The longest matching prefix wins and
 # the rest of the dotted name follows it: mxnet.gluon.data.vision -> dnnbind.gluon.data.vision. Any other
-# mxnet.<name> is dnnbind.mxnet.<name> (context, base, image, test_utils, the unsupported namespaces).
+# mxnet.<name> is dnnbind.mxnet.<name> (context, base, test_utils, the unsupported namespaces).
 TARGETS: dict[str, tuple[str, ...]] = {
     "mxnet": ("dnnbind.mxnet",),
     "mxnet.nd": ("dnnbind.nd",),
@@ -48,6 +48,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "mxnet.module": ("dnnbind.module",),
     "mxnet.callback": ("dnnbind.callback",),
     "mxnet.recordio": ("dnnbind.recordio",),
+    "mxnet.image": ("dnnbind.image",),
     "mxnet.name": ("dnnbind.symbol.name",),
     "mxnet.attribute": ("dnnbind.symbol.attribute",),
     "mxnet.random": ("dnnbind.nd.random", "dnnbind.mxnet.random"),  # the stand-in raises until nd.random exists

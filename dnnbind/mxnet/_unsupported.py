@@ -98,7 +98,7 @@ class UnsupportedModule(types.ModuleType):
 
 
 # dnnbind modules served as MXNet's, which get a __getattr__ from attach() while the alias is installed.
-BACKED = {"dnnbind.gluon": "gluon", "dnnbind.nd": "nd"}
+BACKED = {"dnnbind.gluon": "gluon", "dnnbind.nd": "nd", "dnnbind.image": "image"}
 _attached: dict[str, tuple] = {}  # module name -> (module, the __getattr__ it had or None)
 
 

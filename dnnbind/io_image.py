@@ -1,0 +1,606 @@
+"""MXNet 1.9.1's C++ image iterators in Python: ``mx.io.ImageRecordIter`` and ``mx.io.ImageDetRecordIter``.
+
+Layer: beside gluon (host data pipeline); imports numpy, dnnbind._imagecodec, recordio, image._cv, io and runtime.
+
+What matches MXNet (checked against its output, tests/test_image_record_iter.py):
+
+- parameters, defaults and the augmentation order of ``src/io/image_aug_default.cc`` (resize the shorter edge,
+  affine rotate/shear/scale/aspect, pad, random-resized / random-size / centre-or-random crop, brightness/contrast/
+  saturation, HSL, PCA noise), then mirror and ``(x - mean) * scale / std`` into NCHW RGB of ``dtype``;
+- records in file order when ``shuffle=False``; ``num_parts`` split the file by bytes as dmlc-core's InputSplit
+  does (part k holds the records that start in [k*step, (k+1)*step), step = ceil(size / num_parts) rounded up to
+  4), so parts may hold different record counts;
+- ``round_batch=True``: the last batch wraps around to the first records (``pad`` counts them) and the next epoch
+  starts after the wrapped records, as MXNet's does; labels (batch,) for label_width 1, else (batch, width).
+
+Where it differs on purpose, or cannot match:
+
+- random augmentation draws from numpy, one generator per (seed, epoch, record position), so a run repeats
+  whatever ``preprocess_threads`` is; MXNet's per-thread mt19937 streams cannot be reproduced, and ``shuffle``
+  orders differ from MXNet's too (same seed, same order, here);
+- ``round_batch=False``: the last batch's missing samples are zeros and ``pad`` counts them (MXNet leaves stale
+  memory there and reports pad 0);
+- unknown keywords: MXNet accepts any keyword silently; here they raise a warning naming them, so typos show;
+- pixels come from OpenCV when it imports (MXNet's own decode and resizes), else Pillow + numpy (JPEG within a few
+  levels, resizes within a level or two); ``mean_img`` (a mean image file) is not supported;
+- batches are plain numpy-backed cpu NDArrays: dnnbind has no pinned host allocator yet.
+
+Work runs in ``preprocess_threads`` threads: OpenCV and Pillow decode and resize without the GIL, and numpy's
+elementwise loops drop it too, so threads scale on the decode-heavy part without copying images between
+processes. Up to ``prefetch_buffer`` batches are in flight ahead of the consumer.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import struct
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from . import _imagecodec, recordio
+from ._lib.errors import DnnbindTypeError, DnnbindValueError
+from .image import _cv
+from .io import DataBatch, DataDesc, DataIter
+from .runtime.array import NDArray
+
+__all__ = ["ImageDetRecordIter", "ImageRecordIter"]
+
+# ImageRecordIter's parameters and MXNet's defaults (mx.io.ImageRecordIter.__doc__ of 1.9.1).
+_REC_PARAMS = dict(
+    path_imglist="", path_imgrec="", path_imgidx="", aug_seq="aug_default", label_width=1, data_shape=None,
+    preprocess_threads=4, verbose=True, num_parts=1, part_index=0, device_id=0, shuffle_chunk_size=0,
+    shuffle_chunk_seed=0, seed_aug=None, shuffle=False, seed=0, batch_size=None, round_batch=True,
+    prefetch_buffer=4, ctx="gpu", dtype=None, resize=-1, rand_crop=False, random_resized_crop=False,
+    max_rotate_angle=0, max_aspect_ratio=0.0, min_aspect_ratio=None, max_shear_ratio=0.0, max_crop_size=-1,
+    min_crop_size=-1, max_random_scale=1.0, min_random_scale=1.0, max_random_area=1.0, min_random_area=1.0,
+    max_img_size=1e10, min_img_size=0.0, brightness=0.0, contrast=0.0, saturation=0.0, pca_noise=0.0, random_h=0,
+    random_s=0, random_l=0, rotate=-1, fill_value=255, inter_method=1, pad=0, mirror=False, rand_mirror=False,
+    mean_img="", mean_r=0.0, mean_g=0.0, mean_b=0.0, mean_a=0.0, std_r=1.0, std_g=1.0, std_b=1.0, std_a=1.0,
+    scale=1.0, max_random_contrast=0.0, max_random_illumination=0.0, data_name="data",
+    label_name="softmax_label")
+
+_DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8", "int8")
+_PART = struct.Struct("<II")
+# eigval * eigvec of ImageNet's RGB covariance, rows R, G, B (image_aug_default.cc)
+_PCA = np.array([[55.46 * -0.5675, 4.794 * 0.7192, 1.148 * 0.4009],
+                 [55.46 * -0.5808, 4.794 * -0.0045, 1.148 * -0.8140],
+                 [55.46 * -0.5836, 4.794 * -0.6948, 1.148 * 0.4203]], np.float32)
+
+
+def _parse_args(what: str, defaults: dict, kwargs: dict) -> dict:
+    unknown = sorted(set(kwargs) - set(defaults))
+    if unknown:
+        # NOTE: MXNet's C++ iterators accept (and ignore) any keyword; a warning keeps that but shows typos
+        warnings.warn(f"{what}: unknown parameters {unknown} are ignored (MXNet ignores them silently)",
+                      stacklevel=3)
+    p = dict(defaults)
+    p.update({k: v for k, v in kwargs.items() if k in defaults})
+    for req in ("data_shape", "batch_size"):
+        if p[req] is None:
+            raise DnnbindValueError(f"{what}: Required parameter {req} is not presented")
+    p["data_shape"] = tuple(int(d) for d in p["data_shape"])
+    if len(p["data_shape"]) != 3 or min(p["data_shape"]) <= 0:
+        raise DnnbindValueError(f"{what}: data_shape must be (C, H, W) of positive sizes, got {p['data_shape']}")
+    if p["data_shape"][0] not in (1, 3, 4):
+        raise DnnbindValueError(f"{what}: Invalid output shape {p['data_shape']} (1, 3 or 4 channels)")
+    for name in ("batch_size", "preprocess_threads", "label_width", "num_parts", "prefetch_buffer"):
+        v = p[name]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise DnnbindTypeError(f"{what}: {name} must be an int, got {v!r}")
+    if p["batch_size"] <= 0 or p["preprocess_threads"] < 1 or p["num_parts"] < 1:
+        raise DnnbindValueError(f"{what}: batch_size and num_parts must be >= 1 and preprocess_threads >= 1")
+    if not 0 <= p["part_index"] < p["num_parts"]:
+        raise DnnbindValueError(f"{what}: part_index must be in [0, num_parts={p['num_parts']}), got "
+                                f"{p['part_index']}")
+    dtype = "float32" if p["dtype"] is None else str(np.dtype(p["dtype"])) if p["dtype"] != "bfloat16" else "bf16"
+    if dtype not in _DTYPES:
+        raise DnnbindValueError(f"{what}: dtype must be one of {_DTYPES} (or None), got {p['dtype']!r}")
+    p["dtype"] = dtype
+    if not p["path_imgrec"]:
+        raise DnnbindValueError(f"{what}: path_imgrec must be given")
+    if p.get("mean_img"):
+        raise NotImplementedError(f"{what}: mean_img (a mean image file) is not supported by dnnbind; use "
+                                  "mean_r/mean_g/mean_b")
+    return p
+
+
+# -- reading records by offset -------------------------------------------------------------------------------------
+
+def _record_offsets(path: str, idx_path: str) -> tuple:
+    """(offsets of the records' first parts in file order, file size)."""
+    size = os.path.getsize(path)
+    if idx_path:
+        offs = set()
+        with open(idx_path) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) == 2:
+                    offs.add(int(fields[1]))
+        return sorted(offs), size
+    offs = []
+    with open(path, "rb") as f:
+        pos = 0
+        while pos < size:
+            f.seek(pos)
+            head = f.read(8)
+            if len(head) < 8:
+                raise recordio.RecordIOError(path, pos, "the file ends inside a part header")
+            magic, lrec = _PART.unpack(head)
+            if magic != recordio.MAGIC:
+                raise recordio.RecordIOError(path, pos, f"bad magic number 0x{magic:08x}")
+            cflag, length = lrec >> 29, lrec & ((1 << 29) - 1)
+            if cflag in (0, 1):
+                offs.append(pos)
+            pos += 8 + ((length + 3) & ~3)
+    return offs, size
+
+
+def _part(offsets: list, size: int, part_index: int, num_parts: int) -> list:
+    """dmlc-core's byte partition: the records that start in [k*step, (k+1)*step)."""
+    step = (size + num_parts - 1) // num_parts
+    step = (step + 3) // 4 * 4
+    lo, hi = step * part_index, step * (part_index + 1)
+    return [o for o in offsets if lo <= o < hi]
+
+
+def _read_at(fd: int, path: str, offset: int) -> bytes:
+    """The record whose first part starts at ``offset`` (os.pread: thread-safe, no shared file position)."""
+    parts = []
+    while True:
+        head = os.pread(fd, 8, offset)
+        if len(head) < 8:
+            raise recordio.RecordIOError(path, offset, "truncated part header")
+        magic, lrec = _PART.unpack(head)
+        if magic != recordio.MAGIC:
+            raise recordio.RecordIOError(path, offset, f"bad magic number 0x{magic:08x}")
+        cflag, length = lrec >> 29, lrec & ((1 << 29) - 1)
+        body = os.pread(fd, length, offset + 8)
+        if cflag == 0:
+            return body
+        parts.append(body)
+        if cflag == 3:
+            return recordio._MAGIC_BYTES.join(parts)
+        offset += 8 + ((length + 3) & ~3)
+
+
+# -- the default augmenter of image_aug_default.cc, on OpenCV-layout (BGR) uint8 images ---------------------------
+
+def _interp(code: int, ow: int, oh: int, nw: int, nh: int, rng) -> int:
+    if code == 9:
+        return 2 if nw > ow and nh > oh else 3 if nw < ow and nh < oh else 1
+    if code == 10:
+        return int(rng.integers(0, 5))
+    return code
+
+
+def _augment(img: np.ndarray, p: dict, rng) -> np.ndarray:
+    ds_h, ds_w = p["data_shape"][1], p["data_shape"][2]
+    if p["min_aspect_ratio"] is not None:
+        max_ar, min_ar = p["max_aspect_ratio"], p["min_aspect_ratio"]
+    else:
+        max_ar, min_ar = 1 + p["max_aspect_ratio"], 1 - p["max_aspect_ratio"]
+    res = img
+    if p["resize"] > 0:
+        h, w = res.shape[:2]
+        nh, nw = (p["resize"] * h // w, p["resize"]) if h > w else (p["resize"], p["resize"] * w // h)
+        res = _cv.resize(res, nw, nh, _interp(p["inter_method"], w, h, nw, nh, rng))
+    rrc = p["random_resized_crop"]
+    if (p["max_rotate_angle"] > 0 or p["max_shear_ratio"] > 0 or p["rotate"] > 0 or p["max_random_scale"] != 1
+            or p["min_random_scale"] != 1 or (not rrc and (min_ar != 1 or max_ar != 1))
+            or p["max_img_size"] != 1e10 or p["min_img_size"] != 0):
+        s = rng.random() * p["max_shear_ratio"] * 2 - p["max_shear_ratio"]
+        angle = int(rng.integers(-p["max_rotate_angle"], p["max_rotate_angle"] + 1))
+        if p["rotate"] > 0:
+            angle = p["rotate"]
+        a, b = math.cos(angle / 180.0 * math.pi), math.sin(angle / 180.0 * math.pi)
+        scale = 1.0 if rrc else rng.random() * (p["max_random_scale"] - p["min_random_scale"]) + p["min_random_scale"]
+        ratio = 1.0 if rrc else rng.random() * (max_ar - min_ar) + min_ar
+        hs = 2 * scale / (1 + ratio)
+        ws = ratio * hs
+        h, w = res.shape[:2]
+        new_w = int(max(p["min_img_size"], min(p["max_img_size"], scale * w)))
+        new_h = int(max(p["min_img_size"], min(p["max_img_size"], scale * h)))
+        m = np.array([[hs * a - s * b * ws, hs * b + s * a * ws, 0], [-b * ws, a * ws, 0]], np.float32)
+        m[0, 2] = (new_w - (m[0, 0] * w + m[0, 1] * h)) / 2
+        m[1, 2] = (new_h - (m[1, 0] * w + m[1, 1] * h)) / 2
+        res = _cv.warp_affine(res, m, new_w, new_h, _interp(p["inter_method"], w, h, new_w, new_h, rng),
+                              p["fill_value"])
+    if p["pad"] > 0:
+        k = p["pad"]
+        res = _cv.copy_make_border(res, k, k, k, k, 0, p["fill_value"])
+    cropped = False
+    if rrc:
+        if p["min_random_scale"] != 1 or p["max_random_scale"] != 1 or p["min_crop_size"] != -1 \
+                or p["max_crop_size"] != -1 or p["rand_crop"]:
+            raise DnnbindValueError("Setting random_resized_crop to true conflicts with min_random_scale, "
+                                    "max_random_scale, min_crop_size, max_crop_size, and rand_crop.")
+        if p["max_random_area"] != 1 or p["min_random_area"] != 1 or max_ar != 1 or min_ar != 1:
+            h, w = res.shape[:2]
+            for _ in range(10):
+                target = h * w * rng.uniform(p["min_random_area"], p["max_random_area"])
+                r = rng.uniform(min_ar, max_ar)
+                y_area, x_area = int(round(math.sqrt(target / r))), int(round(math.sqrt(target * r)))
+                if rng.random() > 0.5:
+                    y_area, x_area = x_area, y_area
+                if y_area <= h and x_area <= w:
+                    y0, x0 = int(rng.integers(0, h - y_area + 1)), int(rng.integers(0, w - x_area + 1))
+                    res = _cv.resize(res[y0:y0 + y_area, x0:x0 + x_area], ds_w, ds_h,
+                                     _interp(p["inter_method"], x_area, y_area, ds_w, ds_h, rng))
+                    cropped = True
+                    break
+    elif p["max_crop_size"] != -1 or p["min_crop_size"] != -1:
+        h, w = res.shape[:2]
+        if not (w >= p["max_crop_size"] and h >= p["max_crop_size"] and p["max_crop_size"] >= p["min_crop_size"]):
+            raise DnnbindValueError("input image size smaller than max_crop_size")
+        size = int(rng.integers(p["min_crop_size"], p["max_crop_size"] + 1))
+        y, x = h - size, w - size
+        if p["rand_crop"]:
+            y, x = int(rng.integers(0, y + 1)), int(rng.integers(0, x + 1))
+        else:
+            y, x = y // 2, x // 2
+        res = _cv.resize(res[y:y + size, x:x + size], ds_w, ds_h,
+                         _interp(p["inter_method"], size, size, ds_w, ds_h, rng))
+        cropped = True
+    if not cropped:
+        h, w = res.shape[:2]
+        code = _interp(p["inter_method"], w, h, ds_w, ds_h, rng)
+        if h < ds_h:  # too small: enlarge to the crop first, keeping the aspect (MXNet's float truncation)
+            res = _cv.resize(res, int(np.float32(ds_h) / np.float32(h) * np.float32(w)), ds_h, code)
+        if res.shape[1] < ds_w:
+            h, w = res.shape[:2]
+            res = _cv.resize(res, ds_w, int(np.float32(ds_w) / np.float32(w) * np.float32(h)), code)
+        h, w = res.shape[:2]
+        y, x = h - ds_h, w - ds_w
+        if p["rand_crop"]:
+            y, x = int(rng.integers(0, y + 1)), int(rng.integers(0, x + 1))
+        else:
+            y, x = y // 2, x // 2
+        res = res[y:y + ds_h, x:x + ds_w]
+    if p["brightness"] > 0 or p["contrast"] > 0 or p["saturation"] > 0:
+        ab = 1 + rng.uniform(-p["brightness"], p["brightness"])
+        ac = 1 + rng.uniform(-p["contrast"], p["contrast"])
+        as_ = 1 + rng.uniform(-p["saturation"], p["saturation"])
+        # NOTE: MXNet converts with CV_RGB2GRAY on BGR data (weights swapped); kept for the same pixels
+        coef = np.array([0.299, 0.587, 0.114], np.float32)
+        f = res.astype(np.float32)
+        for i in rng.permutation(3):
+            if i == 0:
+                f = np.clip(np.rint(f * ab), 0, 255)
+            elif i == 1:
+                gray_mean = np.clip(np.rint(f @ coef), 0, 255).mean()
+                f = np.clip(np.rint(f * ac + (1 - ac) * gray_mean), 0, 255)
+            else:
+                gray = np.clip(np.rint(f @ coef), 0, 255)[..., None]
+                f = np.clip(np.rint(f * as_ + gray * (1 - as_)), 0, 255)
+        res = f.astype(np.uint8)
+    if p["random_h"] or p["random_s"] or p["random_l"]:
+        hls = _cv.bgr_to_hls(res).astype(np.int32)
+        r = [(rng.random() + 4 * rng.random()) / 5 for _ in range(3)]  # MXNet's near-gaussian draw
+        dh = int(r[0] * p["random_h"] * 2 - p["random_h"])
+        ds = int(r[1] * p["random_s"] * 2 - p["random_s"])
+        dl = int(r[2] * p["random_l"] * 2 - p["random_l"])
+        hls += np.array([dh, dl, ds], np.int32)
+        res = _cv.hls_to_bgr(np.clip(hls, 0, np.array([180, 255, 255])).astype(np.uint8))
+    if p["pca_noise"] > 0:
+        alpha = rng.normal(0, p["pca_noise"], 3).astype(np.float32)
+        rgb = _PCA @ alpha
+        # MXNet adds the float to an int pixel and truncates; channels are B, G, R here
+        res = np.clip((res.astype(np.int32) + rgb[::-1]).astype(np.int32), 0, 255).astype(np.uint8)
+    return res
+
+
+class ImageRecordIter(DataIter):
+    """``mx.io.ImageRecordIter``: batches of decoded, augmented images from an image RecordIO file (see the
+    module docstring for what matches MXNet)."""
+
+    _WHAT = "ImageRecordIter"
+    _DEFAULTS = _REC_PARAMS
+
+    def __init__(self, **kwargs):
+        p = _parse_args(self._WHAT, self._DEFAULTS, kwargs)
+        super().__init__(p["batch_size"])
+        self._p = p
+        self._init_labels(p)
+        offsets, size = _record_offsets(p["path_imgrec"], p.get("path_imgidx", ""))
+        self._offsets = _part(offsets, size, p["part_index"], p["num_parts"])
+        self._fd = os.open(p["path_imgrec"], os.O_RDONLY)
+        self._pool = ThreadPoolExecutor(max_workers=p["preprocess_threads"], thread_name_prefix="imgrec")
+        self._np_dtype = np.dtype(p["dtype"])
+        c, h, w = p["data_shape"]
+        self.provide_data = [DataDesc(p["data_name"], (self.batch_size, c, h, w), self._np_dtype.type, "NCHW")]
+        self.provide_label = [DataDesc(p["label_name"], self._label_shape(), np.float32, "NCHW")]
+        self._epoch, self._pos, self._overflow, self._state = -1, 0, False, (0, False)
+        self._pending = collections.deque()
+        self._batch = None
+        self.reset()
+
+    # -- labels --
+    def _init_labels(self, p):
+        self._label_map = None
+        if p["path_imglist"]:
+            self._label_map = {}
+            with open(p["path_imglist"]) as f:
+                for line in f:
+                    fields = line.strip().split("\t")
+                    if len(fields) >= 3:
+                        self._label_map[int(float(fields[0]))] = np.array(fields[1:-1], np.float32)
+
+    def _label_shape(self):
+        width = self._p["label_width"]
+        return (self.batch_size,) if width == 1 else (self.batch_size, width)
+
+    def _label(self, header) -> np.ndarray:
+        width = self._p["label_width"]
+        if self._label_map is not None:
+            return self._label_map[header.id]
+        if header.flag > 0:
+            if header.flag != width:
+                raise DnnbindValueError(f"rec file provide {header.flag}-dimensional label but label_width is set "
+                                        f"to {width}")
+            return np.asarray(header.label, np.float32)
+        if width != 1:
+            raise DnnbindValueError("label_width must be 1 unless an imglist is provided or the rec file is packed "
+                                    "with multi dimensional label")
+        return np.array([header.label], np.float32)
+
+    # -- one image --
+    def _decode(self, payload: bytes) -> np.ndarray:
+        c = self._p["data_shape"][0]
+        img = _imagecodec.decode(payload, {1: 0, 3: 1, 4: -1}[c])
+        if img is None:
+            raise DnnbindValueError(f"{self._WHAT}: a record of {self._p['path_imgrec']} is not a decodable image")
+        if img.ndim == 2:
+            img = img[:, :, None]
+        if img.shape[2] != c:
+            raise DnnbindValueError(f"{self._WHAT}: Expected {c} channels, got {img.shape[2]}")
+        return img
+
+    def _load(self, slot: int, pos: int, epoch: int, data: np.ndarray, label: np.ndarray) -> None:
+        p = self._p
+        header, payload = recordio.unpack(_read_at(self._fd, p["path_imgrec"], self._offsets[pos]))
+        label[slot] = self._label(header)
+        key = p["seed_aug"] if p["seed_aug"] is not None else p["seed"]
+        rng = np.random.default_rng([int(key) & 0xFFFFFFFF, epoch, pos])
+        res = _augment(self._decode(payload), p, rng)
+        data[slot] = self._normalize(res, rng)
+
+    def _normalize(self, res: np.ndarray, rng) -> np.ndarray:
+        p = self._p
+        mirrored = (p["rand_mirror"] and rng.random() < 0.5) or p["mirror"]
+        if mirrored:
+            res = res[:, ::-1]
+        chw = np.transpose(res, (2, 0, 1))
+        if chw.shape[0] >= 3:
+            chw = chw[[2, 1, 0, 3][:chw.shape[0]]]  # OpenCV's BGR(A) -> RGB(A)
+        dt = self._np_dtype
+        if dt == np.uint8:
+            return chw
+        mean = np.array([p["mean_r"], p["mean_g"], p["mean_b"], p["mean_a"]], np.float32)
+        std = np.array([p["std_r"], p["std_g"], p["std_b"], p["std_a"]], np.float32)
+        n = chw.shape[0]
+        if dt == np.int8:
+            return np.clip(chw.astype(np.int16) - np.round(mean[:n]).astype(np.int16)[:, None, None], -128, 127)
+        contrast = (rng.random() * p["max_random_contrast"] * 2 - p["max_random_contrast"] + 1) * p["scale"]
+        illum = (rng.random() * p["max_random_illumination"] * 2 - p["max_random_illumination"]) * p["scale"]
+        mult = (np.float32(contrast) / std[:n])[:, None, None]
+        bias = (np.float32(illum) / std[:n])[:, None, None]
+        return (chw.astype(np.float32) - mean[:n, None, None]) * mult + bias
+
+    # -- batches --
+    def _plan(self):
+        """Yield (positions, pad) for the epoch, following MXNet's round_batch rules."""
+        n, bs = len(self._offsets), self.batch_size
+        order = self._order
+        while True:
+            if self._overflow:
+                return
+            take = order[self._pos:self._pos + bs]
+            self._pos += len(take)
+            if not take:
+                return
+            if len(take) == bs:
+                yield take, 0, (self._pos, False)
+                continue
+            pad = bs - len(take)
+            if self._p["round_batch"]:
+                extra = [order[i % n] for i in range(pad)]
+                self._pos = pad % n if n else 0
+                self._overflow = True
+                yield take + extra, pad, (self._pos, True)
+            else:
+                yield take, pad, (self._pos, False)
+            return
+
+    def _submit(self, positions, pad, state):
+        c, h, w = self._p["data_shape"]
+        data = np.zeros((self.batch_size, c, h, w), self._np_dtype)
+        label = np.zeros(self._label_shape(), np.float32)
+        lab2 = label.reshape(self.batch_size, -1)
+        futs = [self._pool.submit(self._load, i, pos, self._epoch, data, lab2) for i, pos in enumerate(positions)]
+        self._pending.append((futs, data, label, pad, state))
+
+    def _fill(self):
+        while len(self._pending) < max(1, self._p["prefetch_buffer"]):
+            nxt = next(self._plan_iter, None)
+            if nxt is None:
+                return
+            self._submit(*nxt)
+
+    def reset(self):
+        for futs, *_ in self._pending:  # drop batches in flight: their buffers are private, just wait them out
+            for f in futs:
+                f.cancel()
+        for futs, *_ in self._pending:
+            for f in futs:
+                if not f.cancelled():
+                    f.exception()
+        self._pending.clear()
+        self._epoch += 1
+        # NOTE: batches are planned ahead, so the cursor to resume from is the last *consumed* batch's
+        pos, overflow = self._state
+        self._overflow = False
+        if overflow:
+            self._pos = pos  # MXNet: the next epoch goes on after the records the wrap used
+        else:
+            self._pos = 0
+            n = len(self._offsets)
+            if self._p["shuffle"]:
+                self._order = np.random.default_rng([int(self._p["seed"]) & 0xFFFFFFFF, self._epoch]) \
+                    .permutation(n).tolist()
+            else:
+                self._order = list(range(n))
+        self._state = (self._pos, False)
+        self._plan_iter = self._plan()
+        self._fill()
+
+    def iter_next(self) -> bool:
+        if not self._pending:
+            self._batch = None
+            return False
+        futs, data, label, pad, self._state = self._pending.popleft()
+        for f in futs:
+            f.result()  # re-raises a worker's error here
+        self._fill()
+        # NOTE: each batch owns fresh buffers, so the NDArrays wrap them without a copy
+        self._batch = (NDArray._from_numpy(data), NDArray._from_numpy(label), pad)
+        return True
+
+    def next(self) -> DataBatch:
+        if not self.iter_next():
+            raise StopIteration
+        return DataBatch(data=[self._batch[0]], label=[self._batch[1]], pad=self._batch[2], index=None,
+                         provide_data=self.provide_data, provide_label=self.provide_label)
+
+    def getdata(self):
+        return [self._batch[0]]
+
+    def getlabel(self):
+        return [self._batch[1]]
+
+    def getpad(self) -> int:
+        return self._batch[2] if self._batch is not None else 0
+
+    def getindex(self):
+        return None
+
+    def close(self):
+        """Stop the workers and close the file (also done when the iterator is collected)."""
+        if getattr(self, "_pool", None) is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001, S110  (interpreter shutdown)
+            pass
+
+
+# ImageDetRecordIter: its parameters and defaults (mx.io.ImageDetRecordIter.__doc__ of 1.9.1).
+_DET_PARAMS = dict(
+    path_imglist="", path_imgrec="./data/imgrec.rec", aug_seq="det_aug_default", label_width=-1, data_shape=None,
+    preprocess_threads=4, verbose=True, num_parts=1, part_index=0, shuffle_chunk_size=0, shuffle_chunk_seed=0,
+    label_pad_width=0, label_pad_value=-1.0, shuffle=False, seed=0, batch_size=None, round_batch=True,
+    prefetch_buffer=4, ctx="gpu", dtype=None, resize=-1, rand_crop_prob=0.0, min_crop_scales=(0.0,),
+    max_crop_scales=(1.0,), min_crop_aspect_ratios=(1.0,), max_crop_aspect_ratios=(1.0,), min_crop_overlaps=(0.0,),
+    max_crop_overlaps=(1.0,), min_crop_sample_coverages=(0.0,), max_crop_sample_coverages=(1.0,),
+    min_crop_object_coverages=(0.0,), max_crop_object_coverages=(1.0,), num_crop_sampler=1, crop_emit_mode="center",
+    emit_overlap_thresh=0.3, max_crop_trials=(25,), rand_pad_prob=0.0, max_pad_scale=1.0, max_random_hue=0,
+    random_hue_prob=0.0, max_random_saturation=0, random_saturation_prob=0.0, max_random_illumination=0,
+    random_illumination_prob=0.0, max_random_contrast=0.0, random_contrast_prob=0.0, rand_mirror_prob=0.0,
+    fill_value=127, inter_method=1, resize_mode="force", mean_img="", mean_r=0.0, mean_g=0.0, mean_b=0.0,
+    mean_a=0.0, std_r=0.0, std_g=0.0, std_b=0.0, std_a=0.0, scale=1.0, data_name="data", label_name="label")
+
+# The random detection augmentations that are not implemented here (each raises when enabled).
+_DET_RANDOM = ("rand_crop_prob", "rand_pad_prob", "random_hue_prob", "random_saturation_prob",
+               "random_illumination_prob", "random_contrast_prob")
+
+
+class ImageDetRecordIter(ImageRecordIter):
+    """``mx.io.ImageDetRecordIter``: images resized to ``data_shape`` (``resize_mode`` 'force'), optional random
+    mirror (``rand_mirror_prob``, boxes flipped), mean/std; labels (batch, max objects, object width) padded with
+    ``label_pad_value``, from records whose label is ``[header_width, object_width, ..., objects...]``. The random
+    crop/pad samplers and the color jitters of the C++ iterator are not implemented (they raise when enabled)."""
+
+    _WHAT = "ImageDetRecordIter"
+    _DEFAULTS = _DET_PARAMS
+
+    def __init__(self, **kwargs):
+        for name in _DET_RANDOM:
+            if kwargs.get(name, 0) > 0:
+                raise NotImplementedError(f"ImageDetRecordIter: {name} > 0 is not supported by dnnbind (only "
+                                          "rand_mirror_prob of its random augmentations); use mx.image.ImageDetIter")
+        if kwargs.get("resize_mode", "force") != "force":
+            raise NotImplementedError("ImageDetRecordIter: only resize_mode='force' is supported by dnnbind")
+        self._det_rows = None
+        super().__init__(**kwargs)
+
+    def _init_labels(self, p):
+        self._label_map = None
+        # MXNet scans the labels once: the padded width is the longest raw label (or label_pad_width)
+        width = 0
+        with recordio.MXRecordIO(p["path_imgrec"], "r") as rec:
+            while True:
+                s = rec.read()
+                if s is None:
+                    break
+                header, _ = recordio.unpack(s)
+                n = np.size(header.label)
+                if p["label_width"] > 0 and n != p["label_width"]:
+                    raise DnnbindValueError(f"rec file provide {n}-dimensional label but label_width is set to "
+                                            f"{p['label_width']}")
+                width = max(width, n)
+        if p["label_pad_width"] > 0:
+            if width > p["label_pad_width"]:
+                raise DnnbindValueError(f"ImageDetRecordIOParser: label_pad_width: {p['label_pad_width']} smaller "
+                                        f"than estimated width: {width}")
+            width = p["label_pad_width"]
+        self._det_width = width
+
+    def _label_shape(self):
+        # each row: [channels, height, width, raw label length, raw label..., label_pad_value...] (MXNet's layout)
+        return (self.batch_size, self._det_width + 4)
+
+    def _load(self, slot, pos, epoch, data, label):
+        p = self._p
+        header, payload = recordio.unpack(_read_at(self._fd, p["path_imgrec"], self._offsets[pos]))
+        raw = np.ravel(np.asarray(header.label, np.float32)).copy()
+        if raw.size < 7 or int(raw[0]) < 2 or (raw.size - int(raw[0])) % int(raw[1]):
+            raise DnnbindValueError(f"ImageDetRecordIter: a label must be [header_width >= 2, object_width, ..., "
+                                    f"objects...], got {raw.tolist()}")
+        objs = raw[int(raw[0]):].reshape(-1, int(raw[1]))
+        rng = np.random.default_rng([int(p["seed"]) & 0xFFFFFFFF, epoch, pos])
+        img = self._decode(payload)
+        code = p["inter_method"] if p["inter_method"] in _cv.INTERP else 1
+        if p["resize"] > 0:
+            h, w = img.shape[:2]
+            nh, nw = (p["resize"] * h // w, p["resize"]) if h > w else (p["resize"], p["resize"] * w // h)
+            img = _cv.resize(img, nw, nh, code)
+        ds_h, ds_w = p["data_shape"][1:]
+        img = _cv.resize(img, ds_w, ds_h, code)
+        if p["rand_mirror_prob"] > 0 and rng.random() < p["rand_mirror_prob"]:
+            img = img[:, ::-1]
+            x1 = objs[:, 1].copy()
+            objs[:, 1] = 1.0 - objs[:, 3]
+            objs[:, 3] = 1.0 - x1
+        row = np.full(self._det_width + 4, p["label_pad_value"], np.float32)
+        row[:4] = (img.shape[2], img.shape[0], img.shape[1], raw.size)
+        row[4:4 + raw.size] = raw
+        label[slot] = row
+        chw = np.transpose(img, (2, 0, 1))
+        if chw.shape[0] >= 3:
+            chw = chw[[2, 1, 0, 3][:chw.shape[0]]]
+        n = chw.shape[0]
+        mean = np.array([p["mean_r"], p["mean_g"], p["mean_b"], p["mean_a"]], np.float32)[:n, None, None]
+        std = np.array([p["std_r"], p["std_g"], p["std_b"], p["std_a"]], np.float32)[:n, None, None]
+        out = chw.astype(np.float32) - mean
+        # NOTE: the det iterator's std defaults to 0, meaning "no division"
+        out = np.where(std > 0, out / np.where(std > 0, std, 1), out) * np.float32(p["scale"])
+        data[slot] = out
