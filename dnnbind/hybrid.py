@@ -27,7 +27,9 @@ of a signature share one memory arena (runtime._arena), where a gradient reuses 
 would in an eager step, so a signature keeps about an eager step's peak (MXNet's static memory planning).
 
 Falls back to eager, correctly:
-- for a signature whose forward returns something other than one NDArray, takes non-array arguments, runs on
+- for a signature whose forward returns something other than NDArrays (one, or tuples and lists of them, as an
+  RNN's ``(output, [h, c])``: those are flattened, replayed and rebuilt, with one tape node for every output),
+  takes arguments other than arrays or lists of arrays, runs on
   the cpu, copies between host and device (``.asscalar()``, data-dependent Python control flow) or draws random
   numbers with ``nd.random`` (a replay would repeat them): the recording is refused and that signature stays
   eager (``CachedBlock.eager_reasons`` says why); Parameters with ``grad_req='null'`` (BatchNorm's running
