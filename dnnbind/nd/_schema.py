@@ -195,7 +195,7 @@ class Schema:
         """From (name, MXNet type-info string) pairs, inputs and parameters mixed as MXNet lists them."""
         inputs, params = [], []
         for name, info in entries:
-            if info.startswith("NDArray-or-Symbol"):
+            if info.startswith("NDArray-or-Symbol") or info == "Symbol":  # (PSROIPooling types its inputs "Symbol")
                 inputs.append(Input(name, info.endswith("[]")))
             else:
                 params.append(parse_type_info(op, name, info))
