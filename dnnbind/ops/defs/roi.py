@@ -170,6 +170,9 @@ __global__ void dn_roi_pool_bwd(const T* dy, const long long* arg, T* dx, int to
         if (arg[i] >= 0) atomicAdd(dx + arg[i], dy[i]);
 }
 
+__device__ __forceinline__ float dn_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double dn_mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
 /* PSROIPooling: one bin's (hs, he, ws, we) and its input channel, as ops/reference/roi.py psroi_bins. */
 template <typename T>
 __device__ long long dn_psroi_bin(const T* roi, int b, int ctop, int p, int q, int c, int h, int w, int ps, int gs,
@@ -178,8 +181,12 @@ __device__ long long dn_psroi_bin(const T* roi, int b, int ctop, int p, int q, i
     T x2 = ((T)round(roi[3]) + (T)1) * scale, y2 = ((T)round(roi[4]) + (T)1) * scale;
     T rw = x2 - x1 > (T)0.1 ? x2 - x1 : (T)0.1, rh = y2 - y1 > (T)0.1 ? y2 - y1 : (T)0.1;
     T bh = rh / (T)ps, bw = rw / (T)ps;
-    *hs = min(max((int)floor((T)p * bh + y1), 0), h); *he = min(max((int)ceil((T)(p + 1) * bh + y1), 0), h);
-    *ws = min(max((int)floor((T)q * bw + x1), 0), w); *we = min(max((int)ceil((T)(q + 1) * bw + x1), 0), w);
+    /* the products rounded on their own (no fused multiply-add), as MXNet's and the twin's arithmetic: a bin edge
+       that lands on a whole number must floor and ceil the same way */
+    *hs = min(max((int)floor(dn_mul_rn((T)p, bh) + y1), 0), h);
+    *he = min(max((int)ceil(dn_mul_rn((T)(p + 1), bh) + y1), 0), h);
+    *ws = min(max((int)floor(dn_mul_rn((T)q, bw) + x1), 0), w);
+    *we = min(max((int)ceil(dn_mul_rn((T)(q + 1), bw) + x1), 0), w);
     int gh = min(max((int)floor((T)p * (T)gs / (T)ps), 0), gs - 1);
     int gw = min(max((int)floor((T)q * (T)gs / (T)ps), 0), gs - 1);
     return ((long long)b * c + (ctop * gs + gh) * gs + gw) * h * w;
