@@ -28,7 +28,7 @@ on 0 or a float); no data, empty data and 0-d arrays are refused with a message 
 a layout's batch axis is used for counting, shuffling and tiling too (MXNet uses axis 0 for those); a dict passed in
 is not modified (MXNet replaces its values by NDArrays).
 
-ImageRecordIter and ImageDetRecordIter are Python reimplementations (io_image.py). MXNet's other C++ iterators
+ImageRecordIter and ImageDetRecordIter are Python reimplementations (image/record_iter.py). MXNet's other C++ iterators
 (CSVIter, LibSVMIter, ... and MXDataIter, their wrapper) are not here: reading them raises UnsupportedFeature naming
 them.
 """
@@ -608,9 +608,9 @@ class MNISTIter(DataIter):
         return 0
 
 
-# ImageRecordIter and ImageDetRecordIter (C++ in MXNet) are Python here; io_image imports this module's DataIter,
+# ImageRecordIter and ImageDetRecordIter (C++ in MXNet) are Python here; image.record_iter imports this module's DataIter,
 # so the import sits below the classes it needs.
-from .io_image import ImageDetRecordIter, ImageRecordIter  # noqa: E402
+from .image.record_iter import ImageDetRecordIter, ImageRecordIter  # noqa: E402
 
 # MXNet's other C++ iterators and its submodules: the first use says dnnbind does not have them.
 _CPP_HINT = ("MXNet's C++ data iterators are not part of dnnbind; use mx.io.NDArrayIter, or a gluon.data Dataset with "

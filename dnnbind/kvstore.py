@@ -2,7 +2,7 @@
 broadcast, with an optimizer or an updater on the store. Layer: top (above gluon and distributed); imports runtime,
 gluon's optimizer and dnnbind.distributed.
 
-What each kind sums (the same split as gluon.Trainer's ``kvstore=``, see gluon/_trainer_reduce.py):
+What each kind sums (the same split as gluon.Trainer's ``kvstore=``, see gluon/grad_reduce.py):
 
 - every kind: the arrays of one push (one per device, MXNet's list) are added, in list order, on the device of the
   stored value (each is copied there first: simple, and correct for cpu and gpu arrays alike);

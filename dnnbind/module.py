@@ -49,8 +49,8 @@ from .features import UnsupportedFeature
 from .gluon import metric as _metric
 from .gluon import optimizer as _opt
 from .io import DataBatch, DataDesc, DataIter
-from .gluon import _trainer_reduce as _reduce
-from .gluon._trainer_pack import ALIGN
+from .gluon import grad_reduce as _reduce
+from .gluon.grad_reduce import ALIGN
 from .model import BatchEndParam
 from .runtime.array import NDArray, array, zeros
 from .runtime.device import as_device, cpu
@@ -1033,7 +1033,7 @@ def _rows(value, axis: int, rows: slice):
 class _GradReplicas:
     """The parameter gradients of every context, as views of one flat buffer per dtype and context (the same
     offsets on every context), so that their sum over the contexts is one call per buffer of the gluon Trainer's
-    reduction (gluon/_trainer_reduce.py): an in-place NCCL all-reduce per GPU issued as one group, or a numpy sum on
+    reduction (gluon/grad_reduce.py): an in-place NCCL all-reduce per GPU issued as one group, or a numpy sum on
     the host. With grad_req 'add' the executors' buffers accumulate across steps, so the sum goes to separate buffers
     (as MXNet's update on the store leaves the gradients alone)."""
 

@@ -1,6 +1,6 @@
 """MXNet's RecordIO files (``mxnet.recordio``): MXRecordIO, MXIndexedRecordIO, IRHeader, pack/unpack(_img).
 
-Layer: runtime (file formats, beside serialization); imports numpy and dnnbind._lib / dnnbind._imagecodec only.
+Layer: runtime (file formats, beside serialization); imports numpy and dnnbind._lib / dnnbind.imagecodec only.
 
 The format is dmlc-core's, written here in Python so the files are byte for byte MXNet's. Each record is one or
 more parts, each part::
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _imagecodec
+from . import imagecodec
 from ._lib.errors import DnnbindTypeError, DnnbindValueError
 
 __all__ = ["IRHeader", "MXIndexedRecordIO", "MXRecordIO", "RecordIOError", "pack", "pack_img", "unpack",
@@ -324,10 +324,10 @@ def unpack_img(s: bytes, iscolor: int = -1) -> tuple:
     """A record's (IRHeader, image): the image decoded as OpenCV's ``imdecode(buf, iscolor)`` gives it (BGR, BGRA
     or 2-D gray uint8 numpy; -1 keeps what the file has), or None when the payload is not an image."""
     header, s = unpack(s)
-    return header, _imagecodec.decode(s, iscolor)
+    return header, imagecodec.decode(s, iscolor)
 
 
 def pack_img(header, img: np.ndarray, quality: int = 95, img_fmt: str = ".jpg") -> bytes:
     """``header`` and ``img`` (BGR/BGRA/gray uint8, OpenCV's layout) encoded as ``img_fmt`` ('.jpg' with JPEG
     ``quality`` 1-100, or '.png' with compression ``quality`` 0-9) as one record's bytes."""
-    return pack(header, _imagecodec.encode(img, img_fmt, quality))
+    return pack(header, imagecodec.encode(img, img_fmt, quality))

@@ -1,4 +1,4 @@
-"""Images per second of mx.io.ImageRecordIter (dnnbind.io_image) on synthetic ImageNet-sized JPEGs.
+"""Images per second of mx.io.ImageRecordIter (dnnbind.image.record_iter) on synthetic ImageNet-sized JPEGs.
 
 Writes a .rec of random-content 500x375-ish JPEGs once (to --dir), then times epochs of 224x224 random crop +
 mirror + mean/std with preprocess_threads = the machine's cores. Pixels are decoded by OpenCV when it imports
@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from dnnbind import _imagecodec, recordio
+from dnnbind import imagecodec, recordio
 from dnnbind import io as mxio
 
 IMAGES = 2000         # records in the synthetic .rec
@@ -55,7 +55,7 @@ def main():
                               batch_size=args.batch, rand_crop=True, rand_mirror=True, mean_r=123.68,
                               mean_g=116.28, mean_b=103.53, std_r=58.395, std_g=57.12, std_b=57.375,
                               preprocess_threads=args.threads, prefetch_buffer=4)
-    print(f"decoder: {_imagecodec.backend()}, threads: {args.threads}, batch: {args.batch}")
+    print(f"decoder: {imagecodec.backend()}, threads: {args.threads}, batch: {args.batch}")
     # timed epochs: one log line each
     for epoch in range(EPOCHS):
         it.reset()

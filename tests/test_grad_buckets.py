@@ -23,7 +23,7 @@ import pytest
 import dnnbind as mx
 from dnnbind import autograd, distributed, gluon, nd
 from dnnbind._lib import hooks
-from dnnbind.gluon import _grad_buckets, _trainer_reduce, nn
+from dnnbind.gluon import _grad_buckets, grad_reduce, nn
 from dnnbind.gluon._grad_buckets import GradBuckets, bucket_bytes, partition
 from tests._helpers import assert_close
 
@@ -235,7 +235,7 @@ def fake(monkeypatch, world):
     def make(device):
         made.append(SlicedWorld(device))
         return made[-1]
-    monkeypatch.setattr(_trainer_reduce, "world_communicator", make)
+    monkeypatch.setattr(grad_reduce, "world_communicator", make)
     monkeypatch.setattr(_grad_buckets, "bucket_bytes", lambda device: cap[0])
 
     class Made(list):

@@ -25,7 +25,7 @@ import dnnbind
 import dnnbind.horovod.mxnet as hvd
 from dnnbind import DnnbindTypeError, DnnbindValueError, autograd, distributed, gluon, kvstore, nd
 from dnnbind.features import UnsupportedFeature
-from dnnbind.gluon import _trainer_reduce, nn
+from dnnbind.gluon import grad_reduce, nn
 from dnnbind.mxnet import _finder
 from tests._helpers import assert_close
 
@@ -241,7 +241,7 @@ def world(monkeypatch):
                 made.append(FakeComm(r, other))
             return made[0]
         monkeypatch.setattr(kvstore, "world_communicator", make)
-        monkeypatch.setattr(_trainer_reduce, "world_communicator", make)
+        monkeypatch.setattr(grad_reduce, "world_communicator", make)
         return made
     yield enter
     distributed.shutdown()

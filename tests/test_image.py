@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 import dnnbind.image as image
-from dnnbind import _imagecodec
+from dnnbind import imagecodec
 from dnnbind._lib.errors import DnnbindValueError
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures", "mxnet_image")
 IMG = np.load(os.path.join(HERE, "images.npz"))
 AUG = np.load(os.path.join(HERE, "augs.npz"))
 ITERS = np.load(os.path.join(HERE, "iters.npz"))
-CV2 = _imagecodec.backend() == "cv2"
+CV2 = imagecodec.backend() == "cv2"
 RESIZE_TOL = 0 if CV2 else 1  # levels of uint8 (numpy float math vs OpenCV fixed point)
 
 

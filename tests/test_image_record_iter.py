@@ -1,4 +1,4 @@
-"""mx.io.ImageRecordIter / ImageDetRecordIter (dnnbind.io_image) against MXNet 1.9.1's batches
+"""mx.io.ImageRecordIter / ImageDetRecordIter (dnnbind.image.record_iter) against MXNet 1.9.1's batches
 (tests/fixtures/make_mxnet_image.py). Labels, pads and shapes are exact; pixel values go through a bilinear
 resize, which may differ from OpenCV's fixed point by one level without OpenCV (scaled by scale/std here).
 """
@@ -9,14 +9,14 @@ import warnings
 import numpy as np
 import pytest
 
-from dnnbind import _imagecodec
+from dnnbind import imagecodec
 from dnnbind import io as mxio
 from dnnbind._lib.errors import DnnbindValueError
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures", "mxnet_image")
 ITERS = np.load(os.path.join(HERE, "iters.npz"))
 REC, DET = os.path.join(HERE, "img.rec"), os.path.join(HERE, "det.rec")
-TOL = 0 if _imagecodec.backend() == "cv2" else 1
+TOL = 0 if imagecodec.backend() == "cv2" else 1
 
 
 def rec_iter(**kw):

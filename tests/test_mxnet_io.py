@@ -233,7 +233,7 @@ def test_a_gluon_training_loop_reads_the_batches(alias):
 
 def test_the_cpp_iterators_name_the_feature(alias):
     import mxnet as mx
-    for name in ("ImageRecordUInt8Iter", "CSVIter", "LibSVMIter", "MXDataIter"):  # ImageRecordIter: io_image
+    for name in ("ImageRecordUInt8Iter", "CSVIter", "LibSVMIter", "MXDataIter"):  # ImageRecordIter: image/record_iter.py
         with pytest.raises(NotImplementedError, match=rf"^mxnet\.io\.{name} is not supported by dnnbind yet: "
                                                       "MXNet's C\\+\\+ data iterators"):
             getattr(mx.io, name)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dnnbind import _imagecodec, recordio
+from dnnbind import imagecodec, recordio
 from dnnbind.recordio import IRHeader, MXIndexedRecordIO, MXRecordIO, RecordIOError
 from dnnbind.tools import im2rec
 
@@ -36,7 +36,7 @@ BACKENDS = [name for name, mod in (("cv2", "cv2"), ("pil", "PIL")) if importlib.
 @pytest.fixture(params=BACKENDS or [pytest.param(None, marks=pytest.mark.skip("needs OpenCV or Pillow"))])
 def codec(request, monkeypatch):
     """Run the test with each installed image library."""
-    monkeypatch.setattr(_imagecodec, "_backend", request.param)
+    monkeypatch.setattr(imagecodec, "_backend", request.param)
     return request.param
 
 

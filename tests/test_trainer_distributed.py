@@ -22,7 +22,7 @@ import pytest
 
 import dnnbind as mx
 from dnnbind import autograd, distributed, gluon, nd
-from dnnbind.gluon import _trainer_reduce, nn
+from dnnbind.gluon import grad_reduce, nn
 from tests._helpers import assert_close
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def fakes(monkeypatch):
     def make(device):
         made.append(FakeWorld(device))
         return made[-1]
-    monkeypatch.setattr(_trainer_reduce, "world_communicator", make)
+    monkeypatch.setattr(grad_reduce, "world_communicator", make)
     return made
 
 

@@ -14,10 +14,10 @@ import numpy as np
 
 from .. import autograd, ops
 from ..runtime.array import zeros
+from .grad_reduce import ALIGN
 
 __all__ = ["ALIGN", "pack", "same_layout"]
 
-ALIGN = 64  # elements; 256 bytes of float32, the alignment cuDNN/cuBLAS like for every tensor
 _HALF = np.dtype(np.float16)
 
 

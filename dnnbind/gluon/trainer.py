@@ -10,7 +10,7 @@ few ops per group over the whole model. Arrays obtained from ``param.data()`` *b
 created are stale afterwards: fetch them again.
 
 Several contexts (``initialize(ctx=[gpu(0), gpu(1)])``): one set of flat buffers per context, all with the same
-layout. A step sums the gradient buffers of all contexts (one fused all-reduce per buffer: _trainer_reduce, per
+layout. A step sums the gradient buffers of all contexts (one fused all-reduce per buffer: grad_reduce, per
 ``kvstore``), then runs the same update on every context's buffers: the same arithmetic on the same inputs, so the
 copies stay bitwise identical, as MXNet's KVStore keeps them. Under ``python -m dnnbind.launch`` the flat gradient
 is also summed across processes: the communicator is made when the Trainer first packs (at construction when
@@ -42,7 +42,7 @@ from .._lib.errors import DnnbindTypeError, DnnbindValueError
 import numpy as np
 
 from .. import autograd
-from . import _trainer_reduce as _reduce
+from . import grad_reduce as _reduce
 from . import optimizer as opt
 from ._grad_buckets import GradBuckets
 from ._trainer_pack import ALIGN, pack, same_layout
@@ -64,7 +64,7 @@ class Trainer:
     """``Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-4})``.
 
     ``kvstore``: None, 'local', 'device' (default), 'nccl', 'dist_sync', 'dist_device_sync' or a KVStore-like
-    object with that ``.type`` (see _trainer_reduce for what each sums). ``compression_params`` and
+    object with that ``.type`` (see grad_reduce for what each sums). ``compression_params`` and
     ``update_on_kvstore`` are accepted for MXNet's signature: every process updates its own copies.
     """
 

@@ -1,6 +1,6 @@
 """``mx.image`` of MXNet 1.9.1 (image functions, augmenters, ImageIter, detection), served by the MXNet alias.
 
-Layer: beside gluon (host data pipeline); imports numpy, dnnbind._imagecodec, recordio, io and runtime. See
+Layer: beside gluon (host data pipeline); imports numpy, dnnbind.imagecodec, recordio, io and runtime. See
 image.py for the pixel and randomness conventions.
 """
 

@@ -1,6 +1,6 @@
 """OpenCV's geometric and color kernels on numpy images: resize (all five ``interp`` codes), copyMakeBorder,
 warpAffine and the HLS round trip. Layer: beside runtime (host image math); imports numpy, and ``cv2`` when it
-imports (the same backend choice as dnnbind._imagecodec).
+imports (the same backend choice as dnnbind.imagecodec).
 
 MXNet does all of this with OpenCV, so with ``cv2`` installed the results are MXNet's own. Without it, numpy does
 the same arithmetic in float32: the pixel-centre conventions, tap counts and border rules are OpenCV's, but OpenCV
@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .. import _imagecodec
+from .. import imagecodec
 from .._lib.errors import DnnbindValueError
 
 INTERP = (0, 1, 2, 3, 4)  # cv::INTER_NEAREST, LINEAR, CUBIC, AREA, LANCZOS4: MXNet passes its code straight through
@@ -23,7 +23,7 @@ INTERP = (0, 1, 2, 3, 4)  # cv::INTER_NEAREST, LINEAR, CUBIC, AREA, LANCZOS4: MX
 
 def _cv2():
     try:
-        return _imagecodec.backend() == "cv2" and __import__("cv2")
+        return imagecodec.backend() == "cv2" and __import__("cv2")
     except NotImplementedError:  # neither OpenCV nor Pillow: numpy still does geometry
         return None
 

@@ -1,6 +1,6 @@
 """``mx.image`` of MXNet 1.9.1: image functions, the Python augmenters and ImageIter.
 
-Layer: beside gluon (host data pipeline); imports numpy, dnnbind._imagecodec, dnnbind.recordio, dnnbind.io and
+Layer: beside gluon (host data pipeline); imports numpy, dnnbind.imagecodec, dnnbind.recordio, dnnbind.io and
 dnnbind.runtime.
 
 Images are NDArrays (H, W, C) on the cpu, uint8 RGB after decoding and float32 after CastAug, as in MXNet. The
@@ -11,7 +11,7 @@ global generator for LightingAug; so ``random.seed(n); np.random.seed(n)`` gives
 seeds neither of them in MXNet, and in dnnbind seeds numpy only).
 
 Pixels: decoding and resizing go through OpenCV when it imports (MXNet's own pixels), else Pillow and numpy
-(dnnbind._imagecodec, ._cv): PNG pixels are the same, JPEG may differ by a few levels, resizes by a level or two.
+(dnnbind.imagecodec, ._cv): PNG pixels are the same, JPEG may differ by a few levels, resizes by a level or two.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from numbers import Number
 
 import numpy as np
 
-from .. import _imagecodec, recordio
+from .. import imagecodec, recordio
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 from ..io import DataBatch, DataIter
 from ..runtime.array import NDArray, array
@@ -71,11 +71,11 @@ def imdecode(buf, flag: int = 1, to_rgb: bool = True, out=None) -> NDArray:
                                 "input type str, please convert to bytes")
     if flag not in (0, 1):
         raise DnnbindValueError(f"imdecode: flag must be 1 (color) or 0 (grayscale), got {flag!r}")
-    img = _imagecodec.decode(bytes(buf) if not isinstance(buf, np.ndarray) else buf, int(flag))
+    img = imagecodec.decode(bytes(buf) if not isinstance(buf, np.ndarray) else buf, int(flag))
     if img is None:
         raise DnnbindValueError("imdecode: could not decode the image (the bytes are not a JPEG, PNG or other "
                                 "image OpenCV/Pillow reads)")
-    img = _imagecodec.to_rgb(img) if to_rgb else (img[:, :, None] if img.ndim == 2 else img)
+    img = imagecodec.to_rgb(img) if to_rgb else (img[:, :, None] if img.ndim == 2 else img)
     return _out(_nd(img), out)
 
 
@@ -83,10 +83,10 @@ def imread(filename, flag: int = 1, to_rgb: bool = True, out=None) -> NDArray:
     """Read and decode an image file, as :func:`imdecode`."""
     if flag not in (0, 1):
         raise DnnbindValueError(f"imread: flag must be 1 (color) or 0 (grayscale), got {flag!r}")
-    img = _imagecodec.imread(filename, int(flag))
+    img = imagecodec.imread(filename, int(flag))
     if img is None:
         raise DnnbindValueError(f"imread: cannot read {filename!r} as an image (missing, or not an image)")
-    img = _imagecodec.to_rgb(img) if to_rgb else (img[:, :, None] if img.ndim == 2 else img)
+    img = imagecodec.to_rgb(img) if to_rgb else (img[:, :, None] if img.ndim == 2 else img)
     return _out(_nd(img), out)
 
 

@@ -1,6 +1,6 @@
 """im2rec: image lists (.lst) and RecordIO image databases (.rec/.idx), as MXNet's tools/im2rec.py.
 
-Layer: top (a program); imports dnnbind.recordio and dnnbind._imagecodec.
+Layer: top (a program); imports dnnbind.recordio and dnnbind.imagecodec.
 
     python -m dnnbind.tools.im2rec --list --recursive data/train images/   # images/<class>/*.jpg -> data/train.lst
     python -m dnnbind.tools.im2rec data/train images/                      # every data/train*.lst -> .rec + .idx
@@ -24,7 +24,7 @@ import random
 import sys
 import time
 
-from .. import _imagecodec, recordio
+from .. import imagecodec, recordio
 
 
 def list_image(root: str, recursive: bool, exts: list[str]):
@@ -113,7 +113,7 @@ def image_encode(args: argparse.Namespace, item: list) -> bytes | None:
         except OSError as e:
             print("pack_img error:", item[1], e)
             return None
-    img = _imagecodec.imread(fullpath, args.color)
+    img = imagecodec.imread(fullpath, args.color)
     if img is None:
         print(f"imread read blank (None) image for file: {fullpath}")
         return None
@@ -128,7 +128,7 @@ def image_encode(args: argparse.Namespace, item: list) -> bytes | None:
     if args.resize:  # the shorter side to args.resize, the other scaled (floored)
         h, w = img.shape[:2]
         size = (args.resize, h * args.resize // w) if h > w else (w * args.resize // h, args.resize)
-        img = _imagecodec.resize(img, *size)
+        img = imagecodec.resize(img, *size)
     try:
         return recordio.pack_img(header, img, quality=args.quality, img_fmt=args.encoding)
     except Exception as e:  # noqa: BLE001  (report the file and go on, as MXNet does)

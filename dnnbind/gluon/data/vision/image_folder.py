@@ -2,7 +2,7 @@
 class), ImageListDataset (a .lst file or a list), as MXNet's ``gluon.data.vision``.
 
 Layer: gluon: data; imports numpy, and lazily dnnbind.runtime (to make NDArrays), dnnbind.recordio and
-dnnbind._imagecodec (leaves that code files and images; test_lib's layer walk counts them as top-level modules,
+dnnbind.imagecodec (leaves that code files and images; test_lib's layer walk counts them as top-level modules,
 so they are imported where used).
 
 Images come back as MXNet's ``mx.image.imdecode``/``imread`` give them: uint8 NDArrays on the cpu, (H, W, 3) RGB
@@ -37,11 +37,11 @@ def _check_flag(cls: str, flag: int) -> int:
 
 def _imread(path: str, flag: int):
     """``mx.image.imread(path, flag)``: a uint8 NDArray, RGB (H, W, 3) or gray (H, W, 1)."""
-    from .... import _imagecodec
-    img = _imagecodec.imread(path, flag)
+    from .... import imagecodec
+    img = imagecodec.imread(path, flag)
     if img is None:
         raise DnnbindValueError(f"could not read an image from {path!r} (missing, or not a JPEG/PNG image)")
-    return _nd(_imagecodec.to_rgb(img))
+    return _nd(imagecodec.to_rgb(img))
 
 
 class ImageRecordDataset(RecordFileDataset):
@@ -55,9 +55,9 @@ class ImageRecordDataset(RecordFileDataset):
         self._transform = transform
 
     def __getitem__(self, idx: int) -> Any:
-        from .... import _imagecodec, recordio
+        from .... import imagecodec, recordio
         header, payload = recordio.unpack(super().__getitem__(idx))
-        img = _nd(_imagecodec.decode_rgb(payload, self._flag))
+        img = _nd(imagecodec.decode_rgb(payload, self._flag))
         if self._transform is not None:
             return self._transform(img, header.label)
         return img, header.label

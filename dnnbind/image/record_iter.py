@@ -1,6 +1,6 @@
 """MXNet 1.9.1's C++ image iterators in Python: ``mx.io.ImageRecordIter`` and ``mx.io.ImageDetRecordIter``.
 
-Layer: beside gluon (host data pipeline); imports numpy, dnnbind._imagecodec, recordio, image._cv, io and runtime.
+Layer: beside gluon (host data pipeline); imports numpy, dnnbind.imagecodec, recordio, this package's _cv, io and runtime.
 
 What matches MXNet (checked against its output, tests/test_image_record_iter.py):
 
@@ -41,11 +41,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import _imagecodec, recordio
-from ._lib.errors import DnnbindTypeError, DnnbindValueError
-from .image import _cv
-from .io import DataBatch, DataDesc, DataIter
-from .runtime.array import NDArray
+from .. import imagecodec, recordio
+from .._lib.errors import DnnbindTypeError, DnnbindValueError
+from . import _cv
+from ..io import DataBatch, DataDesc, DataIter
+from ..runtime.array import NDArray
 
 __all__ = ["ImageDetRecordIter", "ImageRecordIter"]
 
@@ -350,7 +350,7 @@ class ImageRecordIter(DataIter):
     # -- one image --
     def _decode(self, payload: bytes) -> np.ndarray:
         c = self._p["data_shape"][0]
-        img = _imagecodec.decode(payload, {1: 0, 3: 1, 4: -1}[c])
+        img = imagecodec.decode(payload, {1: 0, 3: 1, 4: -1}[c])
         if img is None:
             raise DnnbindValueError(f"{self._WHAT}: a record of {self._p['path_imgrec']} is not a decodable image")
         if img.ndim == 2:

@@ -23,6 +23,10 @@ from .._lib.errors import DnnbindValueError
 
 import numpy as np
 
+# Where each gradient starts in the flat buffers this module sums (the Trainer's and a several-context Module's):
+# a multiple of ALIGN elements, 256 bytes of float32, the alignment cuDNN/cuBLAS like for every tensor.
+ALIGN = 64
+
 __all__ = ["check_kvstore", "world_communicator", "world_size"]
 
 LOCAL_KINDS = ("local", "device", "nccl", "dist_sync", "dist_device_sync", "dist_sync_device", "horovod")
