@@ -93,12 +93,13 @@ class Node:
     ``_grad``), or None (input i needs no gradient). ``output``: a weak reference to the output array, whose
     ``_node`` is cleared when the graph is freed (so the array no longer counts as taped). ``consts``: weak
     references to the inputs that need no gradient, held in the graph (``in_graph``) until the node is freed."""
-    __slots__ = ("backward", "inputs", "name", "scope", "output", "consts", "__weakref__")  # weak: hybrid.py
+    __slots__ = ("backward", "inputs", "name", "scope", "output", "consts", "siblings", "__weakref__")  # weak: hybrid.py
 
     def __init__(self, backward, inputs, name, output):
         self.backward, self.inputs, self.name, self.scope = backward, inputs, name, None
         self.output = weakref.ref(output)
         self.consts = ()
+        self.siblings = ()  # the nodes of an op's other outputs (record_outputs): freed with this one
 
     def free(self) -> None:
         """Drop the closure (and the activations it saves) and the edges; untape the output and the constants."""
@@ -109,6 +110,9 @@ class Node:
             c = ref()
             if c is not None and _consts.get(id(c)) is c:
                 del _consts[id(c)]
+        siblings, self.siblings = self.siblings, ()
+        for sib in siblings:  # an RNN's final states leave the graph with its output, as in MXNet
+            sib.free()
         self.backward, self.inputs, self.consts = None, (), ()
 
 
@@ -178,10 +182,12 @@ def record_outputs(name: str, outputs: tuple, inputs: tuple, backward) -> tuple:
     record_op(name, first, inputs, backward)
     node = first._node
     if node is not None and getattr(_tls, "recording", False):
-        n = len(outputs)
+        n, siblings = len(outputs), []
         for i, o in enumerate(outputs[1:], 1):
             if o is not None:
                 o._node = Node(lambda g, i=i: (_Slot(i, n, g),), (node,), f"{name}[{i}]", o)
+                siblings.append(o._node)
+        node.siblings = tuple(siblings)
     return outputs
 
 

@@ -622,3 +622,24 @@ def test_gpu_clip_matches_the_twin(lengths, dtype, gpu):
     for k, (g, c) in enumerate(zip(res["gpu"][1], res["cpu"][1])):
         if c is not None:
             assert_close(g, c, rtol=10 * tol, atol=10 * tol, name=f"clip gradient of input {k}")
+
+
+def test_final_states_leave_the_graph_with_the_output():
+    """After a backward through the output alone, the final states are free arrays again (MXNet frees the whole
+    node): writable in place, no longer taped."""
+    from dnnbind import autograd
+    rng = np.random.default_rng(7)
+    t, n, c, h = 3, 2, 4, 5
+    w = nd.array(rng.uniform(-0.3, 0.3, 4 * h * (c + h) + 8 * h))
+    x = nd.array(rng.standard_normal((t, n, c)))
+    h0, c0 = nd.zeros((1, n, h)), nd.zeros((1, n, h))
+    w.attach_grad()
+    with autograd.record():
+        y, hy, cy = nd.RNN(x, w, h0, c0, state_size=h, num_layers=1, mode="lstm", state_outputs=True)
+        loss = (y * y).sum()
+    assert autograd.in_graph(hy) and autograd.in_graph(cy)
+    loss.backward()
+    assert not autograd.in_graph(hy) and not autograd.in_graph(cy)
+    with autograd.record():
+        hy[:] = 0  # no GraphWriteError: the node is freed
+    assert float(hy.abs().sum().asscalar()) == 0.0
