@@ -84,8 +84,9 @@ def nd_gradcheck(fn, arrays, device, rtol: float = 1e-5, atol: float = 1e-6, see
         assert_close(xs[i].grad, numerical_grad(f, a, w), rtol=rtol, atol=atol, name=f"grad of input {i}")
 
 
-def cudnn_ops_header() -> str:
-    """The nvidia-cudnn wheel's cudnn_ops.h (or cudnn_ops_v9.h), comments removed; skips the test without it."""
+def cudnn_header(part: str = "ops") -> str:
+    """The nvidia-cudnn wheel's cudnn_<part>.h (or cudnn_<part>_v9.h; part "ops", "adv", ...), comments removed;
+    skips the test without it."""
     import importlib
     import re
     from pathlib import Path
@@ -96,23 +97,28 @@ def cudnn_ops_header() -> str:
     except ImportError:
         pytest.skip("the nvidia-cudnn wheel (and its headers) is not installed")
     for base in mod.__path__:
-        for name in ("cudnn_ops.h", "cudnn_ops_v9.h"):
+        for name in (f"cudnn_{part}.h", f"cudnn_{part}_v9.h"):
             h = Path(base) / "include" / name
             if h.is_file():
                 return re.sub(r"/\*.*?\*/|//[^\n]*", " ", h.read_text(errors="replace"), flags=re.DOTALL)
-    pytest.skip("no cudnn_ops.h in the nvidia-cudnn wheel")
+    pytest.skip(f"no cudnn_{part}.h in the nvidia-cudnn wheel")
+
+
+def cudnn_ops_header() -> str:
+    return cudnn_header("ops")
 
 
 def c_param_kind(param: str) -> str:
     """A C parameter's ABI kind: ptr (pointers, descriptors, the handle), f32, f64, u64 or i32 (int and enums)."""
     p = " ".join(param.replace("const", " ").split())
-    if "*" in p:
+    if "*" in p or "[" in p:
         return "ptr"
     typ = " ".join(p.split()[:-1])
     if typ.endswith("Descriptor_t") or typ == "cudnnHandle_t":
         return "ptr"
     # size_t and unsigned long long are both 64-bit unsigned here (ctypes makes c_size_t and c_ulonglong one type)
-    kinds = {"float": "f32", "double": "f64", "size_t": "u64", "unsigned long long": "u64", "int": "i32"}
+    kinds = {"float": "f32", "double": "f64", "size_t": "u64", "unsigned long long": "u64", "int": "i32",
+             "int32_t": "i32", "uint32_t": "u32"}
     return kinds.get(typ) or ("i32" if typ.startswith("cudnn") and typ.endswith("_t") else typ)
 
 
@@ -121,7 +127,7 @@ def ctypes_arg_kind(t) -> str:
     import ctypes
     if t is ctypes.c_void_p or issubclass(t, ctypes._Pointer):
         return "ptr"
-    kinds = {ctypes.c_float: "f32", ctypes.c_double: "f64", ctypes.c_int: "i32"}
+    kinds = {ctypes.c_float: "f32", ctypes.c_double: "f64", ctypes.c_int: "i32", ctypes.c_uint32: "u32"}
     if t in kinds:
         return kinds[t]
     assert t._type_ in "LQ" and ctypes.sizeof(t) == 8, t

@@ -27,7 +27,7 @@ from dnnbind import autograd, nd
 from dnnbind import symbol as sym
 from dnnbind.ops.opdef import Call, Grads
 from dnnbind.ops.reference.rnn import GATES, layout, param_size, rnn_backward, rnn_forward
-from tests._helpers import assert_close
+from tests._helpers import assert_close, c_param_kind, ctypes_arg_kind, cudnn_header
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "mxnet_rnn")
 H, LAYERS = 3, 2  # the fixtures' state size and depth
@@ -336,59 +336,19 @@ RNN_FUNCS = ["cudnnCreateRNNDescriptor", "cudnnDestroyRNNDescriptor", "cudnnSetR
              "cudnnGetRNNTempSpaceSizes", "cudnnRNNForward", "cudnnRNNBackwardData_v8", "cudnnRNNBackwardWeights_v8"]
 
 
-def _adv_header() -> str:
-    import importlib
-    from pathlib import Path
-    try:
-        mod = importlib.import_module("nvidia.cudnn")
-    except ImportError:
-        pytest.skip("the nvidia-cudnn wheel (and its headers) is not installed")
-    for base in mod.__path__:
-        for name in ("cudnn_adv.h", "cudnn_adv_v9.h"):
-            h = Path(base) / "include" / name
-            if h.is_file():
-                return re.sub(r"/\*.*?\*/|//[^\n]*", " ", h.read_text(errors="replace"), flags=re.DOTALL)
-    pytest.skip("no cudnn_adv.h in the nvidia-cudnn wheel")
-
-
-def _c_kind(param: str) -> str:
-    p = " ".join(param.replace("const", " ").split())
-    if "*" in p or "[" in p:
-        return "ptr"
-    typ = " ".join(p.split()[:-1])
-    if typ.endswith("Descriptor_t") or typ == "cudnnHandle_t":
-        return "ptr"
-    kinds = {"double": "f64", "size_t": "u64", "int": "i32", "int32_t": "i32", "uint32_t": "u32"}
-    return kinds.get(typ) or ("i32" if typ.startswith("cudnn") and typ.endswith("_t") else typ)
-
-
-def _ctypes_kind(t) -> str:
-    import ctypes
-    if t is ctypes.c_void_p or issubclass(t, ctypes._Pointer):
-        return "ptr"
-    if t is ctypes.c_double:
-        return "f64"
-    if t is ctypes.c_int:
-        return "i32"
-    if t is ctypes.c_uint32:
-        return "u32"
-    assert ctypes.sizeof(t) == 8 and t._type_ in "LQ", t
-    return "u64"
-
-
 @pytest.mark.parametrize("name", RNN_FUNCS)
 def test_rnn_prototypes_match_cudnn_adv_header(name):
     from dnnbind._lib import cudnn
-    found = re.findall(rf"\b{name}\s*\(([^()]*)\)\s*;", _adv_header())
+    found = re.findall(rf"\b{name}\s*\(([^()]*)\)\s*;", cudnn_header("adv"))
     assert found, f"{name} is not declared in cudnn_adv.h"
     params = [p for p in found[-1].split(",") if p.strip()]
     _restype, argtypes = cudnn._TABLE[name]
-    assert [_c_kind(p) for p in params] == [_ctypes_kind(t) for t in argtypes]
+    assert [c_param_kind(p) for p in params] == [ctypes_arg_kind(t) for t in argtypes]
 
 
 def test_rnn_enums_match_cudnn_adv_header():
     from dnnbind._lib import cudnn
-    text = _adv_header()
+    text = cudnn_header("adv")
     for enum in ("CUDNN_RNN_ALGO_STANDARD", "CUDNN_FWD_MODE_TRAINING", "CUDNN_LSTM", "CUDNN_GRU", "CUDNN_RNN_RELU",
                  "CUDNN_RNN_DOUBLE_BIAS", "CUDNN_BIDIRECTIONAL", "CUDNN_LINEAR_INPUT", "CUDNN_RNN_CLIP_MINMAX",
                  "CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED", "CUDNN_WGRAD_MODE_ADD"):
