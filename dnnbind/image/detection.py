@@ -19,7 +19,6 @@ from numbers import Number
 import numpy as np
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
-from ..io import DataBatch
 from ..runtime.array import NDArray
 from .image import (Augmenter, CastAug, ColorJitterAug, ColorNormalizeAug, ForceResizeAug, HueJitterAug,
                     ImageIter, LightingAug, RandomGrayAug, ResizeAug, _EIGVAL, _EIGVEC, _MEAN, _STD, _host, _nd,
@@ -446,27 +445,9 @@ class ImageDetIter(ImageIter):
                 raise
         return i
 
-    def next(self):
-        c, h, w = self.data_shape
-        if self._cache_data is not None:
-            batch_data, batch_label, i = self._cache_data, self._cache_label, self._cache_idx
-        else:
-            batch_data = np.zeros((self.batch_size, c, h, w), np.float32)
-            batch_label = np.full(self.provide_label[0][1], -1, np.float32)
-            i = self._batchify(batch_data, batch_label)
-        pad = self.batch_size - i
-        if pad != 0:
-            if self.last_batch_handle == "discard":
-                raise StopIteration
-            if self.last_batch_handle == "roll_over" and self._cache_data is None:
-                self._cache_data, self._cache_label, self._cache_idx = batch_data, batch_label, i
-                raise StopIteration
-            self._batchify(batch_data, batch_label, i)
-            if self.last_batch_handle == "pad":
-                self._allow_read = False
-            else:
-                self._cache_data = self._cache_label = self._cache_idx = None
-        return DataBatch([_nd(batch_data)], [_nd(batch_label)], pad=pad)
+    def _new_label(self) -> np.ndarray:
+        """A batch's label buffer: -1 marks the object rows an image does not use (MXNet's padding)."""
+        return np.full(self.provide_label[0][1], -1, np.float32)
 
     def augmentation_transform(self, data, label):  # noqa: D102
         for aug in self.auglist:

@@ -663,13 +663,17 @@ class ImageIter(DataIter):
         lab = np.ravel(_host(label)) if not isinstance(label, Number) else np.array([label])
         batch_label[i] = lab[0] if batch_label.ndim == 1 else lab
 
+    def _new_label(self) -> np.ndarray:
+        """A batch's label buffer (every slot written by _batchify)."""
+        return np.empty(self.provide_label[0][1], np.float32)
+
     def next(self):
         c, h, w = self.data_shape
         if self._cache_data is not None:
             batch_data, batch_label, i = self._cache_data, self._cache_label, self._cache_idx
         else:
             batch_data = np.zeros((self.batch_size, c, h, w), np.float32)
-            batch_label = np.empty(self.provide_label[0][1], np.float32)
+            batch_label = self._new_label()
             i = self._batchify(batch_data, batch_label)
         pad = self.batch_size - i
         if pad != 0:
