@@ -177,12 +177,13 @@ __device__ __forceinline__ double dn_mul_rn(double a, double b) { return __dmul_
 template <typename T>
 __device__ long long dn_psroi_bin(const T* roi, int b, int ctop, int p, int q, int c, int h, int w, int ps, int gs,
                                   T scale, int* hs, int* he, int* ws, int* we) {
-    T x1 = (T)round(roi[1]) * scale, y1 = (T)round(roi[2]) * scale;
-    T x2 = ((T)round(roi[3]) + (T)1) * scale, y2 = ((T)round(roi[4]) + (T)1) * scale;
+    T x1 = dn_mul_rn((T)round(roi[1]), scale), y1 = dn_mul_rn((T)round(roi[2]), scale);
+    T x2 = dn_mul_rn((T)round(roi[3]) + (T)1, scale), y2 = dn_mul_rn((T)round(roi[4]) + (T)1, scale);
     T rw = x2 - x1 > (T)0.1 ? x2 - x1 : (T)0.1, rh = y2 - y1 > (T)0.1 ? y2 - y1 : (T)0.1;
     T bh = rh / (T)ps, bw = rw / (T)ps;
-    /* the products rounded on their own (no fused multiply-add), as MXNet's and the twin's arithmetic: a bin edge
-       that lands on a whole number must floor and ceil the same way */
+    /* every product rounded on its own (no fused multiply-add, which would also fuse x1's own product into the
+       edge's sum), as MXNet's and the twin's arithmetic: a bin edge that lands on a whole number must floor and
+       ceil the same way */
     *hs = min(max((int)floor(dn_mul_rn((T)p, bh) + y1), 0), h);
     *he = min(max((int)ceil(dn_mul_rn((T)(p + 1), bh) + y1), 0), h);
     *ws = min(max((int)floor(dn_mul_rn((T)q, bw) + x1), 0), w);
