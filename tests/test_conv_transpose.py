@@ -354,7 +354,7 @@ X, W = nd.ones((2, 3, 4, 4)), nd.ones((3, 2, 3, 3))
     ({"target_shape": (12, 6)}, ValueError, ["target_shape (12, 6) is too big", "at most 6"]),
     ({"stride": (1, 1), "target_shape": (5, 5)}, ValueError, ["adj (1, 1) must be smaller than stride (1, 1)"]),
     ({"layout": "NHWC"}, NotImplementedError, ["layout='NCHW'"]),
-    ({"data": nd.ones((1, 3, 2, 2, 2))}, ValueError, ["3-D deconvolution is not supported"]),
+    ({"data": nd.ones((1, 3, 2, 2, 2))}, ValueError, ["has 2 spatial axes but data (1, 3, 2, 2, 2) has 3"]),
 ])
 def test_deconvolution_errors_name_the_op_argument_and_shapes(kwargs, exc, fragments):
     args = {"data": X, "weight": W, "kernel": (3, 3), "num_filter": 2}

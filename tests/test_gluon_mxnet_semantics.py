@@ -9,7 +9,7 @@ the public names (``dir()``) of MXNet's namespaces and Gluon classes.
 2. ``collect_params()`` is keyed by full names with MXNet's global per-class counters; save_parameters writes
    structural paths (each path of a shared Parameter); both kinds of MXNet file load.
 3. An MXNet name dnnbind lacks raises UnsupportedFeature (NotImplementedError and AttributeError) naming the
-   feature, by every path (``mx.nd.sparse``, ``net.optimize_for``, ``mx.gluon.nn.Conv3D``); a typo a plain
+   feature, by every path (``mx.nd.sparse``, ``net.optimize_for``, ``mx.gluon.nn.GroupNorm``); a typo a plain
    AttributeError.
 4. Every layer of ``gluon.nn`` given bad constructor arguments or bad inputs raises ValueError, TypeError or
    NotImplementedError naming the layer, never AttributeError, ZeroDivisionError or a deferred-init RuntimeError.
@@ -264,8 +264,8 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
         from mxnet.gluon import nn
         from dnnbind.mxnet._unsupported import UnsupportedFeature
         cases = {"mx.nd.sparse": lambda: mx.nd.sparse.csr_matrix, "mx.profiler": lambda: mx.profiler.set_config,
-                 "mx.use_np": lambda: mx.use_np, "nn.Conv3D": lambda: nn.Conv3D, "optimize_for": lambda: nn.Dense(2).optimize_for,
-                 "mx.nd.Custom": lambda: mx.nd.Custom, "mx.gluon.contrib": lambda: mx.gluon.contrib.cnn}
+                 "mx.use_np": lambda: mx.use_np, "nn.GroupNorm": lambda: nn.GroupNorm, "optimize_for": lambda: nn.Dense(2).optimize_for,
+                 "mx.nd.Correlation": lambda: mx.nd.Correlation, "mx.gluon.contrib": lambda: mx.gluon.contrib.estimator}
         for what, f in cases.items():
             try:
                 f()
@@ -287,9 +287,9 @@ def test_every_path_to_a_missing_feature_names_it_in_a_fresh_process(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     for what, feature in [("mx.nd.sparse", "mxnet.nd.sparse"), ("mx.profiler", "mxnet.profiler"), ("mx.use_np", "mxnet.use_np"),
-                          ("nn.Conv3D", "mxnet.gluon.nn.Conv3D"),
-                          ("optimize_for", "mxnet.gluon.HybridBlock.optimize_for"), ("mx.nd.Custom", "mxnet.nd.Custom"),
-                          ("mx.gluon.contrib", "mxnet.gluon.contrib.cnn")]:
+                          ("nn.GroupNorm", "mxnet.gluon.nn.GroupNorm"),
+                          ("optimize_for", "mxnet.gluon.HybridBlock.optimize_for"), ("mx.nd.Correlation", "mxnet.nd.Correlation"),
+                          ("mx.gluon.contrib", "mxnet.gluon.contrib.estimator")]:
         line = next(x for x in lines if x.startswith(what + " ->"))
         assert f"-> {feature} is not supported by dnnbind" in line, line
     assert any(x.startswith("mx.gluonn -> AttributeError") for x in lines), lines
@@ -303,7 +303,7 @@ def test_the_alias_leaves_dnnbinds_namespaces_as_they_were(alias):
     _finder.uninstall_mxnet_alias()
     assert not hasattr(dnnbind.nd, "sparse") and "__getattr__" not in vars(dnnbind.nd)
     with pytest.raises(AttributeError) as err:
-        dnnbind.nd.Custom  # noqa: B018
+        dnnbind.nd.Correlation  # noqa: B018
     assert not isinstance(err.value, NotImplementedError)
 
 
@@ -312,6 +312,8 @@ def test_the_alias_leaves_dnnbinds_namespaces_as_they_were(alias):
 # name: (constructor arguments, a good input shape); a layer added to nn.__all__ without an entry is made with no
 # arguments on a (1, 2, 6, 6) input, and fails here if it needs more.
 LAYERS = {
+    "Conv3D": ((2, 3), (1, 2, 4, 4, 4)), "Conv3DTranspose": ((2, 3), (1, 2, 4, 4, 4)),
+    "MaxPool3D": ((), (1, 2, 4, 4, 4)), "AvgPool3D": ((), (1, 2, 4, 4, 4)),
     "Dense": ((2,), (2, 5)), "Activation": (("relu",), (2, 5)), "Dropout": ((0.5,), (2, 5)),
     "Embedding": ((5, 3), (2, 3)), "Flatten": ((), (2, 5)), "HybridLambda": (("relu",), (2, 5)),
     "Lambda": (("relu",), (2, 5)), "Sequential": ((), (2, 5)), "HybridSequential": ((), (2, 5)),

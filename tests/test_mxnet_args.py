@@ -330,7 +330,6 @@ BAD_CALLS = [
     ("Pooling pad >= kernel", lambda: nd.Pooling(X4, kernel=(2, 2), pad=(2, 2))),
     ("Pooling lp without p_value", lambda: nd.Pooling(X4, kernel=(2, 2), pool_type="lp")),
     ("Pooling 'same' on 2-D", lambda: nd.Pooling(X4, kernel=(2, 2), pooling_convention="same")),
-    ("Pooling 3-D", lambda: nd.Pooling(_a(np.ones((1, 1, 2, 2, 2))), kernel=(1, 2, 2))),
     ("FullyConnected('a')", lambda: nd.FullyConnected("a", _a(np.ones((3, 4))), B3, num_hidden=3)),
     ("FullyConnected weight mismatch", lambda: nd.FullyConnected(X4, _a(np.ones((4, 32))), B3, num_hidden=3)),
     ("FullyConnected bias with no_bias", lambda: nd.FullyConnected(X4, _a(np.ones((3, 32))), B3, num_hidden=3,
@@ -345,8 +344,6 @@ BAD_CALLS = [
     ("Convolution float kernel", lambda: nd.Convolution(X4, W4, B3, kernel=(3.0, 3.0), num_filter=3)),
     ("Convolution no bias", lambda: nd.Convolution(X4, W4, kernel=(3, 3), num_filter=3)),
     ("Convolution cudnn_tune", lambda: nd.Convolution(X4, W4, B3, kernel=(3, 3), num_filter=3, cudnn_tune="xx")),
-    ("Convolution 3-D", lambda: nd.Convolution(_a(np.ones((1, 2, 4, 4, 4))), _a(np.ones((3, 2, 3, 3, 3))), B3,
-                                               kernel=(3, 3, 3), num_filter=3)),
     ("Deconvolution huge stride", lambda: nd.Deconvolution(X4, _a(np.ones((2, 3, 3, 3))), kernel=(3, 3),
                                                            num_filter=3, stride=(2 ** 20, 2 ** 20))),
     ("Activation elu", lambda: nd.Activation(X4, act_type="elu")),  # not one of MXNet's five

@@ -14,6 +14,10 @@ CUBLAS_STATUS_SUCCESS = 0
 CUBLAS_STATUS_NOT_INITIALIZED = 1
 # cublasOperation_t
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+# cublasSideMode_t, cublasFillMode_t, cublasDiagType_t (for trsm)
+CUBLAS_SIDE_LEFT, CUBLAS_SIDE_RIGHT = 0, 1
+CUBLAS_FILL_MODE_LOWER, CUBLAS_FILL_MODE_UPPER = 0, 1
+CUBLAS_DIAG_NON_UNIT, CUBLAS_DIAG_UNIT = 0, 1
 # cublasPointerMode_t
 CUBLAS_POINTER_MODE_HOST, CUBLAS_POINTER_MODE_DEVICE = 0, 1
 # cublasMath_t
@@ -92,6 +96,11 @@ _TABLE = {
         STATUS, [vp, i32, i32, i32, i32, i32, _pf, vp, i32, i64, vp, i32, i64, _pf, vp, i32, i64, i32]),
     "cublasDgemmStridedBatched": (
         STATUS, [vp, i32, i32, i32, i32, i32, _pf, vp, i32, i64, vp, i32, i64, _pf, vp, i32, i64, i32]),
+    # cublasStatus_t cublasStrsm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo,
+    #     cublasOperation_t trans, cublasDiagType_t diag, int m, int n, const float* alpha, const float* A, int lda,
+    #     float* B, int ldb). Solves in place: B is overwritten by the solution (nd.linalg.trsm).
+    "cublasStrsm_v2": (STATUS, [vp, i32, i32, i32, i32, i32, i32, _pf, vp, i32, vp, i32]),
+    "cublasDtrsm_v2": (STATUS, [vp, i32, i32, i32, i32, i32, i32, _pf, vp, i32, vp, i32]),
     # cublasStatus_t cublasSdot_v2(handle, int n, const float* x, int incx, const float* y, int incy,
     #     float* result). result is a host or a device pointer as the handle's pointer mode says.
     "cublasSdot_v2": (STATUS, [vp, i32, vp, i32, vp, i32, vp]),

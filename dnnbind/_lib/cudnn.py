@@ -189,6 +189,9 @@ _TABLE = {
     # cudnnStatus_t cudnnSetTensorNdDescriptor(desc, cudnnDataType_t dataType, int nbDims, const int dimA[],
     #                                          const int strideA[])
     "cudnnSetTensorNdDescriptor": (STATUS, [vp, i32, i32, _pi, _pi]),
+    # cudnnStatus_t cudnnSetTensorNdDescriptorEx(desc, cudnnTensorFormat_t format, cudnnDataType_t dataType,
+    #                                            int nbDims, const int dimA[])
+    "cudnnSetTensorNdDescriptorEx": (STATUS, [vp, i32, i32, i32, _pi]),
     # cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t tensorDesc)
     "cudnnDestroyTensorDescriptor": (STATUS, [vp]),
     # cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *filterDesc)
@@ -196,6 +199,9 @@ _TABLE = {
     # cudnnStatus_t cudnnSetFilter4dDescriptor(desc, cudnnDataType_t dataType, cudnnTensorFormat_t format,
     #                                          int k, int c, int h, int w)
     "cudnnSetFilter4dDescriptor": (STATUS, [vp, i32, i32, i32, i32, i32, i32]),
+    # cudnnStatus_t cudnnSetFilterNdDescriptor(desc, cudnnDataType_t dataType, cudnnTensorFormat_t format,
+    #                                          int nbDims, const int filterDimA[])
+    "cudnnSetFilterNdDescriptor": (STATUS, [vp, i32, i32, i32, _pi]),
     # cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t filterDesc)
     "cudnnDestroyFilterDescriptor": (STATUS, [vp]),
     # cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t *convDesc)
@@ -203,6 +209,12 @@ _TABLE = {
     # cudnnStatus_t cudnnSetConvolution2dDescriptor(desc, int pad_h, int pad_w, int u, int v, int dilation_h,
     #                                    int dilation_w, cudnnConvolutionMode_t mode, cudnnDataType_t computeType)
     "cudnnSetConvolution2dDescriptor": (STATUS, [vp, i32, i32, i32, i32, i32, i32, i32, i32]),
+    # cudnnStatus_t cudnnSetConvolutionNdDescriptor(desc, int arrayLength, const int padA[],
+    #     const int filterStrideA[], const int dilationA[], cudnnConvolutionMode_t mode, cudnnDataType_t computeType)
+    "cudnnSetConvolutionNdDescriptor": (STATUS, [vp, i32, _pi, _pi, _pi, i32, i32]),
+    # cudnnStatus_t cudnnGetConvolutionNdForwardOutputDim(convDesc, inputTensorDesc, filterDesc, int nbDims,
+    #                                                     int tensorOuputDimA[])
+    "cudnnGetConvolutionNdForwardOutputDim": (STATUS, [vp, vp, vp, i32, _pi]),
     # cudnnStatus_t cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t convDesc, int groupCount)
     "cudnnSetConvolutionGroupCount": (STATUS, [vp, i32]),
     # cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t convDesc, cudnnMathType_t mathType)
@@ -284,6 +296,10 @@ _TABLE = {
     #     int windowHeight, int windowWidth, int verticalPadding, int horizontalPadding, int verticalStride,
     #     int horizontalStride)
     "cudnnSetPooling2dDescriptor": (STATUS, [vp, i32, i32, i32, i32, i32, i32, i32, i32]),
+    # cudnnStatus_t cudnnSetPoolingNdDescriptor(desc, const cudnnPoolingMode_t mode,
+    #     const cudnnNanPropagation_t maxpoolingNanOpt, int nbDims, const int windowDimA[], const int paddingA[],
+    #     const int strideA[])
+    "cudnnSetPoolingNdDescriptor": (STATUS, [vp, i32, i32, i32, _pi, _pi, _pi]),
     "cudnnDestroyPoolingDescriptor": (STATUS, [vp]),
     # cudnnStatus_t cudnnGetPooling2dForwardOutputDim(poolingDesc, inputTensorDesc, int *n, int *c, int *h,
     #     int *w)

@@ -23,6 +23,8 @@ INSTALL_HINTS = {
              " (CUDA 13), or set DNNBIND_NVRTC_PATH.",
     "nccl": "Install NCCL: `pip install nvidia-nccl-cu12` (CUDA 12) or `pip install nvidia-nccl-cu13` (CUDA 13),"
             " or set DNNBIND_NCCL_PATH to libnccl.so.2.",
+    "cusolver": "Install cuSOLVER: `pip install nvidia-cusolver-cu12` (CUDA 12) or `pip install nvidia-cusolver`"
+                " (CUDA 13; it also needs nvidia-cusparse and nvidia-nvjitlink), or set DNNBIND_CUSOLVER_PATH.",
 }
 
 _lock = threading.Lock()

@@ -128,6 +128,12 @@ def install(ns: dict) -> None:
               "tile", "repeat", "slice", "slice_axis", "flip", "one_hot", "pick", "sort", "argsort", "topk", "norm",
               "relu", "sigmoid", "tanh", "exp", "log", "softmax", "log_softmax"):
         setattr(NDArray, m, _method(ns[m], m))
+    # more of MXNet 1.9.1's NDArray methods, each where dnnbind has the operator (GluonCV's CenterNet decoder
+    # calls x.shape_array())
+    for m in ("shape_array", "size_array", "reshape_like", "slice_like", "softmin", "diag", "pad", "fix",
+              "depth_to_space", "space_to_depth", "argmax_channel", "split_v2"):
+        if m in ns and not hasattr(NDArray, m):
+            setattr(NDArray, m, _method(ns[m], m))
     NDArray.flatten = lambda self: _shape.flatten(self)
     NDArray.T = property(lambda self: invoke(REGISTRY["transpose"], (self,), _NO_PARAMS))
     NDArray.astype = _astype

@@ -508,6 +508,15 @@ DECLARED = {
     '_linalg_det': (
         ('A', 'NDArray-or-Symbol'),
     ),
+    '_linalg_extractdiag': (
+        ('A', 'NDArray-or-Symbol'),
+        ('offset', "int, optional, default='0'"),
+    ),
+    '_linalg_extracttrian': (
+        ('A', 'NDArray-or-Symbol'),
+        ('offset', "int, optional, default='0'"),
+        ('lower', 'boolean, optional, default=1'),
+    ),
     '_linalg_gemm': (
         ('A', 'NDArray-or-Symbol'),
         ('B', 'NDArray-or-Symbol'),
@@ -529,10 +538,22 @@ DECLARED = {
     '_linalg_inverse': (
         ('A', 'NDArray-or-Symbol'),
     ),
+    '_linalg_makediag': (
+        ('A', 'NDArray-or-Symbol'),
+        ('offset', "int, optional, default='0'"),
+    ),
+    '_linalg_maketrian': (
+        ('A', 'NDArray-or-Symbol'),
+        ('offset', "int, optional, default='0'"),
+        ('lower', 'boolean, optional, default=1'),
+    ),
     '_linalg_potrf': (
         ('A', 'NDArray-or-Symbol'),
     ),
     '_linalg_potri': (
+        ('A', 'NDArray-or-Symbol'),
+    ),
+    '_linalg_slogdet': (
         ('A', 'NDArray-or-Symbol'),
     ),
     '_linalg_sumlogdiag': (
@@ -1183,6 +1204,7 @@ ALIASES = {
     '_npi_rnn_param_concat': '_rnn_param_concat',
     '_npi_shuffle': '_shuffle',
     '_npi_slice': 'slice',
+    '_npi_slogdet': '_linalg_slogdet',
     '_npi_sort': 'sort',
     '_npi_swapaxes': 'SwapAxis',
     '_npi_take': 'take',
@@ -1296,11 +1318,16 @@ ALIASES = {
     'flip': 'reverse',
     'identity': '_copy',
     'linalg_det': '_linalg_det',
+    'linalg_extractdiag': '_linalg_extractdiag',
+    'linalg_extracttrian': '_linalg_extracttrian',
     'linalg_gemm': '_linalg_gemm',
     'linalg_gemm2': '_linalg_gemm2',
     'linalg_inverse': '_linalg_inverse',
+    'linalg_makediag': '_linalg_makediag',
+    'linalg_maketrian': '_linalg_maketrian',
     'linalg_potrf': '_linalg_potrf',
     'linalg_potri': '_linalg_potri',
+    'linalg_slogdet': '_linalg_slogdet',
     'linalg_sumlogdiag': '_linalg_sumlogdiag',
     'linalg_syrk': '_linalg_syrk',
     'linalg_trmm': '_linalg_trmm',

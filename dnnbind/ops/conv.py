@@ -3,8 +3,11 @@ fused bias+ReLU forward (at most 32 filter taps) by an NVRTC kernel instead (ops
 
 Imports _lib, runtime and ops. Cross-correlation (what every framework calls convolution). The output
 shape is validated by ops._check (same rule as cudnnGetConvolution2dForwardOutputDim; a CPU test holds the
-two together). Algorithms come from ops.algos, chosen once per shape; the workspace is shared per stream (up to
-32 MiB; a larger one is borrowed from the pool for the call: ops._common.scratch).
+two together); 5-D data (N, C, D, H, W), channels first only, by ops.reference.conv.conv3d_params, and given to
+cuDNN on N-d descriptors (tests/test_conv3d.py holds its shape rule to cudnnGetConvolutionNdForwardOutputDim; the
+backend-API plans of ops.conv_backend are 4-D only, so 3-D takes the legacy algorithms). Algorithms come from
+ops.algos, chosen once per shape (keyed on the full shapes); the workspace is shared per stream (up to 32 MiB; a
+larger one is borrowed from the pool for the call: ops._common.scratch).
 
 ``layout``: "NCHW" (x (N, C, H, W), w (K, C/groups, R, S), y (N, K, P, Q)) or "NHWC", MXNet's channels-last
 (x (N, H, W, C), w (K, R, S, C/groups), "OHWI", y (N, P, Q, K); b (K,) either way), given to cuDNN as
@@ -14,14 +17,12 @@ in memory and on disk), so the two layouts' choices never mix.
 
 from __future__ import annotations
 
-from .._lib.errors import DnnbindTypeError, DnnbindValueError
-
 import threading
 
 import numpy as np
 
 from .._lib import cudnn, hooks
-from .._lib.errors import CudnnError
+from .._lib.errors import CudnnError, DnnbindTypeError, DnnbindValueError
 from .._lib.hooks import TRACING
 from ..runtime import config
 from ..runtime.array import NDArray, empty
@@ -32,6 +33,7 @@ from . import descriptors as D
 from ._common import blas, cache_insert, dnn, float_dtype, out_like, scratch, with_context
 from ._dispatch import op
 from .blas import ones_vector, row_sums_into, sum_rows_into
+from .reference.conv import conv3d_bias_params, conv3d_grad_params, conv3d_params
 
 L = cudnn.lib
 BACKEND = algos.BACKEND
@@ -54,8 +56,8 @@ class _Plan:
 
     def _build_plans(self, direction: str, handle) -> list:
         x_shape, w_shape, stride, padding, dilation, groups, dtype, math, layout = self.params
-        if dtype not in conv_backend.DTYPES:
-            return []
+        if dtype not in conv_backend.DTYPES or len(x_shape) != 4:  # conv_backend builds 4-D graphs only; 3-D
+            return []  # convolutions take the legacy algorithms
         try:
             return conv_backend.candidates(handle, direction, x_shape, w_shape, self.y_shape, stride, padding,
                                            dilation, dtype, math, algos.deterministic(), groups=groups,
@@ -105,26 +107,32 @@ def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b
 
 def _new_plan(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math,
               layout="NCHW") -> _Plan:
+    three_d = len(x_shape) == 5
     if dy_shape is None:
-        stride, padding, dilation, groups, y_shape = _check.conv_params(
-            opname, x_shape, w_shape, b_shape, stride, padding, dilation, groups, layout)
+        check = conv3d_params if three_d else _check.conv_params
+        stride, padding, dilation, groups, y_shape = check(opname, x_shape, w_shape, b_shape, stride, padding,
+                                                           dilation, groups, layout)
     else:
-        stride, padding, dilation, groups, y_shape = _check.conv_grad_params(
-            opname, x_shape, w_shape, dy_shape, stride, padding, dilation, groups, layout)
+        check = conv3d_grad_params if three_d else _check.conv_grad_params
+        stride, padding, dilation, groups, y_shape = check(opname, x_shape, w_shape, dy_shape, stride, padding,
+                                                           dilation, groups, layout)
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     plan = _Plan()
     plan.params = (x_shape, w_shape, stride, padding, dilation, groups, dtype, math, layout)
     plan.y_shape = y_shape
     plan.cdesc = D.conv(padding, stride, dilation, groups, dtype, math)
     plan.key = (x_shape, w_shape, stride, padding, dilation, groups, dtype.str, math, layout)
-    if layout == "NHWC":  # the same dims for cuDNN, laid out channels last (descriptors.tensor_nhwc/filt_nhwc)
+    if three_d:  # 5-D (N, C, D, H, W): N-d descriptors (a 3-entry convolution descriptor, 5-D tensors and filter)
+        plan.xd, plan.wd, plan.yd = D.tensor_nd(x_shape, dtype), D.filt(w_shape, dtype), D.tensor_nd(y_shape, dtype)
+        plan.bd = D.tensor_nd((1, y_shape[1], 1, 1, 1), dtype)
+    elif layout == "NHWC":  # the same dims for cuDNN, laid out channels last (descriptors.tensor_nhwc/filt_nhwc)
         plan.xd, plan.wd, plan.yd = D.tensor_nhwc(x_shape, dtype), D.filt_nhwc(w_shape, dtype), \
             D.tensor_nhwc(y_shape, dtype)
         plan.bd = D.tensor_nhwc((1, 1, 1, y_shape[3]), dtype)
     else:
         plan.xd, plan.wd, plan.yd = D.tensor(x_shape, dtype), D.filt(w_shape, dtype), D.tensor(y_shape, dtype)
         plan.bd = D.tensor((1, y_shape[1], 1, 1), dtype)
-    plan.small = _small_filter(plan) if opname == "conv_bias_relu_forward" else None
+    plan.small = _small_filter(plan) if opname == "conv_bias_relu_forward" and not three_d else None
     return plan
 
 
@@ -293,7 +301,10 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
 def conv_backward_bias(dy, layout="NCHW"):
     """db[k] = sum of dy over n, h, w: ``cudnnConvolutionBackwardBias``."""
     dtype = float_dtype("conv_backward_bias", dy=dy)
-    k = _check.conv_bias_params("conv_backward_bias", dy._shape, layout)
+    if len(dy._shape) == 5:  # 3-D: D.tensor folds (N, K, O, P, Q) into (N, K, O*P, Q), the same per-channel sum
+        k = conv3d_bias_params("conv_backward_bias", dy._shape, layout)
+    else:
+        k = _check.conv_bias_params("conv_backward_bias", dy._shape, layout)
     db = out_like((k,), dtype, dy._device)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
     if layout == "NHWC":

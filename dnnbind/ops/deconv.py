@@ -20,6 +20,7 @@ from . import descriptors as D
 from ._common import dnn, float_dtype, with_context
 from ._dispatch import op
 from .conv import conv_backward_data, conv_backward_filter, conv_forward
+from .reference.deconv import deconv3d_grad_params, deconv3d_params
 
 L = cudnn.lib
 
@@ -29,7 +30,8 @@ def deconv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, adj=
     """y = conv_transpose(x, w) + b: ``cudnnConvolutionBackwardData`` (+ ``cudnnAddTensor`` for the bias).
     x (N, C, H, W), w (C, F/groups, R, S), b (F,); y (N, F, (H-1)*sh - 2*ph + dh*(R-1) + 1 + adj_h, ...)."""
     dtype = float_dtype("deconv_forward", x=x, w=w, b=b)
-    stride, padding, dilation, groups, _, y_shape = _check.deconv_params(
+    check = deconv3d_params if len(x._shape) == 5 else _check.deconv_params
+    stride, padding, dilation, groups, _, y_shape = check(
         "deconv_forward", x._shape, w._shape, None if b is None else b._shape, stride, padding, dilation, groups,
         adj)
     # The convolution being transposed maps y's shape to x's: conv's backward data with dy = x, dx = y.
@@ -37,6 +39,7 @@ def deconv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, adj=
     if b is not None:
         one = D.scalar_ptr(1, dtype)
         try:
+            # NOTE: D.tensor folds a 5-D y into (N, F, O*P*Q, 1); the per-channel bias adds the same way
             L.cudnnAddTensor(dnn(y), one, D.tensor((1, y_shape[1], 1, 1), dtype), b._ptr, one,
                              D.tensor(y_shape, dtype), y._ptr)
         except CudnnError as exc:
@@ -49,7 +52,8 @@ def deconv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups
     """dx = conv(dy, w): ``cudnnConvolutionForward`` (dy (N, F, P, Q) as its input, w as its filter)."""
     float_dtype("deconv_backward_data", w=w, dy=dy)
     x_shape = _check.check_shape_arg("deconv_backward_data", "x_shape", x_shape)
-    stride, padding, dilation, groups, _, _ = _check.deconv_grad_params(
+    check = deconv3d_grad_params if len(x_shape) == 5 else _check.deconv_grad_params
+    stride, padding, dilation, groups, _, _ = check(
         "deconv_backward_data", x_shape, w._shape, dy._shape, stride, padding, dilation, groups)
     return conv_forward.impl(dy, w, None, stride, padding, dilation, groups)
 
@@ -60,6 +64,7 @@ def deconv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, grou
     (into ``out`` if given, GPU only)."""
     float_dtype("deconv_backward_filter", x=x, dy=dy)
     w_shape = _check.check_shape_arg("deconv_backward_filter", "w_shape", w_shape)
-    stride, padding, dilation, groups, _, _ = _check.deconv_grad_params(
+    check = deconv3d_grad_params if len(x._shape) == 5 else _check.deconv_grad_params
+    stride, padding, dilation, groups, _, _ = check(
         "deconv_backward_filter", x._shape, w_shape, dy._shape, stride, padding, dilation, groups)
     return conv_backward_filter.impl(dy, x, w_shape, stride, padding, dilation, groups, out=out)

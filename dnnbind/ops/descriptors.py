@@ -54,6 +54,11 @@ def cudnn_dtype(op: str, dtype) -> int:
                         "or float16") from None
 
 
+def _int_array(values) -> ctypes.Array:
+    """A C int[] for the Nd setters (read during the call, not kept)."""
+    return (ctypes.c_int * len(values))(*values)
+
+
 class _Descriptor:
     _create = _destroy = ""
     __slots__ = ("_as_parameter_", "_finalizer", "__weakref__")
@@ -80,20 +85,26 @@ class TensorDesc(_Descriptor):
     _create, _destroy = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
     __slots__ = ()
 
-    def __init__(self, shape4: tuple, dtype, fmt: int = cudnn.CUDNN_TENSOR_NCHW):
+    def __init__(self, shape: tuple, dtype, fmt: int = cudnn.CUDNN_TENSOR_NCHW):
         super().__init__()
-        # NOTE: the dims are (N, C, H, W) in both formats; the format says how they lie in memory.
-        L.cudnnSetTensor4dDescriptor(self, fmt, cudnn_dtype("tensor", dtype), *shape4)
+        if len(shape) == 4:
+            # NOTE: the dims are (N, C, H, W) in both formats; the format says how they lie in memory.
+            L.cudnnSetTensor4dDescriptor(self, fmt, cudnn_dtype("tensor", dtype), *shape)
+        else:  # (N, C, D, H, W): packed, the format saying channels first or last, as for 4-D
+            L.cudnnSetTensorNdDescriptorEx(self, fmt, cudnn_dtype("tensor", dtype), len(shape), _int_array(shape))
 
 
 class FilterDesc(_Descriptor):
     _create, _destroy = "cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor"
     __slots__ = ()
 
-    def __init__(self, shape4: tuple, dtype, fmt: int = cudnn.CUDNN_TENSOR_NCHW):
+    def __init__(self, shape: tuple, dtype, fmt: int = cudnn.CUDNN_TENSOR_NCHW):
         super().__init__()
-        # NOTE: the dims are (K, C, R, S) in both formats; NHWC lays them out as K, R, S, C (MXNet's OHWI weight).
-        L.cudnnSetFilter4dDescriptor(self, cudnn_dtype("filter", dtype), fmt, *shape4)
+        if len(shape) == 4:
+            # NOTE: the dims are (K, C, R, S) in both formats; NHWC lays them out as K, R, S, C (MXNet's OHWI).
+            L.cudnnSetFilter4dDescriptor(self, cudnn_dtype("filter", dtype), fmt, *shape)
+        else:  # (K, C/groups, T, R, S): a 3-D convolution's weight
+            L.cudnnSetFilterNdDescriptor(self, cudnn_dtype("filter", dtype), fmt, len(shape), _int_array(shape))
 
 
 class ConvDesc(_Descriptor):
@@ -104,8 +115,12 @@ class ConvDesc(_Descriptor):
         super().__init__()
         # NOTE: half data computes in float ("pseudo half"); double in double.
         compute = cudnn.CUDNN_DATA_DOUBLE if np.dtype(dtype) == np.float64 else cudnn.CUDNN_DATA_FLOAT
-        L.cudnnSetConvolution2dDescriptor(self, padding[0], padding[1], stride[0], stride[1], dilation[0],
-                                          dilation[1], cudnn.CUDNN_CROSS_CORRELATION, compute)
+        if len(padding) == 2:
+            L.cudnnSetConvolution2dDescriptor(self, padding[0], padding[1], stride[0], stride[1], dilation[0],
+                                              dilation[1], cudnn.CUDNN_CROSS_CORRELATION, compute)
+        else:  # 3-D: one entry per spatial axis (D, H, W)
+            L.cudnnSetConvolutionNdDescriptor(self, len(padding), _int_array(padding), _int_array(stride),
+                                              _int_array(dilation), cudnn.CUDNN_CROSS_CORRELATION, compute)
         if groups > 1:
             L.cudnnSetConvolutionGroupCount(self, groups)
         # NOTE: cuDNN's default math lets FP32 convolutions run on TF32 tensor cores; FMA_MATH forbids it.
@@ -146,8 +161,12 @@ class PoolingDesc(_Descriptor):
 
     def __init__(self, mode: str, window, padding, stride):
         super().__init__()
-        L.cudnnSetPooling2dDescriptor(self, self.MODES[mode], cudnn.CUDNN_PROPAGATE_NAN, window[0], window[1],
-                                      padding[0], padding[1], stride[0], stride[1])
+        if len(window) == 2:
+            L.cudnnSetPooling2dDescriptor(self, self.MODES[mode], cudnn.CUDNN_PROPAGATE_NAN, window[0], window[1],
+                                          padding[0], padding[1], stride[0], stride[1])
+        else:  # 3-D: one entry per spatial axis (D, H, W); the tensors are 5-D (tensor_nd)
+            L.cudnnSetPoolingNdDescriptor(self, self.MODES[mode], cudnn.CUDNN_PROPAGATE_NAN, len(window),
+                                          _int_array(window), _int_array(padding), _int_array(stride))
 
 
 CACHE_LIMIT = 4096
@@ -163,6 +182,20 @@ def tensor(shape: tuple, dtype) -> TensorDesc:
     """A 4-D NCHW descriptor for ``shape``: (N, C) -> (N, C, 1, 1); 1-D (C,) -> (1, C, 1, 1)."""
     key = ("t", shape, dtype)
     return _cache.get(key) or _insert(key, lambda: TensorDesc(as4d(shape), dtype))
+
+
+def tensor_nd(shape: tuple, dtype) -> TensorDesc:
+    """A packed channels-first descriptor with all of ``shape``'s dims (5-D (N, C, D, H, W) for 3-D convolution and
+    pooling), where ``tensor`` folds everything into 4 dims."""
+    key = ("tnd", shape, dtype)
+    return _cache.get(key) or _insert(key, lambda: TensorDesc(tuple(shape), dtype))
+
+
+def tensor_ndhwc(shape: tuple, dtype) -> TensorDesc:
+    """A channels-last descriptor for an array of shape (N, D, H, W, C) (3-D pooling with layout NDHWC)."""
+    key = ("tndn", shape, dtype)
+    n, d, h, w, c = shape
+    return _cache.get(key) or _insert(key, lambda: TensorDesc((n, c, d, h, w), dtype, cudnn.CUDNN_TENSOR_NHWC))
 
 
 def tensor_nhwc(shape: tuple, dtype) -> TensorDesc:
@@ -225,6 +258,16 @@ def conv_output_dim(x_shape, w_shape, padding, stride, dilation, groups, dtype) 
                                             tensor(tuple(x_shape), dtype), filt(tuple(w_shape), dtype),
                                             ctypes.byref(n), ctypes.byref(c), ctypes.byref(h), ctypes.byref(w))
     return n.value, c.value, h.value, w.value
+
+
+def conv_output_dim_nd(x_shape, w_shape, padding, stride, dilation, groups, dtype) -> tuple:
+    """cuDNN's own answer for a 3-D (or any N-d) convolution's output shape (host-side; works without a GPU)."""
+    out = (ctypes.c_int * len(x_shape))()
+    L.cudnnGetConvolutionNdForwardOutputDim(conv(tuple(padding), tuple(stride), tuple(dilation), groups, dtype,
+                                                 "fp32"),
+                                            tensor_nd(tuple(x_shape), dtype), filt(tuple(w_shape), dtype),
+                                            len(x_shape), out)
+    return tuple(out)
 
 
 # --- RNN (ops/defs/rnn.py) -------------------------------------------------------------------------------------

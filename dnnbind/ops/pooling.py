@@ -1,4 +1,4 @@
-"""Layer 2 (ops): 2-D pooling through cuDNN and two NVRTC kernels. Imports _lib, runtime and ops.
+"""Layer 2 (ops): 2-D and 3-D pooling through cuDNN and two NVRTC kernels. Imports _lib, runtime and ops.
 
 Modes: "max", "avg" (padding counted in the divisor, CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING) and
 "avg_exclude_pad". Output size floor((H + 2p - k) / s) + 1, cuDNN's rule. ``layout="NHWC"``: x (N, H, W, C) and
@@ -10,6 +10,10 @@ pooling kernels cost 4-8 us per call at SimpleCNN's sizes). The forward propagat
 CUDNN_PROPAGATE_NAN. The backward routes each window's dy to its first maximal x (ops.reference's rule) and gives a
 window holding a NaN no gradient (the reference's rule too; what cuDNN does there is not documented). Every other
 case goes to cuDNN.
+
+5-D data (N, C, D, H, W), or (N, D, H, W, C) with ``layout`` "NHWC"/"NDHWC", is checked by
+ops.reference.pooling.pool3d_params and pooled by cuDNN on N-d descriptors (a 3-entry pooling descriptor; 5-D
+tensors, channels last through the NHWC format of cudnnSetTensorNdDescriptorEx).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from . import _nn_kernels as K
 from . import descriptors as D
 from ._common import dnn, float_dtype, out_like
 from ._dispatch import op
+from .reference.pooling import CHANNELS_LAST_3D, pool3d_grad_params, pool3d_params
 
 L = cudnn.lib
 MAX_POOL_KERNEL = True  # False: cuDNN for every case (the tests compare the two)
@@ -52,6 +57,8 @@ def _desc(shape, dtype, layout):
 def pooling_forward(x, mode="max", window=2, stride=None, padding=0, layout="NCHW"):
     """``cudnnPoolingForward``, or the max-pool kernel (window == stride, no padding: see above)."""
     dtype = float_dtype("pooling_forward", x=x)
+    if len(x._shape) == 5:
+        return _pooling3d_forward(x, dtype, mode, window, stride, padding, layout)
     window, stride, padding, y_shape = _check.pool_params("pooling_forward", x._shape, mode, window, stride,
                                                           padding, layout)
     y = out_like(y_shape, dtype, x._device)
@@ -69,6 +76,8 @@ def pooling_backward(y, dy, x, mode="max", window=2, stride=None, padding=0, lay
     """``cudnnPoolingBackward`` (needs the forward's x and y: max routes dy to the arg-max), or the max-pool
     kernel."""
     dtype = float_dtype("pooling_backward", y=y, dy=dy, x=x)
+    if len(x._shape) == 5:
+        return _pooling3d_backward(y, dy, x, dtype, mode, window, stride, padding, layout)
     window, stride, padding, y_shape = _check.pool_grad_params("pooling_backward", x._shape, y._shape, dy._shape,
                                                                mode, window, stride, padding, layout)
     dx = out_like(x._shape, dtype, x._device)
@@ -76,6 +85,30 @@ def pooling_backward(y, dy, x, mode="max", window=2, stride=None, padding=0, lay
         _pool_kernel("bwd", (x, dy, dx), x._shape, y_shape, window, dtype, layout)
         return dx
     yd, xd = _desc(y_shape, dtype, layout), _desc(x._shape, dtype, layout)
+    L.cudnnPoolingBackward(dnn(x), D.pooling(mode.lower(), window, padding, stride), D.scalar_ptr(1, dtype),
+                           yd, y._ptr, yd, dy._ptr, xd, x._ptr, D.scalar_ptr(0, dtype), xd, dx._ptr)
+    return dx
+
+
+def _desc3d(shape, dtype, layout):
+    return D.tensor_ndhwc(shape, dtype) if layout in CHANNELS_LAST_3D else D.tensor_nd(shape, dtype)
+
+
+def _pooling3d_forward(x, dtype, mode, window, stride, padding, layout):
+    window, stride, padding, y_shape = pool3d_params("pooling_forward", x._shape, mode, window, stride, padding,
+                                                     layout)
+    y = out_like(y_shape, dtype, x._device)
+    L.cudnnPoolingForward(dnn(x), D.pooling(mode.lower(), window, padding, stride), D.scalar_ptr(1, dtype),
+                          _desc3d(x._shape, dtype, layout), x._ptr, D.scalar_ptr(0, dtype),
+                          _desc3d(y_shape, dtype, layout), y._ptr)
+    return y
+
+
+def _pooling3d_backward(y, dy, x, dtype, mode, window, stride, padding, layout):
+    window, stride, padding, y_shape = pool3d_grad_params("pooling_backward", x._shape, y._shape, dy._shape, mode,
+                                                          window, stride, padding, layout)
+    dx = out_like(x._shape, dtype, x._device)
+    yd, xd = _desc3d(y_shape, dtype, layout), _desc3d(x._shape, dtype, layout)
     L.cudnnPoolingBackward(dnn(x), D.pooling(mode.lower(), window, padding, stride), D.scalar_ptr(1, dtype),
                            yd, y._ptr, yd, dy._ptr, xd, x._ptr, D.scalar_ptr(0, dtype), xd, dx._ptr)
     return dx

@@ -1,18 +1,19 @@
-"""Contributed Gluon blocks (``mxnet.gluon.contrib``): so far the recurrent cells of ``contrib.rnn``.
-Layer: gluon; imports gluon.rnn.
+"""Contributed Gluon blocks (``mxnet.gluon.contrib``): ``nn`` (Concurrent, HybridConcurrent, Identity,
+SparseEmbedding, SyncBatchNorm, PixelShuffle1D/2D/3D), ``cnn`` (the deformable convolutions) and ``rnn`` (the
+recurrent cells). Layer: gluon; imports gluon.nn, gluon.rnn.
 
-MXNet 1.9.1's other contrib namespaces (``nn``, ``cnn``, ``data``, ``estimator``) raise UnsupportedFeature naming
-them (``__getattr__`` below); a typo a plain AttributeError.
+MXNet 1.9.1's other contrib namespaces (``data``, ``estimator``) raise UnsupportedFeature naming them
+(``__getattr__`` below); a typo a plain AttributeError.
 """
 
 import sys
 
 from ...features import UnsupportedFeature
-from . import rnn
+from . import cnn, nn, rnn
 
-__all__ = ["rnn"]
+__all__ = ["cnn", "nn", "rnn"]
 
-_MXNET_NAMES = frozenset(["nn", "cnn", "data", "estimator"])
+_MXNET_NAMES = frozenset(["data", "estimator"])
 
 
 def __getattr__(name: str):

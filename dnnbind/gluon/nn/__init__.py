@@ -1,6 +1,6 @@
 """Neural network layers (``mxnet.gluon.nn``). Layer: gluon; imports nd and gluon.block.
 
-A layer MXNet 1.9.1 has and dnnbind lacks (``Conv3D``) raises UnsupportedFeature naming it; a typo a plain
+A layer MXNet 1.9.1 has and dnnbind lacks (``GroupNorm``) raises UnsupportedFeature naming it; a typo a plain
 AttributeError (``__getattr__`` below).
 """
 
@@ -24,10 +24,13 @@ from .basic_layers import (
 from .conv_layers import (
     AvgPool1D,
     AvgPool2D,
+    AvgPool3D,
     Conv1D,
     Conv1DTranspose,
     Conv2D,
     Conv2DTranspose,
+    Conv3D,
+    Conv3DTranspose,
     GlobalAvgPool1D,
     GlobalAvgPool2D,
     GlobalAvgPool3D,
@@ -36,6 +39,7 @@ from .conv_layers import (
     GlobalMaxPool3D,
     MaxPool1D,
     MaxPool2D,
+    MaxPool3D,
 )
 from .norm_layers import BatchNorm, InstanceNorm, LayerNorm  # noqa: E402
 
@@ -59,6 +63,7 @@ __all__ = [
     "Activation",
     "AvgPool1D",
     "AvgPool2D",
+    "AvgPool3D",
     "BatchNorm",
     "BatchNormAddRelu",
     "Block",
@@ -66,6 +71,8 @@ __all__ = [
     "Conv1DTranspose",
     "Conv2D",
     "Conv2DTranspose",
+    "Conv3D",
+    "Conv3DTranspose",
     "Dense",
     "Dropout",
     "Embedding",
@@ -85,6 +92,7 @@ __all__ = [
     "LeakyReLU",
     "MaxPool1D",
     "MaxPool2D",
+    "MaxPool3D",
     "PReLU",
     "Sequential",
     "Swish",

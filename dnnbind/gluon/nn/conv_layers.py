@@ -3,12 +3,15 @@
 Conv2D keeps MXNet's weight layout (channels, in_channels/groups, kh, kw) for NCHW, and (channels, kh, kw,
 in_channels/groups) for ``layout='NHWC'`` (channels last, MXNet's "OHWI": the data layout applied to the weight).
 Both are cuDNN filter layouts, so ``nd.Convolution`` hands the weight to cuDNN unchanged. The 2-D pooling layers
-take ``layout='NHWC'`` too (data (N, H, W, C)); the other layers keep their channels-first layout only.
+take ``layout='NHWC'`` too (data (N, H, W, C)), the 3-D ones ``layout='NDHWC'`` (MXNet 1.9.1's CPU pools it; its
+convolution kernels refuse it, so Conv3D is NCDHW only); the other layers keep their channels-first layout only.
 ``in_channels=0`` defers the weight's shape to the first forward pass. The 1-D layers (Conv1D, MaxPool1D,
 AvgPool1D, GlobalMax/AvgPool1D; layout NCW) run the 2-D path on a view with H = 1 and keep MXNet's 1-D weight
 shape (channels, in_channels/groups, k), so their parameter files match MXNet's. ``ceil_mode=True`` is
 ``nd.Pooling(pooling_convention='full')``. Conv1DTranspose/Conv2DTranspose (``nd.Deconvolution``) keep MXNet's
-weight (in_channels, channels/groups, *kernel) and share Conv's name counter (``conv0_``), as in MXNet.
+weight (in_channels, channels/groups, *kernel) and share Conv's name counter (``conv0_``), as in MXNet. The 3-D
+layers (Conv3D, Conv3DTranspose, MaxPool3D, AvgPool3D, GlobalMax/AvgPool3D; NCDHW) run cuDNN's N-d convolution and
+pooling.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from ..block import Block
 from ._checks import size
 from .basic_layers import Activation
 
-__all__ = ["AvgPool1D", "AvgPool2D", "Conv1D", "Conv1DTranspose", "Conv2D", "Conv2DTranspose", "GlobalAvgPool1D",
-           "GlobalAvgPool2D", "GlobalAvgPool3D", "GlobalMaxPool1D", "GlobalMaxPool2D", "GlobalMaxPool3D", "MaxPool1D",
-           "MaxPool2D"]
+__all__ = ["AvgPool1D", "AvgPool2D", "AvgPool3D", "Conv1D", "Conv1DTranspose", "Conv2D", "Conv2DTranspose", "Conv3D",
+           "Conv3DTranspose",
+           "GlobalAvgPool1D", "GlobalAvgPool2D", "GlobalAvgPool3D", "GlobalMaxPool1D", "GlobalMaxPool2D",
+           "GlobalMaxPool3D", "MaxPool1D", "MaxPool2D", "MaxPool3D"]
 
 _LAYOUTS = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
 _CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
@@ -43,7 +47,7 @@ def _check_layout(name: str, dims: int, layout, channels_last: bool = False) -> 
 
 
 class _Conv(Block):
-    """Convolution over ``_dims`` spatial axes (1 or 2), channels first (or last, where ``_nhwc`` allows it)."""
+    """Convolution over ``_dims`` spatial axes (1, 2 or 3), channels first (or last, where ``_nhwc`` allows it)."""
     _dims = 2
     _nhwc = False  # whether layout='NHWC' is offered (Conv2D)
     _array_input = True
@@ -173,6 +177,17 @@ class Conv1D(_Conv):
                          weight_initializer, bias_initializer, in_channels, prefix, params)
 
 
+class Conv3D(_Conv):
+    """3-D convolution, NCDHW (cuDNN's N-d convolution); weight (channels, in_channels/groups, kd, kh, kw)."""
+    _dims = 3
+
+    def __init__(self, channels: int, kernel_size, strides=(1, 1, 1), padding=(0, 0, 0), dilation=(1, 1, 1),
+                 groups: int = 1, layout: str = "NCDHW", activation: str | None = None, use_bias: bool = True,
+                 weight_initializer=None, bias_initializer=None, in_channels: int = 0, prefix=None, params=None):
+        super().__init__(channels, kernel_size, strides, padding, dilation, groups, layout, activation, use_bias,
+                         weight_initializer, bias_initializer, in_channels, prefix, params)
+
+
 class _ConvTranspose(_Conv):
     """Transposed convolution (``nd.Deconvolution``: cudnnConvolutionBackwardData on a GPU) over ``_dims`` axes.
     MXNet's weight layout (in_channels, channels/groups, *kernel); per axis the output is
@@ -227,8 +242,22 @@ class Conv1DTranspose(_ConvTranspose):
                          activation, use_bias, weight_initializer, bias_initializer, in_channels, prefix, params)
 
 
+class Conv3DTranspose(_ConvTranspose):
+    """3-D transposed convolution, NCDHW (cuDNN's N-d descriptors); weight (in_channels, channels/groups, kd, kh,
+    kw). MXNet 1.9.1 refuses a dilation other than 1 in 3-D (so does nd.Deconvolution)."""
+    _dims = 3
+
+    def __init__(self, channels: int, kernel_size, strides=(1, 1, 1), padding=(0, 0, 0), output_padding=(0, 0, 0),
+                 dilation=(1, 1, 1), groups: int = 1, layout: str = "NCDHW", activation: str | None = None,
+                 use_bias: bool = True, weight_initializer=None, bias_initializer=None, in_channels: int = 0,
+                 prefix=None, params=None):
+        super().__init__(channels, kernel_size, strides, padding, output_padding, dilation, groups, layout,
+                         activation, use_bias, weight_initializer, bias_initializer, in_channels, prefix, params)
+
+
 class _Pool(Block):
-    """Max/avg pooling over ``_dims`` spatial axes (1 or 2) by ``nd.Pooling``; 2-D also channels last (NHWC)."""
+    """Max/avg pooling over ``_dims`` spatial axes (1, 2 or 3) by ``nd.Pooling``; 2-D and 3-D also channels last
+    (NHWC, NDHWC)."""
     _pool_type = "max"
     _dims = 2
     _array_input = True
@@ -236,7 +265,7 @@ class _Pool(Block):
     def __init__(self, pool_size=2, strides=None, padding=0, layout: str | None = None, ceil_mode: bool = False,
                  global_pool: bool = False, count_include_pad: bool = True, prefix=None, params=None):
         name, dims = type(self).__name__, self._dims
-        self._layout = _check_layout(name, dims, layout if layout is not None else _LAYOUTS[dims], dims == 2)
+        self._layout = _check_layout(name, dims, layout if layout is not None else _LAYOUTS[dims], dims != 1)
         self._size = as_tuple(pool_size, dims, name, "pool_size", 1)
         self._strides = as_tuple(strides if strides is not None else pool_size, dims, name, "strides", 1)
         self._padding = as_tuple(padding, dims, name, "padding", 0)
@@ -253,14 +282,12 @@ class _Pool(Block):
         return nd.Pooling(x, kernel=self._size, pool_type=self._pool_type, stride=self._strides, pad=self._padding,
                           global_pool=self._global, pooling_convention="full" if self._ceil else "valid",
                           count_include_pad=self._count_include_pad,
-                          layout=self._layout if self._dims == 2 else None)
+                          layout=None if self._dims == 1 else self._layout)
 
     def __repr__(self) -> str:
-        layout = self._layout
-        if self._global:
-            return f"{type(self).__name__}(global_pool=True, pool_type={self._pool_type}, layout={layout})"
         return (f"{type(self).__name__}(size={self._size}, stride={self._strides}, padding={self._padding}, "
-                f"ceil_mode={self._ceil}, global_pool=False, pool_type={self._pool_type}, layout={layout})")
+                f"ceil_mode={self._ceil}, global_pool={self._global}, pool_type={self._pool_type}, "
+                f"layout={self._layout})")
 
 
 class MaxPool2D(_Pool):
@@ -299,11 +326,13 @@ class AvgPool1D(_Pool):
                          **kwargs)
 
 
+# The global layers pass ceil_mode=True as MXNet's do: Pooling ignores the convention for global_pool, but print(net)
+# and export show it.
 class GlobalMaxPool2D(_Pool):
     """(N, C, H, W) -> (N, C, 1, 1) by max ((N, H, W, C) -> (N, 1, 1, C) for NHWC)."""
 
     def __init__(self, layout="NCHW", **kwargs):
-        super().__init__(1, None, 0, layout, global_pool=True, **kwargs)
+        super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)
 
 
 class GlobalAvgPool2D(_Pool):
@@ -311,7 +340,7 @@ class GlobalAvgPool2D(_Pool):
     _pool_type = "avg"
 
     def __init__(self, layout="NCHW", **kwargs):
-        super().__init__(1, None, 0, layout, global_pool=True, **kwargs)
+        super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)
 
 
 class GlobalMaxPool1D(_Pool):
@@ -319,7 +348,7 @@ class GlobalMaxPool1D(_Pool):
     _dims = 1
 
     def __init__(self, layout="NCW", **kwargs):
-        super().__init__(1, None, 0, layout, global_pool=True, **kwargs)
+        super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)
 
 
 class GlobalAvgPool1D(_Pool):
@@ -328,36 +357,41 @@ class GlobalAvgPool1D(_Pool):
     _dims = 1
 
     def __init__(self, layout="NCW", **kwargs):
-        super().__init__(1, None, 0, layout, global_pool=True, **kwargs)
+        super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)
 
 
-class _GlobalPool3D(Block):
-    """(N, C, D, H, W) -> (N, C, 1, 1, 1): a reduction over the three spatial axes (cuDNN's pooling is 2-D)."""
-    _pool_type = "max"
-    _array_input = True
+class MaxPool3D(_Pool):
+    """Max pooling over D, H, W of (N, C, D, H, W) ((N, D, H, W, C) for NDHWC); ``strides`` defaults to
+    ``pool_size``. MXNet's argument order (ceil_mode before layout, unlike MaxPool2D's)."""
+    _dims = 3
 
-    def __init__(self, layout="NCDHW", prefix=None, params=None):
-        _check_layout(type(self).__name__, 3, layout)
-        super().__init__(prefix=prefix, params=params)
-
-    def _alias(self) -> str:
-        return "pool"
-
-    def forward(self, x):
-        if x.ndim != 5 or 0 in x.shape:
-            raise DnnbindValueError(f"{self.name}: {type(self).__name__} expects non-empty NCDHW input (5-D), got "
-                                    f"shape {x.shape}")
-        reduce = nd.max if self._pool_type == "max" else nd.mean
-        return reduce(x, axis=(2, 3, 4), keepdims=True)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(global_pool=True, pool_type={self._pool_type}, layout=NCDHW)"
+    def __init__(self, pool_size=(2, 2, 2), strides=None, padding=0, ceil_mode=False, layout="NCDHW", **kwargs):
+        super().__init__(pool_size, strides, padding, layout, ceil_mode, **kwargs)
 
 
-class GlobalMaxPool3D(_GlobalPool3D):
-    """(N, C, D, H, W) -> (N, C, 1, 1, 1) by max."""
-
-
-class GlobalAvgPool3D(_GlobalPool3D):
-    """(N, C, D, H, W) -> (N, C, 1, 1, 1) by mean."""
+class AvgPool3D(_Pool):
+    """Average pooling over D, H, W; padded zeros count unless ``count_include_pad=False``."""
     _pool_type = "avg"
+    _dims = 3
+
+    def __init__(self, pool_size=(2, 2, 2), strides=None, padding=0, ceil_mode=False, layout="NCDHW",
+                 count_include_pad=True, **kwargs):
+        super().__init__(pool_size, strides, padding, layout, ceil_mode, count_include_pad=count_include_pad,
+                         **kwargs)
+
+
+class GlobalMaxPool3D(_Pool):
+    """(N, C, D, H, W) -> (N, C, 1, 1, 1) by max ((N, D, H, W, C) -> (N, 1, 1, 1, C) for NDHWC)."""
+    _dims = 3
+
+    def __init__(self, layout="NCDHW", **kwargs):
+        super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)
+
+
+class GlobalAvgPool3D(_Pool):
+    """(N, C, D, H, W) -> (N, C, 1, 1, 1) by mean ((N, D, H, W, C) -> (N, 1, 1, 1, C) for NDHWC)."""
+    _pool_type = "avg"
+    _dims = 3
+
+    def __init__(self, layout="NCDHW", **kwargs):
+        super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)

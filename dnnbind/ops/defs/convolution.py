@@ -1,11 +1,14 @@
 """MXNet's ``Convolution``: cuDNN's convolution forward and backward (ops/conv.py) on a GPU, ops/reference/conv.py on
-the cpu; 1-D and 2-D, NCHW and NHWC, groups, dilation; a fused ReLU with dnnbind's ``act_type='relu'``.
+the cpu; 1-D, 2-D and 3-D, NCHW and NHWC (2-D only), groups, dilation; a fused ReLU with dnnbind's
+``act_type='relu'``.
 
 MXNet 1.9.1 declares the parameters (kernel and num_filter required; stride, dilate 1 and pad 0 on every axis by
 default; weight (num_filter, C/num_group, *kernel), a bias (num_filter,) unless ``no_bias``). ``workspace``,
 ``cudnn_tune`` and ``cudnn_off`` are parsed and ignored: dnnbind times and caches algorithms per shape (ops.algos).
-1-D data (N, C, W) runs the 2-D path on (N, C, 1, W) views; 3-D convolution is not supported. ``layout='NHWC'``:
-data (N, H, W, C), weight (num_filter, kh, kw, C/num_group), run by cuDNN on channels-last descriptors.
+1-D data (N, C, W) runs the 2-D path on (N, C, 1, W) views. 3-D data (N, C, D, H, W) (weight (num_filter,
+C/num_group, kd, kh, kw)) runs cuDNN's N-d descriptors, channels first only: MXNet 1.9.1 parses layout='NDHWC' but its
+CPU kernels fail on it, so dnnbind refuses it. ``layout='NHWC'``: data (N, H, W, C), weight (num_filter, kh, kw,
+C/num_group), run by cuDNN on channels-last descriptors.
 
 ``act_type='relu'`` (dnnbind's addition: what Gluon's ``Conv2D(activation='relu')`` passes) fuses the ReLU. The GPU
 lowering's tactics live here, beside the library calls:
@@ -21,6 +24,8 @@ lowering's tactics live here, beside the library calls:
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -40,9 +45,10 @@ _FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 class Geometry:
     """A checked call's geometry: the 2-D shapes cuDNN sees (1-D data as (N, C, 1, W)), stride, pad, dilate,
-    groups, layout, whether the ReLU is fused, and the output's shape as the caller sees it."""
+    groups, layout, whether there is a ReLU and whether it may be fused (2-D only), the number of spatial axes, and
+    the output's shape as the caller sees it."""
     __slots__ = ("x_shape", "w_shape", "y_shape", "out_shape", "stride", "pad", "dilate", "groups", "layout",
-                 "relu", "key")
+                 "relu", "fusable", "dims", "key")
 
     def conv_args(self) -> tuple:
         return self.stride, self.pad, self.dilate, self.groups
@@ -60,13 +66,17 @@ def _prepare(p, data, weight, bias):
         raise DnnbindValueError(f"{op}: kernel must give the filter's size on each spatial axis, got {kernel!r} "
                                 f"(data {data.shape})")
     dims = len(kernel)
-    if dims == 3:
-        raise NotImplementedError(f"{op}: 3-D convolution (kernel {kernel}, data {data.shape}) is not supported by "
-                                  "dnnbind")
-    if dims not in (1, 2) or data.ndim != dims + 2:
+    if dims not in (1, 2, 3) or data.ndim != dims + 2:
+        axes = {1: "W", 2: "H, W", 3: "D, H, W"}.get(dims, "...")
         raise DnnbindValueError(f"{op}: kernel {kernel} has {dims} spatial axes, so data must be {dims + 2}-D (N, C, "
-                                f"{'W' if dims == 1 else 'H, W'}); got data {data.shape}")
-    if dims == 1:
+                                f"{axes}); got data {data.shape}")
+    if dims == 3:
+        if layout not in (None, "NCDHW"):  # MXNet 1.9.1: NDHWC passes shape inference, then its CPU kernels fail
+            raise DnnbindValueError(f"{op}: layout must be 'NCDHW' for 5-D data {data.shape}, got {layout!r} "
+                                    "(channels-last 3-D convolution is not supported; MXNet 1.9.1's CPU kernels "
+                                    "refuse it too)")
+        layout = "NCHW"  # channels first: what ops.conv calls it for 4-D and 5-D data alike
+    elif dims == 1:
         if layout not in (None, "NCW"):
             kind = NotImplementedError if layout == "NWC" else DnnbindValueError
             raise kind(f"{op}: layout must be 'NCW' for 3-D data {data.shape}, got {layout!r}")
@@ -122,6 +132,8 @@ def _prepare(p, data, weight, bias):
         g.x_shape, g.w_shape, g.y_shape = data.shape, weight.shape, out_shape
     g.out_shape, g.stride, g.pad, g.dilate, g.groups, g.layout = out_shape, stride, pad, dilate, num_group, layout
     g.relu = p["act_type"] == "relu"
+    g.fusable = g.relu and dims != 3  # cuDNN's fused conv+bias+ReLU (and dnnbind's kernels for it) are 4-D only
+    g.dims = dims
     g.key = (g.x_shape, g.w_shape, data.dtype, stride, pad, dilate, num_group, layout)
     return g
 
@@ -178,11 +190,13 @@ def _cpu_backward(c, saved, grads, dy):
 
 def _gpu_forward(c, x, w, b):
     g = c.geo
+    if g.dims == 3:
+        return _gpu_forward_3d(g, x, w, b)
     one_d = len(g.out_shape) == 3
     if one_d:
         x, w = view(x, g.x_shape), view(w, g.w_shape)
     y = None
-    if g.relu and b is not None and x._dtype in _FUSED_DTYPES and g.key not in UNFUSED:
+    if g.fusable and b is not None and x._dtype in _FUSED_DTYPES and g.key not in UNFUSED:
         try:
             y = _conv.conv_bias_relu_forward.gpu(x, w, b, *g.conv_args(), layout=g.layout)
         except CudnnError:  # float16 or NHWC: where cuDNN has no fused engine for the shape, the two calls
@@ -200,6 +214,8 @@ def _gpu_forward(c, x, w, b):
 
 def _gpu_backward(c, saved, grads, dy):
     g = c.geo
+    if g.dims == 3:
+        return _gpu_backward_3d(g, saved, grads, dy)
     x, w, b, out = saved
     needs = grads.needs
     into_w, into_b = grads.into[1], grads.into[2]
@@ -233,6 +249,31 @@ def _gpu_backward(c, saved, grads, dy):
     return dx, dw, db
 
 
+def _gpu_forward_3d(g, x, w, b):
+    """5-D data: cuDNN's convolution on N-d descriptors, then the ReLU (if any) as its own call."""
+    y = _conv.conv_forward.gpu(x, w, b, *g.conv_args())
+    if g.relu:
+        y = _pointwise.activation_forward.gpu(y, "relu")
+    return y, [x, w, b, y if g.relu else None]
+
+
+def _gpu_backward_3d(g, saved, grads, dy):
+    x, w, b, out = saved
+    needs = grads.needs
+    if g.relu:
+        if grads.frees:
+            saved[3] = None
+        dy = _pointwise.activation_backward.gpu(out, dy, out, "relu")
+        del out
+    dx = _conv.conv_backward_data.gpu(w, dy, g.x_shape, *g.conv_args()) if needs[0] else None
+    dw = _conv.conv_backward_filter.gpu(x, dy, g.w_shape, *g.conv_args(), out=grads.into[1]) if needs[1] else None
+    db = None
+    if b is not None and needs[2]:  # the per-channel sum of dy, seen as (N, K, O*P*Q, 1): the gemvs are 4-D
+        n, k = g.y_shape[:2]
+        db = _conv.conv_backward_bias_gemv(view(dy, (n, k, math.prod(g.y_shape[2:]), 1)), out=grads.into[2])
+    return dx, dw, db
+
+
 def _x_shape_1d(g) -> tuple:
     return g.x_shape[:2] + g.x_shape[3:]
 
@@ -259,6 +300,11 @@ def _samples(rng):
            {"kernel": (3,), "num_filter": 5, "stride": (2,), "pad": (1,)})
     yield ({"data": x((2, 3, 6, 6)), "weight": x((4, 3, 3, 3)), "bias": x((4,))},
            {"kernel": (3, 3), "num_filter": 4, "pad": (1, 1), "act_type": "relu"})
+    yield ({"data": x((2, 4, 4, 5, 3)), "weight": x((6, 2, 2, 3, 1)), "bias": x((6,))},
+           {"kernel": (2, 3, 1), "num_filter": 6, "num_group": 2, "stride": (1, 2, 1), "pad": (1, 0, 1),
+            "dilate": (2, 1, 1)})
+    yield ({"data": x((1, 2, 3, 4, 4)), "weight": x((3, 2, 1, 3, 3))},
+           {"kernel": (1, 3, 3), "num_filter": 3, "pad": (0, 1, 1), "no_bias": True, "act_type": "relu"})
 
 
 define(OpDef("Convolution", prepare=_prepare, infer=_infer, samples=_samples,

@@ -1,6 +1,6 @@
 """MXNet's ``Deconvolution`` (transposed convolution): ops/deconv.py on a GPU (cudnnConvolutionBackwardData forward,
 cudnnConvolutionForward for the data gradient, cudnnConvolutionBackwardFilter for the weight's), ops/reference/
-deconv.py on the cpu; 1-D and 2-D data, NCW/NCHW, groups, dilation.
+deconv.py on the cpu; 1-D, 2-D and 3-D data, NCW/NCHW/NCDHW, groups, dilation.
 
 MXNet 1.9.1 declares the parameters (kernel and num_filter required; stride, dilate 1 and pad, adj 0 on every axis
 by default; no_bias True, unlike Convolution). The weight is (in_channels, num_filter/num_group, *kernel); per
@@ -9,8 +9,9 @@ adj is the transpose of no convolution). ``target_shape`` (not all zero) replace
 DeconvolutionParam::InferPad does: with t = stride*(in-1) + dilate*(kernel-1) + 1 - target, pad = ceil(t/2) and
 adj = t % 2. ``workspace``, ``cudnn_tune`` and ``cudnn_off`` are parsed and ignored: dnnbind times and caches
 algorithms per shape (ops.algos). 1-D data (N, C, W) runs the 2-D path on (N, C, 1, W) views, the weight
-(C, F/g, k) as (C, F/g, 1, k); gradients come back in the caller's shapes. Refused where dnnbind has no kernel:
-3-D deconvolution and channels-last layouts (MXNet's cpu build has neither for Deconvolution either).
+(C, F/g, k) as (C, F/g, 1, k); gradients come back in the caller's shapes. 3-D data (N, C, D, H, W) runs on
+cuDNN's N-d descriptors (ops.conv's 3-D path). Refused where dnnbind has no kernel: channels-last layouts (MXNet's
+cpu build has none for Deconvolution either).
 
 The bias gradient is two cuBLAS gemvs (ops.conv.conv_backward_bias_gemv), as for Convolution: cudnnConvolution-
 BackwardBias is slow (FACTS.md). The weight and bias gradients are written straight into a Parameter's grad buffer
@@ -19,6 +20,8 @@ where autograd offers one (``grads.into``).
 
 from __future__ import annotations
 
+import math
+
 from ..._lib.errors import DnnbindTypeError, DnnbindValueError
 from .. import deconv as _deconv
 from .. import reference
@@ -26,7 +29,7 @@ from ..args import check_fits, spatial
 from ..conv import conv_backward_bias_gemv
 from ..opdef import Lowering, OpDef, define, view
 
-_LAYOUTS = {1: "NCW", 2: "NCHW"}
+_LAYOUTS = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
 
 
 class Geometry:
@@ -53,8 +56,8 @@ def _prepare(p, data, weight, bias):
                                     f"{op}")
     dims = data.ndim - 2
     if dims not in _LAYOUTS:
-        raise DnnbindValueError(f"{op}: data must be 3-D (N, C, W) or 4-D (N, C, H, W), got shape {data.shape}"
-                                + (" (3-D deconvolution is not supported)" if dims == 3 else ""))
+        raise DnnbindValueError(f"{op}: data must be 3-D (N, C, W), 4-D (N, C, H, W) or 5-D (N, C, D, H, W), got "
+                                f"shape {data.shape}")
     if not kernel:
         raise DnnbindValueError(f"{op}: kernel must give the filter's size on each spatial axis, got {kernel!r} "
                                 f"(data {data.shape})")
@@ -92,6 +95,9 @@ def _prepare(p, data, weight, bias):
     dilate = spatial(op, "dilate", p["dilate"], dims, 1, 1, data.shape)
     pad = spatial(op, "pad", p["pad"], dims, 0, 0, data.shape)
     adj = spatial(op, "adj", p["adj"], dims, 0, 0, data.shape)
+    if dims == 3 and dilate != (1, 1, 1):  # MXNet 1.9.1's shape inference refuses it (cuDNN could run it)
+        raise DnnbindValueError(f"{op}: Dilate is not supported in 3d deconvolution (MXNet 1.9.1); got dilate "
+                                f"{dilate} (data {data.shape})")
     if any(p["target_shape"]):  # MXNet: all zeros (its default) is unset
         target = spatial(op, "target_shape", p["target_shape"], dims, 0, 1, data.shape)
         pad, adj = _infer_pad(data.shape[2:], kernel, stride, dilate, target)
@@ -120,7 +126,7 @@ def _prepare(p, data, weight, bias):
 def _check_weight(data, weight, kernel, num_filter, num_group, dims) -> None:
     """The weight against the data and the parameters (messages in the caller's shapes, 1-D included)."""
     op = "Deconvolution"
-    layout = "(in_channels, num_filter/num_group, " + ("k)" if dims == 1 else "kh, kw)")
+    layout = "(in_channels, num_filter/num_group, " + {1: "k)", 2: "kh, kw)", 3: "kd, kh, kw)"}[dims]
     if weight.ndim != dims + 2:
         raise DnnbindValueError(f"{op}: weight must be {dims + 2}-D {layout} for {dims + 2}-D data; got weight "
                                 f"{weight.shape}, data {data.shape}")
@@ -204,6 +210,8 @@ def _gpu_backward(c, saved, grads, dy):
     g = c.geo
     x, w = saved
     needs, into_w, into_b = grads.needs, grads.into[1], grads.into[2]
+    if len(g.y_shape) == 5:
+        return _gpu_backward_3d(g, x, w, needs, into_w, into_b, dy)
     if g.one_d:
         dy = view(dy, g.y_shape)
         if into_w is not None:  # the Parameter's buffer has the 1-D shape: written through a 2-D view of it
@@ -215,6 +223,16 @@ def _gpu_backward(c, saved, grads, dy):
         dx = None if dx is None else view(dx, _drop_h(g.x_shape))
         if dw is not None:  # the Parameter's own buffer where it was written there (autograd then skips a copy)
             dw = grads.into[1] if grads.into[1] is not None else view(dw, _drop_h(g.w_shape))
+    return dx, dw, db
+
+
+def _gpu_backward_3d(g, x, w, needs, into_w, into_b, dy):
+    dx = _deconv.deconv_backward_data.gpu(w, dy, g.x_shape, *g.conv_args()) if needs[0] else None
+    dw = _deconv.deconv_backward_filter.gpu(x, dy, g.w_shape, *g.conv_args(), out=into_w) if needs[1] else None
+    db = None
+    if needs[2]:  # the per-channel sum of dy, seen as (N, F, O*P*Q, 1): the gemvs are 4-D
+        n, f = g.y_shape[:2]
+        db = conv_backward_bias_gemv(view(dy, (n, f, math.prod(g.y_shape[2:]), 1)), out=into_b)
     return dx, dw, db
 
 
@@ -236,6 +254,9 @@ def _samples(rng):
     yield ({"data": x((2, 3, 5)), "weight": x((3, 2, 3)), "bias": x((2,))},
            {"kernel": (3,), "num_filter": 2, "stride": (2,), "pad": (1,), "adj": (1,), "dilate": (2,),
             "no_bias": False})
+    yield ({"data": x((1, 4, 2, 3, 3)), "weight": x((4, 1, 2, 3, 2)), "bias": x((2,))},
+           {"kernel": (2, 3, 2), "num_filter": 2, "num_group": 2, "stride": (2, 1, 2), "pad": (0, 1, 1),
+            "adj": (1, 0, 0), "no_bias": False})
 
 
 define(OpDef("Deconvolution", prepare=_prepare, infer=_infer, samples=_samples,

@@ -1,26 +1,27 @@
-"""MXNet's ``Pooling`` (max, avg, sum, lp; 'valid' and 'full' conventions; global; 1-D and 2-D, NCHW and NHWC):
+"""MXNet's ``Pooling`` (max, avg, sum, lp; 'valid' and 'full' conventions; global; 1-D, 2-D and 3-D, channels first
+and last):
 cudnnPoolingForward/Backward (ops/pooling.py) on a GPU, ops/reference/pooling.py on the cpu, with what cuDNN lacks
 composed around the one pooling call.
 
-cuDNN pools 4-D data in three modes ('max', 'avg' counting padding, 'avg_exclude_pad') with the 'valid' (floor)
+cuDNN pools 4-D and 5-D data in three modes ('max', 'avg' counting padding, 'avg_exclude_pad') with the 'valid' (floor)
 output size. The rest of MXNet's operator is arithmetic around that call, the same on both backends:
 
 - 'sum' is the average counting padding times the window's area (padding adds zeros to a sum);
 - 'lp' (``p_value`` p) is (sum of x^p over the window)^(1/p), signed for odd p: x^p, 'sum', then the root. Its
   gradient is MXNet's, dy * (x / y)^(p - 1), composed the same way;
-- 'full' (ceil: output 1 + ceil((H + 2 pad - k) / s)) appends rows and columns on the high side (the lowest finite
-  value for max, so a window that holds only those gives MXNet's lowest value; zeros otherwise) and pools them
-  with 'valid'. Its averages are then rescaled to MXNet's divisor (pool.h: a window counting padding stops at
+- 'full' (ceil: output 1 + ceil((H + 2 pad - k) / s)) appends rows and columns (and planes) on the high side
+  (the lowest finite value for max, so a window that holds only those gives MXNet's lowest value; zeros
+  otherwise) and pools them with 'valid'. Its averages are then rescaled to MXNet's divisor (pool.h: a window counting padding stops at
   H + pad, so the appended rows never count; without padding only real elements count);
 - global pooling is a kernel of the whole input, stride 1, no padding (``kernel``, ``stride``, ``pad`` and the
   convention are ignored, as MXNet ignores them);
-- 1-D data (N, C, W) is pooled as an (N, C, 1, W) view; channels-last data (NHWC) by cuDNN on channels-last
-  descriptors.
+- 1-D data (N, C, W) is pooled as an (N, C, 1, W) view; 3-D data (N, C, D, H, W) on cuDNN's N-d descriptors;
+  channels-last data (NHWC, and NDHWC, which MXNet 1.9.1's CPU pools too) by cuDNN on channels-last descriptors.
 
 MXNet 1.9.1 declares ``kernel`` (required unless ``global_pool``), ``stride`` (1 on every axis), ``pad`` (0),
 ``pool_type`` 'max', ``pooling_convention`` 'valid', ``count_include_pad`` (None: True), ``p_value`` (None),
 ``layout`` (None: channels first), ``cudnn_off`` (checked, ignored). Refused with ValueError where dnnbind has no
-answer that matches MXNet: 3-D pooling (NotImplementedError), channels-last 1-D data, 'same' (MXNet has it for 1-D
+answer that matches MXNet: channels-last 1-D data, 'same' (MXNet has it for 1-D
 max pooling only, and refuses it in shape inference), 'lp' without a ``p_value`` >= 1, a pad not smaller than the
 kernel or a kernel larger than the padded input (MXNet's oneDNN kernels refuse both, its own give values of no
 window).
@@ -45,7 +46,8 @@ _OP = "Pooling"
 
 
 class _Divisor:
-    """'full' averages: the factors (1, 1, P, Q) ((1, P, Q, 1) channels last) turning cuDNN's window sum / area
+    """'full' averages: the factors (1, 1, P, Q) ((1, P, Q, 1) channels last; (1, 1, O, P, Q) in 3-D) turning
+    cuDNN's window sum / area
     into MXNet's average, in float64; each device's copy is uploaded once (the geometry holding this is cached per
     call signature, so a training loop uploads it once)."""
     __slots__ = ("host", "copies")
@@ -63,17 +65,17 @@ class _Divisor:
 
 class _Geo(NamedTuple):
     x: tuple                # the input's shape
-    x4: tuple               # the input as pooled: 4-D, 1-D data as (N, C, 1, W)
-    y4: tuple               # the pooled output, 4-D
+    x4: tuple               # the input as pooled: 4-D (1-D data as (N, C, 1, W)), or 5-D for 3-D data
+    y4: tuple               # the pooled output, as x4
     y: tuple                # the output's shape as returned (3-D for 1-D data)
     layout: str             # "NCHW" or "NHWC"
     mode: str               # cuDNN's mode: "max", "avg" (padding counted) or "avg_exclude_pad"
-    window: tuple           # (kh, kw), stride and pad likewise
+    window: tuple           # (kh, kw) or (kd, kh, kw), stride and pad likewise
     stride: tuple
     pad: tuple
-    extra: tuple            # 'full': the rows and columns appended on the high side; (0, 0) for none
+    extra: tuple            # 'full': the rows and columns (planes) appended on the high side; all 0 for none
     fill: float             # their value
-    factor: float           # what the pooled value is multiplied by: the window's area for sum and lp, else 1
+    factor: float           # what the pooled value is multiplied by: the window's size for sum and lp, else 1
     divisor: _Divisor | None  # 'full' averages with appended rows: MXNet's divisor
     p: int | None           # lp: p_value (None otherwise)
 
@@ -91,10 +93,9 @@ def _out_size(size: int, k: int, s: int, pad: int, full_: bool) -> int:
 def _prepare(p, data):
     shape = tuple(data.shape)
     dims = data.ndim - 2
-    if dims == 3:
-        raise NotImplementedError(f"Pooling: 3-D pooling (data {shape}) is not supported by dnnbind")
-    if dims not in (1, 2):
-        raise DnnbindValueError(f"Pooling: data must be 3-D (N, C, W) or 4-D (N, C, H, W), got shape {shape}")
+    if dims not in (1, 2, 3):
+        raise DnnbindValueError(f"Pooling: data must be 3-D (N, C, W), 4-D (N, C, H, W) or 5-D (N, C, D, H, W), got "
+                                f"shape {shape}")
     if data.dtype.kind != "f":
         raise DnnbindTypeError(f"Pooling: data must be a floating-point array, got {data.dtype} (shape {shape})")
     pool_type, convention, layout, p_value = p["pool_type"], p["pooling_convention"], p["layout"], p["p_value"]
@@ -103,6 +104,10 @@ def _prepare(p, data):
             raise DnnbindValueError(f"Pooling: layout must be 'NCW' for 3-D data {shape} (channels-last 1-D "
                                     f"pooling is not supported), got {layout!r}")
         layout = "NCHW"
+    elif dims == 3:  # ops.pooling calls channels first/last "NCHW"/"NHWC" in 4-D and 5-D alike
+        if layout not in (None, "NCDHW", "NDHWC"):
+            raise DnnbindValueError(f"Pooling: layout must be 'NCDHW' or 'NDHWC' (data {shape}), got {layout!r}")
+        layout = "NHWC" if layout == "NDHWC" else "NCHW"
     elif layout is None:
         layout = "NCHW"
     elif layout not in ("NCHW", "NHWC"):  # the parser took one of MXNet's layouts, of another rank
@@ -116,7 +121,7 @@ def _prepare(p, data):
         raise DnnbindValueError(f"Pooling: pool_type='lp' needs p_value (data {shape})")
     if p_value is not None and p_value < 1:  # no root 1/p (dnnbind refused it for every pool type, and still does)
         raise DnnbindValueError(f"Pooling: p_value must be >= 1, got {p_value} (data {shape})")
-    size = shape[1:3] if layout == "NHWC" else shape[2:]
+    size = shape[1:-1] if layout == "NHWC" else shape[2:]
     kernel = p["kernel"]
     if p["global_pool"]:  # MXNet: the kernel is the whole input, stride 1, no padding; the convention does not matter
         kernel, stride, pad, convention = tuple(size), (1,) * dims, (0,) * dims, "valid"
@@ -145,8 +150,9 @@ def _prepare(p, data):
     if dims == 1:
         size, kernel, stride, pad = (1,) + tuple(size), (1,) + kernel, (1,) + stride, (0,) + pad
     full_ = convention == "full"
-    out = tuple(_out_size(size[d], kernel[d], stride[d], pad[d], full_) for d in range(2))
-    extra = tuple(max(0, (out[d] - 1) * stride[d] + kernel[d] - size[d] - 2 * pad[d]) for d in range(2))
+    axes = range(len(size))
+    out = tuple(_out_size(size[d], kernel[d], stride[d], pad[d], full_) for d in axes)
+    extra = tuple(max(0, (out[d] - 1) * stride[d] + kernel[d] - size[d] - 2 * pad[d]) for d in axes)
     cip = p["count_include_pad"] is not False  # None means True
     if pool_type == "max":
         mode = "max"
@@ -160,7 +166,7 @@ def _prepare(p, data):
     y4 = (n, c) + out if nchw else (n,) + out + (c,)
     y = (n, c, out[1]) if dims == 1 else y4
     fill = float(np.finfo(data.dtype).min) if pool_type == "max" else 0.0
-    factor = float(kernel[0] * kernel[1]) if pool_type in ("sum", "lp") else 1.0
+    factor = float(math.prod(kernel)) if pool_type in ("sum", "lp") else 1.0
     return _Geo(shape, x4, y4, y, layout, mode, kernel, stride, pad, extra, fill, factor, divisor,
                 p_value if pool_type == "lp" else None)
 
@@ -169,14 +175,14 @@ def _divisor(size, window, stride, pad, out, include_pad: bool, layout: str) -> 
     """MXNet's 'full' averages (pool.h): a window counting padding stops at size + pad (the appended rows never
     count); without padding only real elements count. As factors of cuDNN's sum / area."""
     counts = []
-    for d in range(2):
+    for d in range(len(window)):
         start = np.arange(out[d]) * stride[d] - pad[d]
         if include_pad:
             cnt = np.minimum(start + window[d], size[d] + pad[d]) - start
         else:
             cnt = np.minimum(start + window[d], size[d]) - np.maximum(start, 0)
         counts.append(np.maximum(cnt, 1).astype(np.float64))  # a window of appended rows only: its sum is 0
-    host = (window[0] * window[1]) / np.outer(counts[0], counts[1])
+    host = math.prod(window) / functools.reduce(np.multiply.outer, counts)
     return _Divisor(host.reshape((1, 1) + host.shape if layout == "NCHW" else (1,) + host.shape + (1,)))
 
 
@@ -224,10 +230,10 @@ def _cpu_forward(c, x):
     xp = x4 if g.p is None or g.p == 1 else np.power(x4, float(g.p))
     h = 1 if g.layout == "NHWC" else 2
     xe = xp
-    for d in range(2):  # 'full': rows (d = 0), then columns, appended on the high side
-        if g.extra[d]:
+    for d, extra in enumerate(g.extra):  # 'full': rows (d = 0), then columns (then 3-D's last axis), appended
+        if extra:
             shape = list(xe.shape)
-            shape[h + d] = g.extra[d]
+            shape[h + d] = extra
             xe = np.concatenate([xe, np.full(shape, g.fill, xe.dtype)], axis=h + d)
     y0 = R.pooling_forward(xe, g.mode, g.window, g.stride, g.pad, layout=g.layout)
     s = y0 * g.factor if g.factor != 1 else y0
@@ -270,7 +276,7 @@ def _cpu_backward(c, saved, grads, dy):
 def _own_rows(g) -> tuple:
     """The index of the input's own rows and columns in its 'full' extension (the appended ones dropped)."""
     h = 1 if g.layout == "NHWC" else 2
-    return (slice(None),) * h + (slice(0, g.x4[h]), slice(0, g.x4[h + 1]))
+    return (slice(None),) * h + tuple(slice(0, g.x4[h + d]) for d in range(len(g.window)))
 
 
 # gpu: cuDNN, the arithmetic around it by table ops --------------------------------------------------------------
@@ -283,10 +289,10 @@ def _gpu_forward(c, x):
     xp = x4 if g.p is None or g.p == 1 else table("power", x4, float(g.p))
     h = 1 if g.layout == "NHWC" else 2
     xe = xp
-    for d in range(2):  # 'full': rows (d = 0), then columns, appended on the high side
-        if g.extra[d]:
+    for d, extra in enumerate(g.extra):  # 'full': rows (d = 0), then columns (then 3-D's last axis), appended
+        if extra:
             shape = list(xe._shape)
-            shape[h + d] = g.extra[d]
+            shape[h + d] = extra
             xe = table("concat", xe, full(tuple(shape), g.fill, xe._dtype, xe._device), dim=h + d)
     y0 = pooling_forward.gpu(xe, g.mode, g.window, g.stride, g.pad, layout=g.layout)
     s = table("multiply", y0, g.factor) if g.factor != 1 else y0
@@ -354,11 +360,19 @@ def _samples(rng):
     yield normal(2, 3, 9), {"kernel": (3,), "stride": (2,), "pad": (1,)}
     yield normal(1, 2, 8), {"kernel": (3,), "stride": (2,), "pool_type": "avg", "pooling_convention": "full",
                             "layout": "NCW"}
+    yield normal(2, 2, 4, 5, 6), {"kernel": (2, 3, 2), "stride": (2, 2, 1), "pad": (1, 1, 0)}
+    yield normal(1, 2, 5, 4, 5), {"kernel": (2, 2, 3), "stride": (2, 2, 2), "pool_type": "avg",
+                                  "pooling_convention": "full", "count_include_pad": False}
+    yield normal(1, 2, 3, 4, 3), {"kernel": (2, 2, 2), "pad": (1, 0, 1), "pool_type": "sum",
+                                  "pooling_convention": "full", "stride": (2, 2, 2)}
+    yield normal(1, 3, 4, 3, 5), {"kernel": (3, 2, 2), "stride": (1, 1, 2), "pool_type": "avg", "layout": "NDHWC"}
+    yield normal(2, 3, 3, 4, 2), {"global_pool": True, "pool_type": "max"}
 
 
 define(OpDef("Pooling", prepare=_prepare, infer=_infer, outputs=_outputs, samples=_samples,
              cpu=Lowering(_cpu_forward, _cpu_backward), gpu=Lowering(_gpu_forward, _gpu_backward),
-             doc="Pooling over the spatial axes of 3-D (N, C, W) or 4-D (N, C, H, W) data (MXNet's Pooling): "
+             doc="Pooling over the spatial axes of 3-D (N, C, W), 4-D (N, C, H, W) or 5-D (N, C, D, H, W) data "
+                 "(MXNet's Pooling): "
                  "cudnnPoolingForward. pool_type 'max', 'avg', 'sum' or 'lp' (p_value); pooling_convention 'valid' "
-                 "(floor) or 'full' (ceil); global_pool pools the whole input; layout 'NHWC' pools 4-D "
+                 "(floor) or 'full' (ceil); global_pool pools the whole input; layout 'NHWC' ('NDHWC') pools "
                  "channels-last data."))

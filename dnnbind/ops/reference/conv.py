@@ -1,11 +1,12 @@
-"""Numpy twin of the convolution ops and add_tensor.
+"""Numpy twin of the convolution ops and add_tensor: 2-D (N, C, H, W) and 3-D (N, C, D, H, W).
 
 Layer: dnnbind/ops. Imports numpy and dnnbind.ops._check only.
 
 Convolution is im2col + one matmul per group. The column buffer is laid out (C, R, S, N, P, Q) so that each
 group's slice is a single (C/g*R*S, N*P*Q) matrix: one large GEMM instead of N small ones, which is what
-makes CPU training of the MNIST CNN practical. Both im2col and col2im loop over the R*S kernel taps and copy
-or add one strided slice each (np.add.at would be ~100x slower).
+makes CPU training of the MNIST CNN practical. Both im2col and col2im loop over the kernel taps (R*S, or T*R*S for
+3-D data) and copy or add one strided slice each (np.add.at would be ~100x slower). 2-D calls are checked by
+ops._check; 5-D data (3-D convolution, channels first only) by conv3d_params here.
 
 ``layout="NHWC"`` (channels last: x (N, H, W, C), w (K, R, S, C/groups), y (N, P, Q, K)) is checked in its own
 shapes, then computed on NCHW transposes (w OHWI -> OIHW) and transposed back.
@@ -13,48 +14,52 @@ shapes, then computed on NCHW transposes (w OHWI -> OIHW) and transposed back.
 
 from __future__ import annotations
 
-from ..._lib.errors import DnnbindValueError
+from ..._lib.errors import DnnbindTypeError, DnnbindValueError
 
 import numpy as np
 
 from .. import _check
 
 
-def _tap_slices(r: int, s: int, stride, dilation, p: int, q: int) -> tuple[slice, slice]:
-    """Input rows/cols that kernel tap (r, s) reads for all P x Q output positions (padded coordinates)."""
-    h0, w0 = r * dilation[0], s * dilation[1]
-    return (slice(h0, h0 + stride[0] * (p - 1) + 1, stride[0]),
-            slice(w0, w0 + stride[1] * (q - 1) + 1, stride[1]))
+def _tap_slices(tap: tuple, stride, dilation, out) -> tuple:
+    """Input slices (one per spatial axis, padded coordinates) that kernel tap ``tap`` reads for all output
+    positions ``out``."""
+    return tuple(slice(t * d, t * d + s * (o - 1) + 1, s) for t, s, d, o in zip(tap, stride, dilation, out))
 
 
-def _im2col(x: np.ndarray, r: int, s: int, stride, padding, dilation, p: int, q: int) -> np.ndarray:
-    """x (N, C, H, W) -> columns (C, R, S, N, P, Q)."""
-    n, c, h, w = x.shape
-    xt = x.transpose(1, 0, 2, 3)
-    if padding != (0, 0):
-        xp = np.zeros((c, n, h + 2 * padding[0], w + 2 * padding[1]), dtype=x.dtype)
-        xp[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w] = xt
-    else:
-        xp = np.ascontiguousarray(xt)
-    cols = np.empty((c, r, s, n, p, q), dtype=x.dtype)
-    for i in range(r):
-        for j in range(s):
-            si, sj = _tap_slices(i, j, stride, dilation, p, q)
-            cols[:, i, j] = xp[:, :, si, sj]
+def _pad_channels_first(xt: np.ndarray, padding) -> np.ndarray:
+    """(C, N, *S) -> (C, N, *(S + 2 pad)), zeros around (a contiguous copy either way)."""
+    if not any(padding):
+        return np.ascontiguousarray(xt)
+    size = xt.shape[2:]
+    xp = np.zeros(xt.shape[:2] + tuple(s + 2 * q for s, q in zip(size, padding)), dtype=xt.dtype)
+    xp[(slice(None), slice(None)) + tuple(slice(q, q + s) for q, s in zip(padding, size))] = xt
+    return xp
+
+
+def _im2col(x: np.ndarray, kernel: tuple, stride, padding, dilation, out: tuple) -> np.ndarray:
+    """x (N, C, *S) -> columns (C, *kernel, N, *out): (C, R, S, N, P, Q) in 2-D, (C, T, R, S, N, O, P, Q) in 3-D."""
+    n, c = x.shape[:2]
+    xp = _pad_channels_first(x.swapaxes(0, 1), padding)
+    cols = np.empty((c,) + tuple(kernel) + (n,) + tuple(out), dtype=x.dtype)
+    every = (slice(None), slice(None))
+    for tap in np.ndindex(*kernel):
+        cols[(slice(None),) + tap] = xp[every + _tap_slices(tap, stride, dilation, out)]
     return cols
 
 
 def _col2im(cols: np.ndarray, x_shape, stride, padding, dilation) -> np.ndarray:
-    """Adjoint of _im2col: columns (C, R, S, N, P, Q) -> x (N, C, H, W), overlapping taps summed."""
-    n, c, h, w = x_shape
-    _, r, s, _, p, q = cols.shape
-    xp = np.zeros((c, n, h + 2 * padding[0], w + 2 * padding[1]), dtype=cols.dtype)
-    for i in range(r):
-        for j in range(s):
-            si, sj = _tap_slices(i, j, stride, dilation, p, q)
-            xp[:, :, si, sj] += cols[:, i, j]
-    xp = xp[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w]
-    return np.ascontiguousarray(xp.transpose(1, 0, 2, 3))
+    """Adjoint of _im2col: columns (C, *kernel, N, *out) -> x (N, C, *S), overlapping taps summed."""
+    n, c = x_shape[:2]
+    size = tuple(x_shape[2:])
+    dims = len(size)
+    kernel, out = cols.shape[1:1 + dims], cols.shape[2 + dims:]
+    xp = np.zeros((c, n) + tuple(s + 2 * q for s, q in zip(size, padding)), dtype=cols.dtype)
+    every = (slice(None), slice(None))
+    for tap in np.ndindex(*kernel):
+        xp[every + _tap_slices(tap, stride, dilation, out)] += cols[(slice(None),) + tap]
+    xp = xp[every + tuple(slice(q, q + s) for q, s in zip(padding, size))]
+    return np.ascontiguousarray(xp.swapaxes(0, 1))
 
 
 def _nchw(a: np.ndarray) -> np.ndarray:
@@ -68,30 +73,120 @@ def _nhwc(a: np.ndarray) -> np.ndarray:
 
 
 def _dy_matrix(dy: np.ndarray, groups: int) -> np.ndarray:
-    """dy (N, K, P, Q) -> (groups, K/groups, N*P*Q), the layout of the forward GEMM's output."""
-    n, k, p, q = dy.shape
-    return np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(groups, k // groups, n * p * q)
+    """dy (N, K, *out) -> (groups, K/groups, N*prod(out)), the layout of the forward GEMM's output."""
+    k = dy.shape[1]
+    return np.ascontiguousarray(dy.swapaxes(0, 1)).reshape(groups, k // groups, -1)
+
+
+# -- 3-D (N, C, D, H, W): checked here (ops._check covers 2-D), computed by the same N-d code --------------------
+
+LAYOUTS_3D = ("NCHW", "NCDHW")  # the ops' default layout names channels first; 3-D data is channels first only
+
+
+def conv3d_layout(op: str, layout) -> None:
+    """3-D convolution is channels first only: MXNet 1.9.1 parses layout='NDHWC' but its CPU kernels fail on it
+    ("could not create a descriptor for a dilated convolution forward propagation primitive")."""
+    if layout not in LAYOUTS_3D:
+        raise DnnbindValueError(f"{op}: 3-D convolution takes layout 'NCDHW' (data (N, C, D, H, W)), got {layout!r}; "
+                                "channels-last 3-D convolution is not supported (MXNet 1.9.1's CPU kernels refuse "
+                                "it too)")
+
+
+def _shape_text(**shapes) -> str:
+    return ", ".join(f"{k} {tuple(v)}" for k, v in shapes.items() if v is not None)
+
+
+def check_groups(op: str, groups) -> int:
+    if isinstance(groups, (bool, np.bool_)) or not isinstance(groups, (int, np.integer)):
+        raise DnnbindTypeError(f"{op}: groups must be an int, got {groups!r}")
+    if groups < 1:
+        raise DnnbindValueError(f"{op}: groups must be >= 1, got {groups}")
+    return int(groups)
+
+
+def conv3d_params(op: str, x_shape, w_shape, b_shape=None, stride=1, padding=0, dilation=1, groups=1,
+                  layout="NCDHW") -> tuple:
+    """Validate a 3-D convolution; returns (stride, padding, dilation, groups, y_shape) as conv_params (ops._check)
+    does for 2-D. x (N, C, D, H, W), w (K, C/groups, T, R, S), b (K,), y (N, K, O, P, Q)."""
+    conv3d_layout(op, layout)
+    x_shape = _check.check_ndim(op, "x", x_shape, (5,), "5-D (N, C, D, H, W)")
+    w_shape = _check.check_ndim(op, "w", w_shape, (5,), "5-D (K, C/groups, T, R, S)")
+    shapes = _shape_text(x=x_shape, w=w_shape)
+    stride = _check.as_tuple(stride, 3, op, "stride", 1)
+    padding = _check.as_tuple(padding, 3, op, "padding", 0)
+    dilation = _check.as_tuple(dilation, 3, op, "dilation", 1)
+    groups = check_groups(op, groups)
+    n, c = x_shape[:2]
+    k, cg = w_shape[:2]
+    if c % groups:
+        raise DnnbindValueError(f"{op}: x has {c} channels, not divisible by groups={groups}: {shapes}")
+    if k % groups:
+        raise DnnbindValueError(f"{op}: w has {k} output channels, not divisible by groups={groups}: {shapes}")
+    if cg * groups != c:
+        raise DnnbindValueError(f"{op}: x has {c} channels but w expects {cg * groups} (groups={groups}): {shapes}")
+    if b_shape is not None and tuple(b_shape) != (k,):
+        raise DnnbindValueError(f"{op}: b has shape {tuple(b_shape)} but w has {k} output channels; expected b "
+                                f"({k},): {shapes}")
+    span = tuple(d * (r - 1) + 1 for d, r in zip(dilation, w_shape[2:]))
+    padded = tuple(s + 2 * q for s, q in zip(x_shape[2:], padding))
+    if any(e > s for e, s in zip(span, padded)):
+        raise DnnbindValueError(f"{op}: kernel {w_shape[2:]} with dilation {dilation} spans {span}, larger than the "
+                                f"padded input {padded} (padding {padding}): {shapes}")
+    out = tuple((s - e) // st + 1 for s, e, st in zip(padded, span, stride))
+    return stride, padding, dilation, groups, (n, k) + out
+
+
+def conv3d_grad_params(op: str, x_shape, w_shape, dy_shape, stride=1, padding=0, dilation=1, groups=1,
+                       layout="NCDHW") -> tuple:
+    """conv3d_params, plus dy must have the forward output's shape."""
+    out = conv3d_params(op, x_shape, w_shape, None, stride, padding, dilation, groups, layout)
+    dy_shape = _check.check_ndim(op, "dy", dy_shape, (5,), "5-D (N, K, O, P, Q)")
+    if dy_shape != out[4]:
+        raise DnnbindValueError(f"{op}: dy has shape {dy_shape} but the convolution gives {out[4]}: "
+                                f"{_shape_text(x=x_shape, w=w_shape, dy=dy_shape)} (stride {out[0]}, padding "
+                                f"{out[1]}, dilation {out[2]}, groups {out[3]})")
+    return out
+
+
+def conv3d_bias_params(op: str, dy_shape, layout="NCDHW") -> int:
+    """conv_backward_bias of a 3-D convolution: dy is (N, K, O, P, Q); returns K."""
+    conv3d_layout(op, layout)
+    return _check.check_ndim(op, "dy", dy_shape, (5,), "5-D (N, K, O, P, Q)")[1]
+
+
+# -- the ops: 2-D (NCHW, NHWC) checked by ops._check, 3-D (NCDHW) by conv3d_params; one N-d computation ----------
+
+def _forward(x, w, b, stride, padding, dilation, groups, y_shape) -> np.ndarray:
+    n, k = y_shape[:2]
+    out = y_shape[2:]
+    cg, kernel = w.shape[1], w.shape[2:]
+    taps = cg * int(np.prod(kernel))
+    cols = _im2col(x, kernel, stride, padding, dilation, out).reshape(groups, taps, -1)
+    y = np.matmul(w.reshape(groups, k // groups, taps), cols)
+    y = y.reshape((k, n) + tuple(out)).swapaxes(0, 1)
+    if b is not None:
+        y = y + b.reshape((1, k) + (1,) * len(out))
+    return np.ascontiguousarray(y)
 
 
 @_check.float16_via_float32
 def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stride=1, padding=0, dilation=1,
                  groups: int = 1, layout: str = "NCHW") -> np.ndarray:
-    """y[n, k] = sum over c in k's group, r, s of x_padded[n, c, p*sh + r*dh, q*sw + s*dw] * w[k, c, r, s] + b[k]."""
+    """y[n, k] = sum over c in k's group, r, s of x_padded[n, c, p*sh + r*dh, q*sw + s*dw] * w[k, c, r, s] + b[k]
+    (the same over (t, r, s) for 5-D x (N, C, D, H, W))."""
     x, w = np.asarray(x), np.asarray(w)
     b = None if b is None else np.asarray(b)
     _check.check_dtype("conv_forward", _check.FLOAT32_64, x=x, w=w, b=b)
+    b_shape = None if b is None else b.shape
+    if x.ndim == 5:
+        stride, padding, dilation, groups, y_shape = conv3d_params(
+            "conv_forward", x.shape, w.shape, b_shape, stride, padding, dilation, groups, layout)
+        return _forward(x, w, b, stride, padding, dilation, groups, y_shape)
     stride, padding, dilation, groups, y_shape = _check.conv_params(
-        "conv_forward", x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups, layout)
+        "conv_forward", x.shape, w.shape, b_shape, stride, padding, dilation, groups, layout)
     if layout == "NHWC":
         return _nhwc(conv_forward(_nchw(x), _nchw(w), b, stride, padding, dilation, groups))
-    n, k, p, q = y_shape
-    _, cg, r, s = w.shape
-    cols = _im2col(x, r, s, stride, padding, dilation, p, q).reshape(groups, cg * r * s, n * p * q)
-    y = np.matmul(w.reshape(groups, k // groups, cg * r * s), cols)
-    y = y.reshape(k, n, p, q).transpose(1, 0, 2, 3)
-    if b is not None:
-        y = y + b.reshape(1, k, 1, 1)
-    return np.ascontiguousarray(y)
+    return _forward(x, w, b, stride, padding, dilation, groups, y_shape)
 
 
 @_check.float16_via_float32
@@ -102,34 +197,44 @@ def conv_backward_data(w: np.ndarray, dy: np.ndarray, x_shape, stride=1, padding
     op = "conv_backward_data"
     _check.check_dtype(op, _check.FLOAT32_64, w=w, dy=dy)
     x_shape = _check.check_shape_arg(op, "x_shape", x_shape)
-    stride, padding, dilation, groups, _ = _check.conv_grad_params(
-        op, x_shape, w.shape, dy.shape, stride, padding, dilation, groups, layout)
-    if layout == "NHWC":
-        return _nhwc(conv_backward_data(_nchw(w), _nchw(dy), _check.to_nchw(x_shape, layout), stride, padding,
-                                        dilation, groups))
-    n, k, p, q = dy.shape
-    _, cg, r, s = w.shape
-    wg = w.reshape(groups, k // groups, cg * r * s)
+    if len(x_shape) == 5:
+        stride, padding, dilation, groups, _ = conv3d_grad_params(op, x_shape, w.shape, dy.shape, stride, padding,
+                                                                  dilation, groups, layout)
+    else:
+        stride, padding, dilation, groups, _ = _check.conv_grad_params(
+            op, x_shape, w.shape, dy.shape, stride, padding, dilation, groups, layout)
+        if layout == "NHWC":
+            return _nhwc(conv_backward_data(_nchw(w), _nchw(dy), _check.to_nchw(x_shape, layout), stride, padding,
+                                            dilation, groups))
+    k, cg = w.shape[:2]
+    kernel = w.shape[2:]
+    wg = w.reshape(groups, k // groups, -1)
     dcols = np.matmul(wg.transpose(0, 2, 1), _dy_matrix(dy, groups))
-    return _col2im(dcols.reshape(cg * groups, r, s, n, p, q), x_shape, stride, padding, dilation)
+    cols_shape = (cg * groups,) + tuple(kernel) + (dy.shape[0],) + tuple(dy.shape[2:])
+    return _col2im(dcols.reshape(cols_shape), x_shape, stride, padding, dilation)
 
 
 @_check.float16_via_float32
 def conv_backward_filter(x: np.ndarray, dy: np.ndarray, w_shape, stride=1, padding=0, dilation=1,
                          groups: int = 1, layout: str = "NCHW") -> np.ndarray:
-    """dw[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] * x_padded[n, c, p*sh + r*dh, q*sw + s*dw]."""
+    """dw[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] * x_padded[n, c, p*sh + r*dh, q*sw + s*dw] (and over
+    o of the depth axis for 5-D x)."""
     x, dy = np.asarray(x), np.asarray(dy)
     op = "conv_backward_filter"
     _check.check_dtype(op, _check.FLOAT32_64, x=x, dy=dy)
     w_shape = _check.check_shape_arg(op, "w_shape", w_shape)
-    stride, padding, dilation, groups, _ = _check.conv_grad_params(
-        op, x.shape, w_shape, dy.shape, stride, padding, dilation, groups, layout)
-    if layout == "NHWC":
-        return _nhwc(conv_backward_filter(_nchw(x), _nchw(dy), _check.to_nchw(w_shape, layout), stride, padding,
-                                          dilation, groups))
-    n, _, p, q = dy.shape
-    _, cg, r, s = w_shape
-    cols = _im2col(x, r, s, stride, padding, dilation, p, q).reshape(groups, cg * r * s, n * p * q)
+    if x.ndim == 5:
+        stride, padding, dilation, groups, _ = conv3d_grad_params(op, x.shape, w_shape, dy.shape, stride, padding,
+                                                                  dilation, groups, layout)
+    else:
+        stride, padding, dilation, groups, _ = _check.conv_grad_params(
+            op, x.shape, w_shape, dy.shape, stride, padding, dilation, groups, layout)
+        if layout == "NHWC":
+            return _nhwc(conv_backward_filter(_nchw(x), _nchw(dy), _check.to_nchw(w_shape, layout), stride,
+                                              padding, dilation, groups))
+    cg, kernel = w_shape[1], w_shape[2:]
+    cols = _im2col(x, kernel, stride, padding, dilation, dy.shape[2:]).reshape(groups, cg * int(np.prod(kernel)),
+                                                                               -1)
     dw = np.matmul(_dy_matrix(dy, groups), cols.transpose(0, 2, 1))
     return np.ascontiguousarray(dw.reshape(w_shape))
 
@@ -139,6 +244,9 @@ def conv_backward_bias(dy: np.ndarray, layout: str = "NCHW") -> np.ndarray:
     """db[k] = sum of dy[:, k] (of dy[..., k] for NHWC)."""
     dy = np.asarray(dy)
     _check.check_dtype("conv_backward_bias", _check.FLOAT32_64, dy=dy)
+    if dy.ndim == 5:  # (N, K, O, P, Q)
+        conv3d_bias_params("conv_backward_bias", dy.shape, layout)
+        return dy.sum(axis=(0, 2, 3, 4))
     _check.conv_bias_params("conv_backward_bias", dy.shape, layout)
     return dy.sum(axis=(0, 2, 3) if layout == "NCHW" else (0, 1, 2))
 
