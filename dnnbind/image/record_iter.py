@@ -13,6 +13,28 @@ What matches MXNet (checked against its output, tests/test_image_record_iter.py)
 - ``round_batch=True``: the last batch wraps around to the first records (``pad`` counts them) and the next epoch
   starts after the wrapped records, as MXNet's does; labels (batch,) for label_width 1, else (batch, width).
 
+``ImageDetRecordIter`` runs MXNet's ``det_aug_default`` (``src/io/image_det_aug_default.cc``) in its order, on the
+image and its boxes together (tests/test_image_det_record_iter.py):
+
+- ``resize`` (shorter edge); HLS jitter (``max_random_hue`` / ``_saturation`` / ``_illumination``, each applied with
+  its ``random_*_prob``, added to OpenCV's 8-bit H, L, S and clipped) and contrast (``max_random_contrast``,
+  ``random_contrast_prob``: pixels times 1 + c, rounded); mirror (``rand_mirror_prob``, boxes flipped); pad
+  (``rand_pad_prob``, a square pad box of scale U(1, ``max_pad_scale``) image sizes, none below 1.05, filled with
+  ``fill_value``, boxes projected into it); the crop samplers (``rand_crop_prob``; ``num_crop_sampler`` samplers
+  in random order, each trying ``max_crop_trials`` boxes of scale U(``min/max_crop_scales``) and pixel aspect
+  U(``min/max_crop_aspect_ratios``), accepted when some box meets its ``min/max_crop_overlaps`` (IoU),
+  ``_sample_coverages`` (intersection / crop area) and ``_object_coverages`` (intersection / box area) and a box
+  is emitted: ``crop_emit_mode`` 'center' keeps the boxes whose centre lies in the crop, 'overlap' those covered
+  more than ``emit_overlap_thresh``; the first sampler that finds one wins, none: no crop); then ``resize_mode``
+  'force' (to ``data_shape``), 'shrink' (only when larger, keeping the aspect) or 'fit' (keeping the aspect),
+  each with ``inter_method`` (9 auto and 10 random too). A 'shrink' / 'fit' image smaller than ``data_shape``
+  sits at the top left on zeros, as in MXNet's fresh batch memory;
+- MXNet's parameter checks (crop tuples of 1 or ``num_crop_sampler`` values, max scale > min scale, ...) raise
+  DnnbindValueError; boxes with x2 <= x1 or y2 <= y1 are dropped, even without augmentation, as MXNet does;
+- labels: rows ``[channels, height, width, label length, header..., surviving objects..., label_pad_value...]``;
+- checked against MXNet's pixels and labels where nothing random runs (resize modes, interpolations,
+  ``rand_mirror_prob`` 1, random branches enabled with zero ranges); the random parts by their properties.
+
 Where it differs on purpose, or cannot match:
 
 - random augmentation draws from numpy, one generator per (seed, epoch, record position), so a run repeats
@@ -518,31 +540,233 @@ _DET_PARAMS = dict(
     fill_value=127, inter_method=1, resize_mode="force", mean_img="", mean_r=0.0, mean_g=0.0, mean_b=0.0,
     mean_a=0.0, std_r=0.0, std_g=0.0, std_b=0.0, std_a=0.0, scale=1.0, data_name="data", label_name="label")
 
-# The random detection augmentations that are not implemented here (each raises when enabled).
-_DET_RANDOM = ("rand_crop_prob", "rand_pad_prob", "random_hue_prob", "random_saturation_prob",
-               "random_illumination_prob", "random_contrast_prob")
+_DET_TUPLES = ("min_crop_scales", "max_crop_scales", "min_crop_aspect_ratios", "max_crop_aspect_ratios",
+               "min_crop_overlaps", "max_crop_overlaps", "min_crop_sample_coverages", "max_crop_sample_coverages",
+               "min_crop_object_coverages", "max_crop_object_coverages", "max_crop_trials")
+_EMIT_MODES = ("center", "overlap")
+_RESIZE_MODES = ("force", "shrink", "fit")
+_F32 = np.float32
+
+
+def _as_tuple(name: str, v, kind) -> tuple:
+    """A crop parameter as MXNet's Tuple<float|int>: a scalar, a sequence, or its string form '(0.1, 0.3)'."""
+    if isinstance(v, str):
+        v = [s for s in v.strip().strip("()[]").split(",") if s.strip()]
+    elif np.isscalar(v):
+        v = [v]
+    try:
+        return tuple(kind(float(x)) if kind is int else _F32(x) for x in v)
+    except (TypeError, ValueError):
+        raise DnnbindValueError(f"ImageDetRecordIter: {name} must be a number or a tuple of numbers, "
+                                f"got {v!r}") from None
+
+
+def _det_check(p: dict) -> None:
+    """MXNet's DefaultImageDetAugmenter::Init checks, and its broadcast of one-value crop tuples to every sampler."""
+    what = "ImageDetRecordIter"
+    for name in ("crop_emit_mode", "resize_mode"):
+        allowed = _EMIT_MODES if name == "crop_emit_mode" else _RESIZE_MODES
+        if p[name] not in allowed:
+            raise DnnbindValueError(f"{what}: {name} must be one of {allowed}, got {p[name]!r}")
+    if not (0 <= p["inter_method"] <= 4 or p["inter_method"] in (9, 10)):
+        raise DnnbindValueError(f"{what}: invalid inter_method {p['inter_method']}: valid values 0-4, 9, 10")
+    n = int(p["num_crop_sampler"])
+    for name in _DET_TUPLES:
+        t = _as_tuple(name, p[name], int if name == "max_crop_trials" else float)
+        if n == 1 and len(t) != 1:
+            raise DnnbindValueError(f"{what}: {name} must hold 1 value for num_crop_sampler=1, got {t}")
+        if n > 1:
+            if len(t) == 1:
+                t = t * n
+            elif len(t) != n:
+                raise DnnbindValueError(f"{what}: # of parameters/crop_samplers mismatch: {name} holds {len(t)} "
+                                        f"values for num_crop_sampler={n}")
+        p[name] = t
+    for i in range(max(n, 0)):
+        lo, hi = p["min_crop_scales"][i], p["max_crop_scales"][i]
+        bad = [msg for ok, msg in (
+            (lo >= 0, "min_crop_scales >= 0"), (hi <= 1, "max_crop_scales <= 1"),
+            (hi > lo, "max_crop_scales > min_crop_scales"),
+            (p["min_crop_aspect_ratios"][i] >= 0, "min_crop_aspect_ratios >= 0"),
+            (p["max_crop_aspect_ratios"][i] >= p["min_crop_aspect_ratios"][i], "max >= min crop aspect ratio"),
+            (p["max_crop_overlaps"][i] >= p["min_crop_overlaps"][i], "max >= min crop overlap"),
+            (p["max_crop_sample_coverages"][i] >= p["min_crop_sample_coverages"][i], "max >= min sample coverage"),
+            (p["max_crop_object_coverages"][i] >= p["min_crop_object_coverages"][i], "max >= min object coverage"))
+            if not ok]
+        if bad:
+            raise DnnbindValueError(f"{what}: crop sampler {i} needs {', '.join(bad)}")
+    if p["emit_overlap_thresh"] < 0:
+        raise DnnbindValueError(f"{what}: emit_overlap_thresh must be >= 0, got {p['emit_overlap_thresh']}")
+
+
+# -- boxes: rows [id, x1, y1, x2, y2, extra...] in [0, 1] image coordinates; rects (x, y, w, h) as cv::Rect_<float> --
+
+def _intersect_area(rect, boxes: np.ndarray) -> np.ndarray:
+    """Area of ``rect & box`` per box (cv::Rect_<float>'s intersection: empty when it has no positive extent)."""
+    x, y, w, h = rect
+    iw = np.minimum(x + w, boxes[:, 3]) - np.maximum(x, boxes[:, 1])
+    ih = np.minimum(y + h, boxes[:, 4]) - np.maximum(y, boxes[:, 2])
+    return np.where((iw > 0) & (ih > 0), iw * ih, _F32(0)).astype(_F32)
+
+
+def _project(boxes: np.ndarray, rect) -> np.ndarray:
+    """The boxes in ``rect``'s coordinates, clipped to [0, 1] (ImageDetObject::Project)."""
+    x, y, w, h = rect
+    out = boxes.copy()
+    out[:, 1] = np.maximum(_F32(0), (boxes[:, 1] - x) / w)
+    out[:, 2] = np.maximum(_F32(0), (boxes[:, 2] - y) / h)
+    out[:, 3] = np.minimum(_F32(1), (boxes[:, 3] - x) / w)
+    out[:, 4] = np.minimum(_F32(1), (boxes[:, 4] - y) / h)
+    return out
+
+
+def _try_crop(boxes: np.ndarray, rect, p: dict, i: int):
+    """The boxes that survive cropping to ``rect`` under sampler ``i``'s constraints, or None when the crop is
+    rejected (ImageDetLabel::TryCrop): some box must meet every constraint that is not its default, and at least
+    one box must be emitted ('center': its centre lies in the crop; 'overlap': intersection / box area above
+    ``emit_overlap_thresh``)."""
+    if len(boxes) == 0:
+        return boxes
+    x, y, w, h = rect
+    inter = _intersect_area(rect, boxes)
+    gt_area = (boxes[:, 3] - boxes[:, 1]) * (boxes[:, 4] - boxes[:, 2])
+    ok = np.ones(len(boxes), bool)
+    lo, hi = p["min_crop_overlaps"][i], p["max_crop_overlaps"][i]
+    if lo > 0 or hi < 1:
+        union = w * h + gt_area - inter
+        iou = np.where(inter > 0, inter / np.where(union > 0, union, 1), _F32(0))
+        ok &= (iou >= lo) & (iou <= hi)
+    lo, hi = p["min_crop_sample_coverages"][i], p["max_crop_sample_coverages"][i]
+    if lo > 0 or hi < 1:
+        c = inter / (w * h)  # NOTE: MXNet's "sample coverage" is intersection / crop area
+        ok &= (c >= lo) & (c <= hi)
+    lo, hi = p["min_crop_object_coverages"][i], p["max_crop_object_coverages"][i]
+    if lo > 0 or hi < 1:
+        c = inter / gt_area
+        ok &= (c >= lo) & (c <= hi)
+    if not ok.any():
+        return None
+    if p["crop_emit_mode"] == "center":
+        cx = (boxes[:, 1] + boxes[:, 3]) * _F32(0.5)
+        cy = (boxes[:, 2] + boxes[:, 4]) * _F32(0.5)
+        keep = (x <= cx) & (cx < x + w) & (y <= cy) & (cy < y + h)  # cv::Rect::contains: half-open
+    else:
+        keep = inter / gt_area > _F32(p["emit_overlap_thresh"])
+    if not keep.any():
+        return None
+    return _project(boxes[keep], rect)
+
+
+def _uniform(rng, lo, hi, n=None):
+    """std::uniform_real_distribution<float>(lo, hi): lo + (hi - lo) * u, also for hi < lo (numpy refuses that)."""
+    u = rng.random(n)
+    return (_F32(lo) + (_F32(hi) - _F32(lo)) * u.astype(_F32)).astype(_F32) if n else \
+        _F32(_F32(lo) + (_F32(hi) - _F32(lo)) * _F32(u))
+
+
+def _crop_rect(rng, lo_scale, hi_scale, lo_ar, hi_ar, img_ar):
+    """A random crop (x, y, w, h) in [0, 1] coordinates (GenerateCropBox): scale ~ U(lo, hi), then w/h in pixels
+    ~ an aspect ratio in [lo_ar, hi_ar], limited so that neither side exceeds the image."""
+    scale = _uniform(rng, lo_scale, hi_scale) + _F32(1e-12)
+    lo_r = max(_F32(lo_ar / img_ar), scale * scale)
+    hi_r = min(_F32(hi_ar / img_ar), _F32(1.0 / (scale * scale)))
+    ratio = _F32(np.sqrt(_uniform(rng, lo_r, hi_r)))
+    w, h = min(_F32(1), scale * ratio), min(_F32(1), scale / ratio)
+    return _uniform(rng, 0, 1 - w), _uniform(rng, 0, 1 - h), w, h
+
+
+def _det_augment(img: np.ndarray, boxes: np.ndarray, p: dict, rng):
+    """MXNet's det_aug_default on an OpenCV-layout (BGR) uint8 image and its valid boxes, in its order: resize the
+    shorter edge, HLS hue/saturation/illumination and contrast, mirror, pad, sampler crop, then ``resize_mode``.
+    Returns (image, boxes)."""
+    res = img
+    if p["resize"] > 0:
+        h, w = res.shape[:2]
+        nh, nw = (p["resize"] * h // w, p["resize"]) if h > w else (p["resize"], p["resize"] * w // h)
+        res = _cv.resize(res, nw, nh, _interp(p["inter_method"], w, h, nw, nh, rng))
+    probs = [p["random_hue_prob"], p["random_saturation_prob"], p["random_illumination_prob"],
+             p["random_contrast_prob"]]
+    if max(probs) > 0:
+        # four deltas, then four coin flips, as MXNet draws them; int() truncates toward zero as C++ does
+        d = _uniform(rng, -1, 1, 4)
+        dh, ds, dl = (int(d[k] * _F32(m)) for k, m in
+                      enumerate((p["max_random_hue"], p["max_random_saturation"], p["max_random_illumination"])))
+        dc = d[3] * _F32(p["max_random_contrast"])
+        flips = rng.random(4) < np.array(probs)
+        dh, ds, dl = (v if f else 0 for v, f in zip((dh, ds, dl), flips[:3]))
+        dc = dc if flips[3] else _F32(0)
+        if dh or ds or dl:
+            if res.ndim != 3 or res.shape[2] != 3:
+                raise DnnbindValueError("ImageDetRecordIter: hue/saturation/illumination need 3-channel images, "
+                                        f"got {res.shape}")
+            # OpenCV's HLS layout is (H, L, S); each channel is clipped, H to [0, 180]
+            hls = _cv.bgr_to_hls(res).astype(np.int32) + np.array([dh, dl, ds], np.int32)
+            res = _cv.hls_to_bgr(np.clip(hls, 0, np.array([180, 255, 255])).astype(np.uint8))
+        if abs(float(dc)) > 1e-3:
+            # cv::Mat::convertTo(alpha=1+c): round half to even, saturate
+            res = np.clip(np.rint(res.astype(_F32) * (dc + _F32(1))), 0, 255).astype(np.uint8)
+    if p["rand_mirror_prob"] > 0 and rng.random() < p["rand_mirror_prob"]:
+        res = np.ascontiguousarray(res[:, ::-1])  # OpenCV's resize refuses negative strides
+        boxes = boxes.copy()
+        boxes[:, 1], boxes[:, 3] = 1 - boxes[:, 3], 1 - boxes[:, 1]
+    if p["rand_pad_prob"] > 0 and p["max_pad_scale"] > 1 and rng.random() < p["rand_pad_prob"]:
+        scale = _uniform(rng, 1, p["max_pad_scale"])
+        if scale >= _F32(1.05):  # MXNet skips pads below 5%
+            x0, y0 = _uniform(rng, 0, scale - 1, 2)
+            boxes = _project(boxes, (-x0, -y0, scale, scale))
+            h, w = res.shape[:2]
+            left, top = int(x0 * _F32(w)), int(y0 * _F32(h))
+            right, bot = int((scale - x0 - 1) * _F32(w)), int((scale - y0 - 1) * _F32(h))
+            fill = [p["fill_value"]] * 3 + [0]
+            res = _cv.copy_make_border(res, top, bot, left, right, 0, values=fill[:res.shape[2]])
+    n = p["num_crop_sampler"]
+    if p["rand_crop_prob"] > 0 and n > 0 and rng.random() < p["rand_crop_prob"]:
+        # samplers in a random order; the first that finds a crop within its trials wins; none: no crop
+        h, w = res.shape[:2]
+        for i in rng.permutation(n):
+            found = None
+            for _ in range(p["max_crop_trials"][i]):
+                rect = _crop_rect(rng, p["min_crop_scales"][i], p["max_crop_scales"][i],
+                                  p["min_crop_aspect_ratios"][i], p["max_crop_aspect_ratios"][i], _F32(w) / _F32(h))
+                kept = _try_crop(boxes, rect, p, i)
+                if kept is not None:
+                    found = rect, kept
+                    break
+            if found is not None:
+                (x, y, cw, ch), boxes = found
+                left, top = int(x * _F32(w)), int(y * _F32(h))
+                # NOTE: a degenerate zero-pixel crop would make OpenCV throw; keep one pixel instead
+                res = res[top:top + max(1, int(ch * _F32(h))), left:left + max(1, int(cw * _F32(w)))]
+                break
+    ds_h, ds_w = p["data_shape"][1:]
+    h, w = res.shape[:2]
+    mode = p["resize_mode"]
+    if mode == "force":
+        res = _cv.resize(res, ds_w, ds_h, _interp(p["inter_method"], w, h, ds_w, ds_h, rng))
+    elif mode == "fit" or (h > ds_h or w > ds_w):  # 'shrink' resizes only an image larger than data_shape
+        ratio = min(_F32(ds_h) / _F32(h), _F32(ds_w) / _F32(w))
+        nh, nw = int(ratio * _F32(h)), int(ratio * _F32(w))
+        res = _cv.resize(res, nw, nh, _interp(p["inter_method"], w, h, nw, nh, rng))
+    if res.ndim == 2:
+        res = res[:, :, None]
+    return res, boxes
 
 
 class ImageDetRecordIter(ImageRecordIter):
-    """``mx.io.ImageDetRecordIter``: images resized to ``data_shape`` (``resize_mode`` 'force'), optional random
-    mirror (``rand_mirror_prob``, boxes flipped), mean/std; labels (batch, max objects, object width) padded with
-    ``label_pad_value``, from records whose label is ``[header_width, object_width, ..., objects...]``. The random
-    crop/pad samplers and the color jitters of the C++ iterator are not implemented (they raise when enabled)."""
+    """``mx.io.ImageDetRecordIter``: images and their boxes through MXNet's ``det_aug_default`` augmenter (shorter
+    edge resize, HLS/contrast jitter, mirror, pad, sampler crops, ``resize_mode``), then mean/std; labels
+    (batch, 4 + padded width): ``[channels, height, width, label length, header..., objects..., label_pad_value...]``
+    from records whose label is ``[header_width, object_width, header extras..., objects...]``."""
 
     _WHAT = "ImageDetRecordIter"
     _DEFAULTS = _DET_PARAMS
 
     def __init__(self, **kwargs):
-        for name in _DET_RANDOM:
-            if kwargs.get(name, 0) > 0:
-                raise NotImplementedError(f"ImageDetRecordIter: {name} > 0 is not supported by dnnbind (only "
-                                          "rand_mirror_prob of its random augmentations); use mx.image.ImageDetIter")
-        if kwargs.get("resize_mode", "force") != "force":
-            raise NotImplementedError("ImageDetRecordIter: only resize_mode='force' is supported by dnnbind")
         self._det_rows = None
         super().__init__(**kwargs)
 
     def _init_labels(self, p):
+        _det_check(p)
         self._label_map = None
         # MXNet scans the labels once: the padded width is the longest raw label (or label_pad_width)
         width = 0
@@ -565,42 +789,37 @@ class ImageDetRecordIter(ImageRecordIter):
         self._det_width = width
 
     def _label_shape(self):
-        # each row: [channels, height, width, raw label length, raw label..., label_pad_value...] (MXNet's layout)
         return (self.batch_size, self._det_width + 4)
 
     def _load(self, slot, pos, epoch, data, label):
         p = self._p
         header, payload = recordio.unpack(_read_at(self._fd, p["path_imgrec"], self._offsets[pos]))
-        raw = np.ravel(np.asarray(header.label, np.float32)).copy()
-        if raw.size < 7 or int(raw[0]) < 2 or (raw.size - int(raw[0])) % int(raw[1]):
-            raise DnnbindValueError(f"ImageDetRecordIter: a label must be [header_width >= 2, object_width, ..., "
-                                    f"objects...], got {raw.tolist()}")
-        objs = raw[int(raw[0]):].reshape(-1, int(raw[1]))
+        raw = np.ravel(np.asarray(header.label, np.float32))
+        hw = int(raw[0]) if raw.size else 0
+        ow = int(raw[1]) if raw.size > 1 else 0
+        if raw.size < 7 or hw < 2 or ow < 5 or (raw.size - hw) % ow:
+            raise DnnbindValueError(f"ImageDetRecordIter: a label must be [header_width >= 2, object_width >= 5, "
+                                    f"..., objects...], got {raw.tolist()}")
+        objs = raw[hw:].reshape(-1, ow)
+        # MXNet keeps only boxes with x2 > x1 and y2 > y1 (ImageDetLabel::FromArray), even without augmentation
+        objs = objs[(objs[:, 3] > objs[:, 1]) & (objs[:, 4] > objs[:, 2])]
         rng = np.random.default_rng([int(p["seed"]) & 0xFFFFFFFF, epoch, pos])
-        img = self._decode(payload)
-        code = p["inter_method"] if p["inter_method"] in _cv.INTERP else 1
-        if p["resize"] > 0:
-            h, w = img.shape[:2]
-            nh, nw = (p["resize"] * h // w, p["resize"]) if h > w else (p["resize"], p["resize"] * w // h)
-            img = _cv.resize(img, nw, nh, code)
-        ds_h, ds_w = p["data_shape"][1:]
-        img = _cv.resize(img, ds_w, ds_h, code)
-        if p["rand_mirror_prob"] > 0 and rng.random() < p["rand_mirror_prob"]:
-            img = img[:, ::-1]
-            x1 = objs[:, 1].copy()
-            objs[:, 1] = 1.0 - objs[:, 3]
-            objs[:, 3] = 1.0 - x1
+        img, objs = _det_augment(self._decode(payload), objs, p, rng)
+        out_label = np.concatenate([raw[:hw], objs.ravel()])
         row = np.full(self._det_width + 4, p["label_pad_value"], np.float32)
-        row[:4] = (img.shape[2], img.shape[0], img.shape[1], raw.size)
-        row[4:4 + raw.size] = raw
+        row[:4] = (img.shape[2], img.shape[0], img.shape[1], out_label.size)
+        row[4:4 + out_label.size] = out_label
         label[slot] = row
         chw = np.transpose(img, (2, 0, 1))
         if chw.shape[0] >= 3:
             chw = chw[[2, 1, 0, 3][:chw.shape[0]]]
-        n = chw.shape[0]
+        n, (ds_h, ds_w) = chw.shape[0], p["data_shape"][1:]
+        # 'shrink' / 'fit' leave a smaller image at the top left; MXNet's rest is fresh (zero) memory
+        full = np.zeros((n, ds_h, ds_w), np.float32)
+        full[:, :chw.shape[1], :chw.shape[2]] = chw
         mean = np.array([p["mean_r"], p["mean_g"], p["mean_b"], p["mean_a"]], np.float32)[:n, None, None]
         std = np.array([p["std_r"], p["std_g"], p["std_b"], p["std_a"]], np.float32)[:n, None, None]
-        out = chw.astype(np.float32) - mean
+        out = full - mean
         # NOTE: the det iterator's std defaults to 0, meaning "no division"
         out = np.where(std > 0, out / np.where(std > 0, std, 1), out) * np.float32(p["scale"])
         data[slot] = out
