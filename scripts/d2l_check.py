@@ -6,6 +6,7 @@ mode (`--worker`, started by this script in a fresh subprocess per notebook) imp
 
     python scripts/d2l_check.py --repo /path/to/d2l-zh [--chapters chapter_deep-learning-basics ...]
         [--timeout 300] [--device cpu|gpu] [--mnist-dir .data/mnist] [--json out.json] [--only lenet]
+        [--fake-cifar10 N | --cifar10-dir .data/cifar10] [--backend mxnet --python /path/to/mxnet/python]
 
 Each notebook's ```{.python .input ...}``` cells run unchanged and in order in one namespace (as a Jupyter kernel
 would run them: a cell's last expression is displayed with repr), with the chapter folder as the working directory
@@ -13,7 +14,12 @@ would run them: a cell's last expression is displayed with repr), with the chapt
 d2lzh==1.0.0` installs). Only IPython magics (`%matplotlib inline`) are skipped, and matplotlib draws with Agg.
 The subprocess gets a temporary HOME whose ~/.mxnet/datasets/fashion-mnist holds links to the IDX files of
 --mnist-dir: Fashion-MNIST cannot be downloaded offline, so the notebooks train on MNIST digits instead (same
-file names and shapes; their printed accuracies are not the book's).
+file names and shapes; their printed accuracies are not the book's). Likewise ~/.mxnet/datasets/cifar10 gets the
+CIFAR-10 binary files of --cifar10-dir, or --fake-cifar10 N random records per file (chapter 9's image-augmentation;
+the real MXNet refuses those: it checks each file's sha1 and then tries to download the archive).
+
+--backend mxnet runs the same cells on the real MXNet of --python (the oracle), to compare what both print
+(`comparable_output`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ MNIST_DIR = os.path.join(PROJECT_ROOT, ".data", "mnist")
 IDX_FILES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
              "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
 MSG_CHARS = 240
+CIFAR10_DIR = os.path.join(PROJECT_ROOT, ".data", "cifar10")
 
 # Opening fence of a code cell: ```{.python .input}, ```{.python .input  n=3}; the closing fence is a bare ```.
 _FENCE_OPEN = re.compile(r"^```\s*\{\s*\.python\s+\.input\b[^}]*\}\s*$")
@@ -86,14 +93,29 @@ def _display(value: object) -> None:
         print(repr(value))
 
 
+def _ends_with_semicolon(source: str) -> bool:
+    """Whether the cell's last token (comments aside) is ';', which makes IPython display nothing."""
+    import io
+    import tokenize
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER, tokenize.INDENT, tokenize.DEDENT}
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type not in skip]
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return bool(tokens) and tokens[-1].string == ";"
+
+
 def _run_cell(source: str, index: int, namespace: dict) -> None:
-    """exec the cell; a last expression statement is evaluated and its repr printed, as Jupyter does."""
+    """exec the cell; a last expression statement is evaluated and its repr printed, as Jupyter does (unless the
+    cell ends with ';')."""
     name = f"<cell {index}>"
     tree = ast.parse(source, name)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     exec(compile(tree, name, "exec"), namespace)
     if last is not None:
-        _display(eval(compile(ast.Expression(last.value), name, "eval"), namespace))
+        value = eval(compile(ast.Expression(last.value), name, "eval"), namespace)
+        if not _ends_with_semicolon(source):
+            _display(value)
 
 
 def _error_record(exc: BaseException, index: int, source: str) -> dict:
@@ -139,8 +161,12 @@ def worker(cells_path: str, status_path: str) -> int:
     note = _shim_ipython_display()
     if note:
         print(f"[d2l_check] {note}", flush=True)
-    import dnnbind
-    dnnbind.install_mxnet_alias()
+    if os.environ.get("D2L_CHECK_BACKEND", "dnnbind") == "dnnbind":
+        import dnnbind
+        dnnbind.install_mxnet_alias()
+    else:  # --backend mxnet: the real MXNet of this interpreter, as the oracle
+        import mxnet
+        print(f"[d2l_check] real MXNet {mxnet.__version__} from {os.path.dirname(mxnet.__file__)}", flush=True)
     import matplotlib.pyplot as plt
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     for cell in cells:
@@ -203,6 +229,46 @@ def prepare_home(home: str, mnist_dir: str, limit: int | None = None) -> str:
             "accuracies are MNIST's, not the book's")
 
 
+CIFAR10_FILES = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
+
+
+def write_fake_cifar10(folder: str, records: int, seed: int = 0) -> None:
+    """The six CIFAR-10 binary files gluon.data.vision.CIFAR10 reads (data_batch_1..5.bin, test_batch.bin), each
+    ``records`` records of one label byte (0..9) then 3072 pixel bytes (1024 red, 1024 green, 1024 blue, each plane
+    row-major 32 x 32), random. The real files hold 10,000 records each."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    for name in CIFAR10_FILES:
+        rows = rng.integers(0, 256, (records, 1 + 3072), dtype=np.uint8)
+        rows[:, 0] = rng.integers(0, 10, records, dtype=np.uint8)
+        rows.tofile(os.path.join(folder, name))
+
+
+def prepare_cifar10(home: str, cifar10_dir: str | None, fake_records: int | None) -> str | None:
+    """Put CIFAR-10's binary files where gluon.data.vision.CIFAR10 looks (home/.mxnet/datasets/cifar10): links to
+    those of cifar10_dir, or ``fake_records`` random records per file. Returns a note to print, None if neither.
+
+    NOTE: MXNet 1.9.1 checks each file's sha1 against the real CIFAR-10's and, on a mismatch, downloads
+    cifar-10-binary.tar.gz (offline: fails). Only the real files pass it; dnnbind reads any well-formed files."""
+    target = os.path.join(home, ".mxnet", "datasets", "cifar10")
+    if fake_records:
+        write_fake_cifar10(target, fake_records)
+        return (f"CIFAR-10 is not reachable offline: wrote {fake_records} random records per file into {target} "
+                "(real MXNet rejects them: their sha1 is not CIFAR-10's; accuracies mean nothing)")
+    if not cifar10_dir:
+        return None
+    found = [n for n in CIFAR10_FILES if os.path.isfile(os.path.join(cifar10_dir, n))]
+    if not found:
+        return None
+    os.makedirs(target, exist_ok=True)
+    for n in found:
+        os.symlink(os.path.abspath(os.path.join(cifar10_dir, n)), os.path.join(target, n))
+    missing = sorted(set(CIFAR10_FILES) - set(found))
+    return f"linked the CIFAR-10 binary files of {cifar10_dir} into {target}" + \
+        (f" (missing: {', '.join(missing)})" if missing else "")
+
+
 def truncate_idx(src: str, dst: str, limit: int) -> None:
     """A gzipped IDX file (magic: 0, 0, dtype code, rank; then rank big-endian uint32 sizes; then the data in C
     order) cut to its first ``limit`` items along the first axis."""
@@ -224,8 +290,9 @@ def truncate_idx(src: str, dst: str, limit: int) -> None:
         f.write(header + body)
 
 
-def _env(repo: str, home: str, device: str) -> dict:
+def _env(repo: str, home: str, device: str, backend: str = "dnnbind") -> dict:
     env = dict(os.environ)
+    env["D2L_CHECK_BACKEND"] = backend
     # NOTE: the real ~/.cache stays the cache (compiled NVRTC kernels, conv algorithms) though HOME is temporary.
     env.setdefault("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
     env["HOME"] = home
@@ -240,7 +307,7 @@ def _env(repo: str, home: str, device: str) -> dict:
 
 
 def run_notebook(repo: str, rel: str, cells: list[dict], home: str, timeout: float, device: str,
-                 log_dir: str) -> dict:
+                 log_dir: str, backend: str = "dnnbind", python: str | None = None) -> dict:
     chapter_dir = os.path.join(repo, os.path.dirname(rel))
     work = tempfile.mkdtemp(prefix="d2l_nb_")
     cells_path, status_path = os.path.join(work, "cells.json"), os.path.join(work, "status.jsonl")
@@ -249,8 +316,9 @@ def run_notebook(repo: str, rel: str, cells: list[dict], home: str, timeout: flo
     log_path = os.path.join(log_dir, rel.replace("/", "__").replace(".md", ".log"))
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", cells_path, status_path],
-                                cwd=chapter_dir, env=_env(repo, home, device), stdout=log,
+        proc = subprocess.Popen([python or sys.executable, os.path.abspath(__file__), "--worker", cells_path,
+                                 status_path],
+                                cwd=chapter_dir, env=_env(repo, home, device, backend), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc, timed_out = proc.wait(timeout=timeout), False
@@ -301,6 +369,17 @@ def format_result(r: dict) -> str:
     return f"{head}{tail} ({r['wall_s']:.1f}s)"
 
 
+# Lines of a notebook's log that differ between runs or installs whatever the framework computes: the worker's
+# notes, object addresses, matplotlib reprs (they changed between matplotlib 3.7 and 3.8), timings.
+_UNCOMPARABLE = re.compile(r"^\[d2l_check\] (?!---- cell)|object at 0x|<Axes|AxesSubplot|time [0-9.]+ sec")
+
+
+def comparable_output(log_text: str) -> list[str]:
+    """What a notebook printed that two frameworks running the same cells should print alike (cell markers kept,
+    so a difference names its cell); training logs still differ by their random draws."""
+    return [ln.rstrip() for ln in log_text.splitlines() if ln.strip() and not _UNCOMPARABLE.search(ln)]
+
+
 def _git_commit(path: str) -> str | None:
     try:
         out = subprocess.run(["git", "-C", path, "describe", "--always", "--tags", "--dirty"], capture_output=True,
@@ -321,6 +400,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit-images", type=int, default=None, metavar="N",
                    help="give the notebooks only the first N training and N test images (the cells run unchanged "
                         "on less data: chapter 5 on a CPU in minutes, not hours)")
+    p.add_argument("--cifar10-dir", default=CIFAR10_DIR,
+                   help="folder with CIFAR-10's binary files (data_batch_1.bin ... test_batch.bin) to link into "
+                        "~/.mxnet/datasets/cifar10")
+    p.add_argument("--fake-cifar10", type=int, default=None, metavar="N",
+                   help="instead, write N random records per CIFAR-10 file there (image-augmentation then trains "
+                        "on noise in minutes)")
+    p.add_argument("--backend", choices=["dnnbind", "mxnet"], default="dnnbind",
+                   help="mxnet: run the cells on the real MXNet of --python (the oracle), without dnnbind's alias")
+    p.add_argument("--python", default=sys.executable, help="interpreter that runs the notebooks")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--log-dir", help="keep each notebook's output here (default: a temporary folder)")
     p.add_argument("--worker", nargs=2, metavar=("CELLS_JSON", "STATUS_JSONL"), help=argparse.SUPPRESS)
@@ -332,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     repo = os.path.abspath(args.repo)
     if not os.path.isfile(os.path.join(repo, "d2lzh", "utils.py")):
         print(f"WARNING: {repo}/d2lzh/utils.py not found: `import d2lzh` will fail")
-    if importlib.util.find_spec("IPython") is None:
+    if args.python == sys.executable and importlib.util.find_spec("IPython") is None:
         print("WARNING: IPython is not installed: d2lzh's `from IPython import display` will fail, and so will "
               "every notebook importing d2lzh. Install it: `pip install ipython` (or `pip install -e .[d2l]`).")
     notebooks = find_notebooks(repo, args.chapters, args.only)
@@ -346,8 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     try:
         print(prepare_home(home, args.mnist_dir, args.limit_images))
+        note = prepare_cifar10(home, args.cifar10_dir, args.fake_cifar10)
+        if note:
+            print(note)
         for rel, cells in notebooks:
-            r = run_notebook(repo, rel, cells, home, args.timeout, args.device, log_dir)
+            r = run_notebook(repo, rel, cells, home, args.timeout, args.device, log_dir, args.backend, args.python)
             results.append(r)
             print(format_result(r), flush=True)
     finally:
@@ -360,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": args.device,
                 "timeout_s": args.timeout, "python": platform.python_version(), "machine": platform.processor()
                 or platform.machine(), "cpus": os.cpu_count(), "dnnbind_commit": _git_commit(PROJECT_ROOT),
-                "d2l_commit": _git_commit(repo), "repo": repo, "limit_images": args.limit_images}
+                "d2l_commit": _git_commit(repo), "repo": repo, "limit_images": args.limit_images,
+                "backend": args.backend, "fake_cifar10": args.fake_cifar10}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "summary": {**counts, "cells_ran": ran, "cells": total}, "results": results},
                       f, indent=1)

@@ -162,3 +162,73 @@ def test_limit_images_writes_truncated_idx_files_the_dataset_reads(tmp_path):
         with gzip.open(bad, "wb") as f:
             f.write(b"\0\0\x0d\x01\0\0\0\x01abcd")
         d2l_check.truncate_idx(str(bad), str(tmp_path / "out.gz"), 1)
+
+
+def test_cell_ending_in_semicolon_displays_nothing(tmp_path, capsys):
+    """Jupyter shows a cell's last expression unless the cell ends with ';' (comments aside)."""
+    ns = {}
+    d2l_check._run_cell("x = 41\nx + 1", 1, ns)
+    d2l_check._run_cell("x + 2;  # quiet", 2, ns)
+    d2l_check._run_cell("s = 'a;'\ns", 3, ns)
+    assert capsys.readouterr().out.split() == ["42", "'a;'"]
+
+
+def test_fake_cifar10_files_read_as_cifar10(tmp_path):
+    """--fake-cifar10: six files of N records (label byte + 3072 pixel bytes) in ~/.mxnet/datasets/cifar10, which
+    dnnbind's CIFAR10 reads from that default root; the note says real MXNet refuses them."""
+    import numpy as np
+
+    from dnnbind.gluon.data.vision import CIFAR10
+    home = tmp_path / "home"
+    note = d2l_check.prepare_cifar10(str(home), None, 3)
+    assert "3 random records" in note and "sha1" in note
+    root = home / ".mxnet" / "datasets" / "cifar10"
+    assert sorted(os.listdir(root)) == sorted(d2l_check.CIFAR10_FILES)
+    raw = np.fromfile(root / "test_batch.bin", dtype=np.uint8).reshape(-1, 3073)
+    assert raw.shape[0] == 3 and (raw[:, 0] < 10).all()
+    test = CIFAR10(root=str(root), train=False)
+    assert len(test) == 3 and len(CIFAR10(root=str(root), train=True)) == 15
+    x, y = test[1]
+    np.testing.assert_array_equal(x.asnumpy(), raw[1, 1:].reshape(3, 32, 32).transpose(1, 2, 0))
+    assert int(y) == raw[1, 0]
+    assert d2l_check.prepare_cifar10(str(tmp_path / "h2"), str(tmp_path / "nothing"), None) is None
+
+
+def test_cifar10_dir_is_linked(tmp_path):
+    src = tmp_path / "cifar"
+    d2l_check.write_fake_cifar10(str(src), 2)
+    (src / "test_batch.bin").unlink()
+    note = d2l_check.prepare_cifar10(str(tmp_path / "home"), str(src), None)
+    assert "linked" in note and "missing: test_batch.bin" in note
+    assert os.path.islink(tmp_path / "home" / ".mxnet" / "datasets" / "cifar10" / "data_batch_5.bin")
+
+
+def test_backend_mxnet_runs_the_interpreters_own_mxnet(tmp_path, capsys):
+    """--backend mxnet: dnnbind's alias is not installed, so `import mxnet` is whatever --python has (here a
+    stand-in package on PYTHONPATH)."""
+    fake = tmp_path / "site" / "mxnet"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '0.0.fake'\n")
+    repo = _fake_repo(tmp_path, "```{.python .input}\nimport mxnet, sys\nprint('got', mxnet.__version__, "
+                                "'dnnbind' in sys.modules)\n```\n")
+    logs = tmp_path / "logs"
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tmp_path / "site")
+    try:
+        rc = d2l_check.main(["--repo", str(repo), "--chapters", "chapter_fake", "--backend", "mxnet",
+                             "--log-dir", str(logs), "--mnist-dir", str(tmp_path / "no_mnist"), "--timeout", "60"])
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = old
+    assert rc == 0, capsys.readouterr().out
+    log = (logs / "chapter_fake__nb.log").read_text()
+    assert "got 0.0.fake False" in log and "real MXNet 0.0.fake" in log
+
+
+def test_comparable_output_drops_addresses_notes_and_timings():
+    log = ("[d2l_check] real MXNet 1.9.1 from /x\n[d2l_check] ---- cell 2 (markdown line 17) ----\n"
+           "<matplotlib.image.AxesImage object at 0x7fbbeecdeb20>\n(561, 728)\n\n"
+           "array([[<Axes: >, <Axes: >]], dtype=object)\nepoch 1, loss 2.0, time 22.12 sec, lr 0.1\n")
+    assert d2l_check.comparable_output(log) == ["[d2l_check] ---- cell 2 (markdown line 17) ----", "(561, 728)"]
