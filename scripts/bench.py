@@ -6,6 +6,7 @@ the model's individual ops and an 8192^3 sgemm. Prints a table and writes JSON.
     python scripts/bench.py --tf32 --json runs/bench_tf32.json
     python scripts/bench.py --amp           # mixed precision: dnnbind float16 (MXNet's), PyTorch AMP bf16
     python scripts/bench.py --model resnet18   # d2l's ResNet-18 / AlexNet training step: scripts/bench_models.py
+    python scripts/bench.py --model resnet50   # ResNet-50 v1.5, 3x224x224, batch 256: scripts/bench_models.py
     python scripts/bench.py --model resnet18 --gpus 2   # scaling from 1 to 2 GPUs: scripts/bench_scaling.py
 """
 
@@ -225,7 +226,7 @@ def environment(torch) -> dict:
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
 
 
-MODELS = ("simplecnn", "resnet18", "alexnet")
+MODELS = ("simplecnn", "resnet18", "alexnet", "resnet50")
 
 
 def main(argv=None):
@@ -243,7 +244,7 @@ def main(argv=None):
         return bench_models.main(["--model", known.model, *rest])
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", choices=MODELS, default="simplecnn",
-                   help="resnet18, alexnet: scripts/bench_models.py (see --model resnet18 --help)")
+                   help="resnet18, alexnet, resnet50: scripts/bench_models.py (see --model resnet50 --help)")
     p.add_argument("--tf32", action="store_true")
     p.add_argument("--amp", action="store_true",
                    help="mixed precision (TF32 for the rest): dnnbind float16 with float32 master weights, PyTorch "

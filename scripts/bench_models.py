@@ -1,8 +1,10 @@
-"""Benchmark one training step of d2l-zh v1.0.0's ResNet-18 or AlexNet, dnnbind against PyTorch on one GPU, in one
-process, from the same initial weights, on the same synthetic batches. Prints a table and writes JSON.
+"""Benchmark one training step of d2l-zh v1.0.0's ResNet-18 or AlexNet, or of ResNet-50 v1.5, dnnbind against PyTorch
+on one GPU, in one process, from the same initial weights, on the same synthetic batches. Prints a table, the
+model's FLOP and memory-traffic floor (scripts/model_floor.py), and writes JSON.
 
     python scripts/bench.py --model resnet18 --json runs/bench_resnet18.json
     python scripts/bench.py --model alexnet --skip-compile
+    python scripts/bench.py --model resnet50 --compile-budget 540   # room for torch.compile's max-autotune
     python scripts/bench_models.py --model resnet18 --modes torch-compile torch-compile-amp   # a subset of modes
     python scripts/bench_models.py --model alexnet --device cpu --batch 2 --warmup 1 --steps 2  # CPU smoke run
 
@@ -13,12 +15,18 @@ Models: d2l_compare.py's, written once for Gluon and torch.nn: resnet.md's ResNe
 256; alexnet.md's AlexNet with its two Dropout(0.5), 1x224x224, batch 128; 10 classes. Its build_pair initializes
 the dnnbind model (Xavier) and copies every parameter and BatchNorm statistic into torch's, shape for shape; every
 mode starts from these weights. SGD lr 0.05 momentum 0.9, mean softmax cross entropy, dropout active in both.
+ResNet-50 v1.5 (d2l_compare.resnet50: MXNet model zoo's resnet50_v1 with the stride on the 3x3 conv, torchvision's
+25,557,032 parameters, printed and checked), 3x224x224, 1000 classes, batch 256, SGD lr 0.1 momentum 0.9; its
+default modes are those the ImageNet comparison needs (DEFAULT_MODES), without the strict-FP32 and NCHW-fp16 ones.
 
-Timed: the training step alone, on a pool of 8 fixed random batches resident on the device, cycled. Per mode:
+Timed: the training step alone, on a pool of 8 fixed random batches (pixels in [0, 1), labels in [0, classes))
+resident on the device, cycled. Per mode:
 warm-up steps (algorithm search, recording, compilation), then N steps with a CUDA event recorded after each and
 one synchronize at the end; ms/step is the median event interval (host-bound waits included). Peak memory over
 the timed steps, each framework's own allocator (weights, optimizer state, data pool included):
 torch.cuda.max_memory_allocated; for dnnbind the high watermarks of CUDA's default pool plus CUDA-graph memory.
+With 3 input channels (ResNet-50) the channels-last modes of both frameworks hold a converted copy of the pool (torch's
+.contiguous(memory_format=channels_last), dnnbind's NHWC transpose; 1.2 GiB at batch 256), counted in their peak.
 NOTE: a recorded or captured dnnbind step replays its recording's calls: its dropout masks change between steps
 only if dropout's RNG state lives on the device (cuDNN's), not if the recording froze a host-drawn seed.
 """
@@ -46,12 +54,14 @@ from dnnbind import autograd, gluon  # noqa: E402
 from dnnbind.graph import training_step  # noqa: E402
 
 LR, MOMENTUM = 0.05, 0.9  # the issue's setting for both models (the book trains AlexNet at 0.01, no momentum)
+MODEL_LR = {"resnet50": 0.1}  # per-model default lr where it is not LR (ResNet-50: torchvision's recipe, 0.1 at 256)
 POOL = 8                  # fixed random batches resident on the device, cycled
 WARMUP, STEPS = 10, 50    # per mode: untimed steps, then timed steps
 COMPILE_BUDGET = 180      # seconds a torch.compile mode may spend in its warm-up (compiling) before it is dropped
 SEED = 0
 MODELS = {"resnet18": ("resnet", "ResNet-18 (d2l-zh v1.0.0 resnet.md)"),  # --model -> (d2l_compare.SPECS key, title)
-          "alexnet": ("alexnet", "AlexNet (d2l-zh v1.0.0 alexnet.md)")}
+          "alexnet": ("alexnet", "AlexNet (d2l-zh v1.0.0 alexnet.md)"),
+          "resnet50": ("resnet50", "ResNet-50 v1.5 (MXNet zoo resnet50_v1, stride on the 3x3)")}
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class Mode:
     kind: str       # "eager", "hybrid" (the eager loop after net.hybridize()), "host" (dnnbind's recorded step),
     #                 "graph" (whole step in a CUDA graph), "compile"
     layout: str = "NCHW"  # dnnbind "NHWC": the model's channels-last twin with fused BatchNorm-add-ReLU (bench_nhwc)
+    compile_mode: str | None = None  # torch.compile(mode=...): None is its default, "max-autotune" searches kernels
 
 
 MODES = {
@@ -78,12 +89,25 @@ MODES = {
     "dnnbind-amp-nhwc-hybrid": Mode("dnnbind AMP fp16 NHWC+BNAddRelu, hybridize()", "dnnbind", "fp16", "hybrid",
                                     "NHWC"),
     "dnnbind-amp-nhwc": Mode("dnnbind AMP fp16 NHWC+BNAddRelu, eager", "dnnbind", "fp16", "eager", "NHWC"),
+    "dnnbind-amp-nhwc-captured": Mode("dnnbind AMP fp16 NHWC+BNAddRelu captured", "dnnbind", "fp16", "graph",
+                                      "NHWC"),
     "torch-fp32": Mode("PyTorch eager, fp32 strict", "torch", "fp32", "eager"),
     "torch-tf32": Mode("PyTorch eager, tf32", "torch", "tf32", "eager"),
     "torch-amp": Mode("PyTorch eager, AMP bf16 + ch_last", "torch", "bf16", "eager"),
     "torch-graph": Mode("PyTorch CUDA graph, tf32", "torch", "tf32", "graph"),
+    "torch-amp-graph": Mode("PyTorch CUDA graph, AMP bf16 + ch_last", "torch", "bf16", "graph"),
     "torch-compile": Mode("PyTorch torch.compile, tf32", "torch", "tf32", "compile"),
     "torch-compile-amp": Mode("PyTorch compile, AMP bf16 + ch_last", "torch", "bf16", "compile"),
+    # after the default compile, so a max-autotune that overruns --compile-budget still leaves a compiled result
+    "torch-compile-amp-max": Mode("PyTorch max-autotune, AMP bf16 + ch_last", "torch", "bf16", "compile",
+                                  compile_mode="max-autotune"),
+}
+# --model's modes when --modes is not given (default: all of MODES). ResNet-50 at batch 256: the TF32 and mixed
+# precision modes the ImageNet comparison asks for; strict FP32 and dnnbind's NCHW fp16 are left to --modes.
+DEFAULT_MODES = {
+    "resnet50": ["dnnbind-tf32", "dnnbind-hybrid", "dnnbind-recorded", "dnnbind-captured", "dnnbind-amp-nhwc",
+                 "dnnbind-amp-nhwc-hybrid", "dnnbind-amp-nhwc-captured", "torch-tf32", "torch-amp", "torch-graph",
+                 "torch-amp-graph", "torch-compile-amp", "torch-compile-amp-max"],
 }
 # the same-math reference; dnnbind's fp16 mixed precision is compared with torch's AMP (bf16, channels_last)
 TORCH_EAGER = {"fp32": "torch-fp32", "tf32": "torch-tf32", "bf16": "torch-amp", "fp16": "torch-amp"}
@@ -96,7 +120,7 @@ def make_mx(d2l, spec, ctx, seed):
     d2l.mx.random.seed(seed)
     net = spec.build_mx()
     net.initialize(d2l.INIT(), ctx=ctx)
-    net(mx.zeros((2, 1, spec.size, spec.size), device=ctx))  # predict mode: finishes deferred init
+    net(mx.zeros((2, spec.channels, spec.size, spec.size), device=ctx))  # predict mode: finishes deferred init
     return net
 
 
@@ -149,8 +173,10 @@ def torch_step(mode, torch, tnet0, data, args, dev):
     xs, ys = data["torch"]
     xs = [x.contiguous(memory_format=fmt) for x in xs]
     opt = torch.optim.SGD(tnet.parameters(), lr=args.lr, momentum=MOMENTUM)
-    model = torch.compile(tnet) if mode.kind == "compile" else tnet
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
+    model = torch.compile(tnet, mode=mode.compile_mode) if mode.kind == "compile" else tnet
+    # NOTE: autocast's cast-weight cache must be off while a CUDA graph is captured (torch's CUDA-graphs notes)
+    autocast = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=mode.kind != "graph")) if amp
+                else contextlib.nullcontext)
 
     def train(x, y):
         opt.zero_grad(set_to_none=True)
@@ -174,7 +200,8 @@ def torch_step(mode, torch, tnet0, data, args, dev):
     graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(graph):
-        static_loss = F.cross_entropy(tnet(sx), sy)
+        with autocast():
+            static_loss = F.cross_entropy(tnet(sx), sy)
         static_loss.backward()
         opt.step()
     with torch.no_grad():  # undo the warm-up: initial weights, zero momentum (in place: the graph keeps addresses)
@@ -225,8 +252,10 @@ def run_mode(key, ctx, torch, d2l, spec, tnet0, data, args) -> dict:
         return {"status": "skipped", "reason": "torch is not installed"}
     if not ctx.is_gpu and (mode.math != "fp32" or mode.kind != "eager"):
         return {"status": "skipped", "reason": "needs a GPU"}
-    if mode.layout == "NHWC" and spec.arch.__name__ != "resnet":
-        return {"status": "skipped", "reason": "the NHWC twin is ResNet-18's only (scripts/bench_nhwc.py)"}
+    if mode.layout == "NHWC":
+        import bench_nhwc
+        if spec.arch.__name__ not in bench_nhwc.MODELS:
+            return {"status": "skipped", "reason": "no NHWC twin of this model (scripts/bench_nhwc.py)"}
     clock, memory = clock_for(mode.framework, ctx, torch), memory_for(mode.framework, ctx, torch)
     close, compiling = None, mode.kind == "compile"
     try:
@@ -264,10 +293,11 @@ def run_mode(key, ctx, torch, d2l, spec, tnet0, data, args) -> dict:
 # ---- driver ---------------------------------------------------------------------------------------------------------
 
 def make_data(spec, batch, ctx, torch, args) -> dict:
-    """A pool of fixed random batches (pixels in [0, 1), labels 0-9), one copy per framework on the device."""
+    """A pool of fixed random batches (pixels in [0, 1), labels in [0, classes)), one copy per framework on the
+    device."""
     rng = np.random.default_rng(args.seed)
-    x = rng.random((args.pool, batch, 1, spec.size, spec.size), dtype=np.float32)
-    y = rng.integers(0, 10, (args.pool, batch))
+    x = rng.random((args.pool, batch, spec.channels, spec.size, spec.size), dtype=np.float32)
+    y = rng.integers(0, spec.classes, (args.pool, batch))
     data = {"np": (x[0], y[0]),
             "mx": ([mx.array(b, device=ctx) for b in x], [mx.array(b.astype(np.int32), device=ctx) for b in y])}
     if torch is not None:
@@ -299,11 +329,52 @@ def add_ratios(results: dict) -> None:
         r["vs_torch_best"] = r["ms"] / best if best else None
 
 
+def parameters_line(d2l, model: str, out: dict) -> str:
+    """The model's parameter count (both frameworks' where torch built its twin), against torchvision's for
+    ResNet-50."""
+    line = f"{out['parameters']:,} trainable parameters (dnnbind)"
+    if "parameters_torch" in out:
+        line += f", {out['parameters_torch']:,} (torch)"
+    if model == "resnet50":
+        want = d2l.TORCHVISION_RESNET50_PARAMS
+        same = out["parameters"] == want and out.get("parameters_torch", want) == want
+        line += f"; torchvision resnet50: {want:,} [{'same' if same else 'MISMATCH'}]"
+    return line
+
+
+def floor_for(spec, batch: int) -> dict:
+    """scripts/model_floor.py's floor of one training step at this batch: {"tf32": {...}, "fp16": {...}}."""
+    import model_floor
+    rows = model_floor.layer_shapes(spec)
+    return {math: model_floor.floor(rows, batch, math) for math in ("tf32", "fp16")}
+
+
+FLOOR_MATH = {"fp32": "tf32", "tf32": "tf32", "bf16": "fp16", "fp16": "fp16"}  # a mode's math -> its floor's
+
+
+def add_floor_ratios(results: dict, floors: dict) -> None:
+    """ms/step over the floor of the mode's math (strict FP32 against the TF32 floor: it has no tensor-core peak)."""
+    for k, r in results.items():
+        if r.get("status") == "ok":
+            f = floors[FLOOR_MATH[MODES[k].math]]
+            r["vs_floor"] = r["ms"] / max(f["compute_ms"], f["memory_ms"])
+
+
+def print_floor(floors: dict, batch: int) -> None:
+    import model_floor
+    print(f"floor (scripts/model_floor.py; {model_floor.PEAK_NAME}): FLOPs at the dense tensor-core peak, bytes at "
+          f"the memory bandwidth; the larger bounds a step")
+    for math, f in floors.items():
+        ms = max(f["compute_ms"], f["memory_ms"])
+        print(f"  {math}: {f['gflop']:,.0f} GFLOP -> {f['compute_ms']:.2f} ms; {f['traffic_mib']:,.0f} MiB moved -> "
+              f"{f['memory_ms']:.2f} ms; floor {ms:.2f} ms/step = {batch * 1e3 / ms:,.0f} images/s")
+
+
 def print_table(results: dict, title: str) -> None:
     x = lambda v: f"{v:.2f}x" if v else "-"  # noqa: E731
     print(f"\n{title}")
     print(f"{'mode':<40}{'ms/step':>9}{'p10-p90':>18}{'images/s':>10}{'peak MiB':>10}"
-          f"{'vs torch eager':>16}{'vs graph':>10}{'vs best':>9}")
+          f"{'vs torch eager':>16}{'vs graph':>10}{'vs best':>9}{'vs floor':>10}")
     for k, r in results.items():
         if r.get("status") != "ok":
             print(f"{MODES[k].label:<40}  {r['status']}: {r.get('reason', '')[:150]}")
@@ -311,28 +382,43 @@ def print_table(results: dict, title: str) -> None:
         peak = f"{r['peak_mib']:.0f}" if r.get("peak_mib") is not None else "-"
         spread = f"{r['ms_p10']:.2f}-{r['ms_p90']:.2f}"
         print(f"{MODES[k].label:<40}{r['ms']:>9.2f}{spread:>18}{r['images_per_s']:>10,.0f}"
-              f"{peak:>10}{x(r['vs_torch_eager_same_math']):>16}{x(r['vs_torch_graph']):>10}{x(r['vs_torch_best']):>9}")
-    print("ms/step ratios against PyTorch eager in the same math, PyTorch's CUDA graph and PyTorch's best mode")
+              f"{peak:>10}{x(r['vs_torch_eager_same_math']):>16}{x(r['vs_torch_graph']):>10}{x(r['vs_torch_best']):>9}"
+              f"{x(r.get('vs_floor')):>10}")
+    print("ms/step ratios against PyTorch eager in the same math, PyTorch's CUDA graph (tf32), PyTorch's best mode "
+          "and the floor of the mode's math (below)")
+
+
+def default_modes(model: str, device: str) -> list[str]:
+    """The modes a run without --modes times: DEFAULT_MODES[model] or all of MODES; on the cpu those of them that run
+    there (fp32 eager, run_mode's rule), so that a CPU smoke run of ResNet-50 still runs its dnnbind step."""
+    if device == "cpu":
+        return [k for k, m in MODES.items() if m.math == "fp32" and m.kind == "eager"]
+    return list(DEFAULT_MODES.get(model, MODES))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=sorted(MODELS), default="resnet18")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
-                   help="cpu: a smoke run of the fp32 eager modes on the host (timings meaningless)")
-    p.add_argument("--batch", type=int, default=None, help="default: the book's (ResNet-18 256, AlexNet 128)")
+                   help="cpu: a smoke run of the fp32 eager modes on the host (timings meaningless; without "
+                        "--modes, only the modes that run there)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="default: the book's (ResNet-18 256, AlexNet 128); ResNet-50 256")
     p.add_argument("--steps", type=int, default=STEPS, help="timed steps per mode")
-    p.add_argument("--warmup", type=int, default=WARMUP, help="untimed steps per mode (at least 1)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"untimed steps per mode (at least 1); default {WARMUP}, on the cpu 1")
     p.add_argument("--pool", type=int, default=POOL, help="distinct random batches on the device, cycled")
-    p.add_argument("--lr", type=float, default=LR)
+    p.add_argument("--lr", type=float, default=None, help=f"default: {LR}; ResNet-50 {MODEL_LR['resnet50']}")
     p.add_argument("--seed", type=int, default=SEED)
-    p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), metavar="MODE",
-                   help=f"modes to run, in this order (default: all): {' '.join(MODES)}")
+    p.add_argument("--modes", nargs="+", choices=list(MODES), default=None, metavar="MODE",
+                   help=f"modes to run, in this order (default: all; for resnet50 "
+                        f"{' '.join(DEFAULT_MODES['resnet50'])}): {' '.join(MODES)}")
     p.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile modes")
     p.add_argument("--bn-mode", choices=("persistent", "spatial"), default="persistent",
                    help="dnnbind's training BatchNorm algorithm (dnnbind.set_batchnorm_mode)")
     p.add_argument("--compile-budget", type=float, default=COMPILE_BUDGET,
-                   help="seconds a torch.compile mode may spend warming up (compiling); 0: no limit")
+                   help="seconds a torch.compile mode may spend warming up (compiling); 0: no limit. A mode over "
+                        "it is reported as failed (torch-compile-amp-max, max-autotune, needs the most)")
     p.add_argument("--json", default=None, help="default: runs/bench_<model>.json")
     p.add_argument("--profile", type=int, default=0, metavar="K",
                    help="after timing, profile 10 steps per mode (torch.profiler) and print its K largest kernels")
@@ -341,8 +427,11 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    args.warmup, args.steps = max(args.warmup, 1), max(args.steps, 1)
+    args.warmup = WARMUP if args.warmup is None and args.device == "gpu" else max(args.warmup or 1, 1)
+    args.steps = max(args.steps, 1)
     args.json = args.json or f"runs/bench_{args.model}.json"
+    args.lr = args.lr if args.lr is not None else MODEL_LR.get(args.model, LR)
+    args.modes = args.modes or default_modes(args.model, args.device)
     modes = [k for k in args.modes if not (args.skip_compile and MODES[k].kind == "compile")]
     if args.device == "gpu" and mx.num_gpus() == 0:
         raise SystemExit(f"bench_models.py needs a GPU (or --device cpu): {mx.runtime.gpu_status()[1]}")
@@ -353,13 +442,13 @@ def main(argv=None) -> dict:
     except ImportError:
         torch = None
     key, title = MODELS[args.model]
-    spec = d2l.SPECS[key]
+    spec = {**d2l.SPECS, **d2l.ZOO_SPECS}[key]
     args.batch = args.batch or spec.batch_size
     ctx = mx.gpu(0) if args.device == "gpu" else mx.cpu()
     env = bench.environment(torch)
     mx.set_batchnorm_mode(args.bn_mode)
-    out = {"model": args.model, "book": title, "bn_mode": args.bn_mode, "input": [1, spec.size, spec.size],
-           "classes": 10,
+    out = {"model": args.model, "book": title, "bn_mode": args.bn_mode,
+           "input": [spec.channels, spec.size, spec.size], "classes": spec.classes,
            "batch": args.batch, "lr": args.lr, "momentum": MOMENTUM, "pool_batches": args.pool,
            "warmup_steps": args.warmup, "timed_steps": args.steps, "device": args.device, **env, "runs": {}}
     if torch is not None:
@@ -372,9 +461,17 @@ def main(argv=None) -> dict:
         net, tnet0, pairs = d2l.build_pair(spec, ctx, args.seed)  # raises unless every shape pairs 1:1
         out["paired_tensors"] = len(pairs)
         out["weights_check"] = weights_check(d2l, net, tnet0, torch, data, ctx)
-        del net, pairs  # the pairs hold the reference model's Parameters: device memory every mode would count
+        out["parameters_torch"] = int(sum(p.numel() for p in tnet0.parameters()))
+        del pairs  # they hold the reference model's Parameters
         print(f"{out['paired_tensors']} tensors copied into the torch model; predict-mode check on batch 0: "
               + ", ".join(f"{k} {v:.6g}" for k, v in out["weights_check"].items()), flush=True)
+    else:
+        net = make_mx(d2l, spec, ctx, args.seed)
+    out["parameters"] = d2l.num_trainable(net)
+    del net  # the reference model's Parameters: device memory every mode would count
+    gc.collect()
+    print(parameters_line(d2l, args.model, out), flush=True)
+    out["floor"] = floor_for(spec, args.batch)  # a host forward of the model: its layers' shapes
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     for k in modes:
         print(f"{MODES[k].label} ...", end=" ", flush=True)
@@ -389,8 +486,11 @@ def main(argv=None) -> dict:
     mx.set_math_mode("fp32")
     add_ratios(out["runs"])
     gpu = (env["gpu"].get("devices") or [{}])[0].get("name", "cpu") if ctx.is_gpu else "cpu"
-    print_table(out["runs"], f"{title}, 1x{spec.size}x{spec.size}, batch {args.batch}, SGD lr {args.lr} momentum "
-                             f"{MOMENTUM}, median of {args.steps} steps after {args.warmup}; {gpu}")
+    add_floor_ratios(out["runs"], out["floor"])
+    print_table(out["runs"], f"{title}, {spec.channels}x{spec.size}x{spec.size}, {spec.classes} classes, batch "
+                             f"{args.batch}, SGD lr {args.lr} momentum {MOMENTUM}, median of {args.steps} steps "
+                             f"after {args.warmup}; {gpu}")
+    print_floor(out["floor"], args.batch)
     print_kernels(out["runs"])
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)

@@ -79,7 +79,8 @@ def _gluon_seq(*blocks):
 
 GLUON = types.SimpleNamespace(
     Block=nn.Block, seq=_gluon_seq, cat=lambda xs: nd.concat(*xs, dim=1), relu=nd.relu,
-    conv=lambda c, k, s=1, p=0, act=None: nn.Conv2D(c, kernel_size=k, strides=s, padding=p, activation=act),
+    conv=lambda c, k, s=1, p=0, act=None, bias=True: nn.Conv2D(c, kernel_size=k, strides=s, padding=p,
+                                                               activation=act, use_bias=bias),
     dense=lambda units, act=None: nn.Dense(units, activation=act),
     maxpool=lambda k, s, p=0: nn.MaxPool2D(pool_size=k, strides=s, padding=p),
     avgpool=lambda k, s: nn.AvgPool2D(pool_size=k, strides=s),
@@ -99,8 +100,9 @@ def _torch() -> types.SimpleNamespace:
     tnn = torch.nn
     acts = {"relu": tnn.ReLU, "sigmoid": tnn.Sigmoid}
 
-    def conv(c, k, s=1, p=0, act=None):
-        return tnn.Sequential(tnn.LazyConv2d(c, k, s, p), acts[act]()) if act else tnn.LazyConv2d(c, k, s, p)
+    def conv(c, k, s=1, p=0, act=None, bias=True):
+        layer = tnn.LazyConv2d(c, k, s, p, bias=bias)
+        return tnn.Sequential(layer, acts[act]()) if act else layer
 
     def dense(units, act=None):  # Gluon's Dense flattens its input
         return tnn.Sequential(tnn.Flatten(), tnn.LazyLinear(units), *([acts[act]()] if act else []))
@@ -152,7 +154,21 @@ def with_blocks(L):
                 x = L.cat([x, blk(x)])
             return x
 
-    L.Inception, L.Residual, L.DenseBlock = Inception, Residual, DenseBlock
+    class Bottleneck(L.Block):  # ResNet-50 v1.5's (see resnet50 below): 1x1 -> 3x3 (the stride) -> 1x1, x4 out
+        def __init__(self, channels, strides=1, downsample=False):
+            super().__init__()
+            mid = channels // 4
+            self.conv1, self.bn1 = L.conv(mid, 1, bias=False), L.bn()
+            self.conv2, self.bn2 = L.conv(mid, 3, strides, 1, bias=False), L.bn()
+            self.conv3, self.bn3 = L.conv(channels, 1, bias=False), L.bn()
+            self.downsample = L.seq(L.conv(channels, 1, strides, bias=False), L.bn()) if downsample else None
+
+        def forward(self, x):
+            y = L.relu(self.bn1(self.conv1(x)))
+            y = self.bn3(self.conv3(L.relu(self.bn2(self.conv2(y)))))
+            return L.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+    L.Inception, L.Residual, L.DenseBlock, L.Bottleneck = Inception, Residual, DenseBlock, Bottleneck
     return L
 
 
@@ -235,6 +251,24 @@ def batch_norm_lenet(L):  # batch-norm.md's concise model (nn.BatchNorm); its fr
                  L.dense(120), L.bn(2), L.act("sigmoid"), L.dense(84), L.bn(2), L.act("sigmoid"), L.dense(10))
 
 
+# ---- beyond the chapter: the ImageNet ResNet-50 of scripts/bench_models.py --------------------------------------
+
+RESNET50_STAGES = [(3, 256, 1), (4, 512, 2), (6, 1024, 2), (3, 2048, 2)]  # (bottlenecks, channels out, stride)
+TORCHVISION_RESNET50_PARAMS = 25_557_032  # torchvision.models.resnet50(): the count resnet50 below must have
+
+
+def resnet50(L):
+    """ResNet-50 v1.5: MXNet model zoo's resnet50_v1 layout (BottleneckV1, stages [3, 4, 6, 3], 7x7/2 stem without
+    bias, 3x3/2 max pool, global average pool, Dense 1000) with the stride on the 3x3 conv instead of the first 1x1,
+    as NVIDIA's and torchvision's resnet50 (and GluonCV's resnet50_v1b). NOTE: MXNet zoo's BottleneckV1 leaves
+    use_bias at its default (True) on the two 1x1 convs of the body, 18,880 biases a BatchNorm cancels; they are
+    left out here, as in torchvision, so the model has torchvision's 25,557,032 parameters."""
+    stem = [L.conv(64, 7, 2, 3, bias=False), L.bn(), L.act("relu"), L.maxpool(3, 2, 1)]
+    stages = [L.seq(L.Bottleneck(channels, strides, downsample=True),  # the first block of each stage projects
+                    *[L.Bottleneck(channels) for _ in range(n - 1)]) for n, channels, strides in RESNET50_STAGES]
+    return L.seq(*stem, *stages, L.gap(), L.dense(1000))
+
+
 # ---- the spec table: one row per notebook, the values its .md file sets ------------------------------------------
 
 @dataclass(frozen=True)
@@ -244,6 +278,8 @@ class Spec:
     size: int              # input height = width: load_data_fashion_mnist(resize=...); 28 is no resize
     lr: float
     batch_size: int
+    channels: int = 1      # input channels (MNIST's 1; ImageNet's 3 for ZOO_SPECS)
+    classes: int = 10
 
     def build_mx(self):  # dnnbind Gluon (through the mxnet alias), not yet initialized
         return self.arch(GLUON)
@@ -263,6 +299,18 @@ SPECS = {
     "densenet": Spec("densenet.md", densenet, 96, 0.1, 256),
     "batch-norm": Spec("batch-norm.md", batch_norm_lenet, 28, 1.0, 256),
 }
+# Models outside the chapter (not trained by this script): benchmarked by bench_models.py on random ImageNet-shaped
+# batches; "notebook" names the model's source. SGD lr 0.1 momentum 0.9 at batch 256: torchvision's ImageNet recipe
+# (0.1 per 256 images, Goyal et al.), without its warm-up and schedule.
+ZOO_SPECS = {
+    "resnet50": Spec("MXNet model zoo resnet50_v1, stride on the 3x3 (v1.5)", resnet50, 224, 0.1, 256, 3, 1000),
+}
+
+
+def num_trainable(net) -> int:
+    """The Gluon model's parameter count as torch counts it: weights, biases, BatchNorm's gamma and beta; not
+    BatchNorm's running statistics (grad_req 'null')."""
+    return int(sum(p.data().size for p in net.collect_params().values() if p.grad_req != "null"))
 
 
 def build_pair(spec: Spec, ctx, seed: int = SEED):
@@ -272,9 +320,9 @@ def build_pair(spec: Spec, ctx, seed: int = SEED):
     torch.manual_seed(seed)  # torch's Dropout masks
     net = spec.build_mx()
     net.initialize(INIT(), ctx=ctx)
-    net(nd.zeros((2, 1, spec.size, spec.size), ctx=ctx))  # predict mode: finishes deferred init, no BN update
+    net(nd.zeros((2, spec.channels, spec.size, spec.size), ctx=ctx))  # predict mode: finishes deferred init
     tnet = spec.build_torch().eval()
-    pairs = paired_params(net, tnet, spec.size)
+    pairs = paired_params(net, tnet, spec.size, spec.channels)
     with torch.no_grad():
         for name, p, tname, t in pairs:
             value = p.data().asnumpy()
@@ -284,13 +332,13 @@ def build_pair(spec: Spec, ctx, seed: int = SEED):
     return net, tnet.train(), pairs
 
 
-def paired_params(net, tnet, size: int) -> list:
+def paired_params(net, tnet, size: int, channels: int = 1) -> list:
     """[(Gluon name, Parameter, torch name, tensor)] in registration order, after one forward of the torch model
     (which materializes its lazy layers). The tensors come from state_dict: parameters and BatchNorm's running
     buffers, sharing storage with the model."""
     torch = _torch().torch
     with torch.no_grad():
-        tnet(torch.zeros(2, 1, size, size))
+        tnet(torch.zeros(2, channels, size, size))
     src = list(net.collect_params().items())
     dst = [(k, v) for k, v in tnet.state_dict().items() if not k.endswith("num_batches_tracked")]
     if len(src) != len(dst):
@@ -471,7 +519,7 @@ def _cast_copy(spec, net, ctx, dtype: str):
     finished by one predict-mode forward, as build_pair does)."""
     twin = spec.build_mx()
     twin.initialize(INIT(), ctx=ctx)
-    twin(nd.zeros((2, 1, spec.size, spec.size), ctx=ctx))
+    twin(nd.zeros((2, spec.channels, spec.size, spec.size), ctx=ctx))
     for pt, p in zip(twin.collect_params().values(), net.collect_params().values(), strict=True):
         pt.set_data(p.data())
     twin.cast(dtype)

@@ -1,6 +1,7 @@
-"""The compute and memory-traffic floor of one training step of a d2l-zh model, from its layers' shapes.
+"""The compute and memory-traffic floor of one training step of a d2l-zh model or of ResNet-50 v1.5, from its
+layers' shapes.
 
-    python scripts/model_floor.py --model resnet18     # and alexnet; no GPU needed
+    python scripts/model_floor.py --model resnet18     # and alexnet, resnet50 (3x224x224, batch 256); no GPU needed
 
 Layer: script; imports dnnbind and d2l_compare (the models). One forward on the host with hooks on every leaf
 Block gives each layer's input and output shape and weight count. Then, for the benchmark's batch:
@@ -10,7 +11,7 @@ Block gives each layer's input and output shape and weight count. Then, for the 
   written and read once backward (activation bytes: 4 in TF32, 2 in float16), plus the SGD-momentum update
   reading weight, gradient and momentum and writing weight and momentum in float32. Fused ops (conv+bias+ReLU,
   BatchNorm-add-ReLU) and cache reuse can go below this per-layer count, elementwise ops between Blocks
-  (d2l's residual add and ReLU are nd calls, not Blocks) add to it;
+  (the residual add and ReLU of d2l's Residual and of ResNet-50's Bottleneck are nd calls, not Blocks) add to it;
 - the floor: FLOPs at the GPU's dense tensor-core peak, bytes at its memory bandwidth (H100 SXM by default).
 """
 from __future__ import annotations
@@ -28,10 +29,16 @@ import d2l_compare as d2l  # noqa: E402
 import dnnbind as mx  # noqa: E402
 from dnnbind.gluon import nn  # noqa: E402
 
-MODELS = {"resnet18": "resnet", "alexnet": "alexnet"}
+MODELS = {"resnet18": "resnet", "alexnet": "alexnet", "resnet50": "resnet50"}  # -> d2l_compare.SPECS/ZOO_SPECS
 # H100 SXM5 (NVIDIA's datasheet): dense tensor-core TFLOPS and HBM3 bandwidth
+PEAK_NAME = "H100 SXM5: 495 dense TFLOPS tf32, 989 fp16/bf16, 3.35 TB/s"
 PEAK = {"tf32": 494.7e12, "fp16": 989.4e12}
 BANDWIDTH = 3.35e12
+
+
+def spec_for(model: str):
+    """The d2l_compare Spec of --model."""
+    return {**d2l.SPECS, **d2l.ZOO_SPECS}[MODELS[model]]
 
 
 def layer_shapes(spec) -> list[dict]:
@@ -61,7 +68,7 @@ def layer_shapes(spec) -> list[dict]:
     for b in _blocks(net):
         if isinstance(b, layers) or (not b._children and id(b) not in inner):
             b.register_forward_hook(hook)
-    net(mx.nd.zeros((1, 1, spec.size, spec.size)))
+    net(mx.nd.zeros((1, spec.channels, spec.size, spec.size)))
     return rows
 
 
@@ -87,13 +94,14 @@ def floor(rows: list[dict], batch: int, math: str) -> dict:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=sorted(MODELS), default="resnet18")
-    p.add_argument("--batch", type=int, default=None, help="default: the book's (ResNet-18 256, AlexNet 128)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="default: the book's (ResNet-18 256, AlexNet 128); ResNet-50 256")
     args = p.parse_args(argv)
-    spec = d2l.SPECS[MODELS[args.model]]
+    spec = spec_for(args.model)
     batch = args.batch or spec.batch_size
     rows = layer_shapes(spec)
     out = {}
-    print(f"{args.model}: {len(rows)} leaf layers, batch {batch}, 1x{spec.size}x{spec.size}")
+    print(f"{args.model}: {len(rows)} leaf layers, batch {batch}, {spec.channels}x{spec.size}x{spec.size}")
     for math in ("tf32", "fp16"):
         f = out[math] = floor(rows, batch, math)
         print(f"  {math}: {f['gflop']:.0f} GFLOP -> {f['compute_ms']:.2f} ms at {PEAK[math] / 1e12:.0f} TFLOPS; "
