@@ -112,8 +112,8 @@ def test_twin_errors_before_any_work():
         R.batchnorm_forward_training(x, gamma, beta, rm, rv, momentum=1.5)
     with pytest.raises(ValueError, match="eps must be"):
         R.batchnorm_forward_inference(x, gamma, beta, rm, rv, eps=-1.0)
-    with pytest.raises(ValueError, match="more than one value per channel"):
-        R.batchnorm_forward_training(x[:1, :, :1, :1], gamma, beta, rm, rv)
+    with pytest.raises(ValueError, match="at least one value per channel"):
+        R.batchnorm_forward_training(x[:0], gamma, beta, rm, rv)
     with pytest.raises(TypeError, match="batchnorm_forward_inference: gamma has dtype float16; expected one of "
                                         "float32"):
         R.batchnorm_forward_inference(x.astype(np.float16), gamma.astype(np.float16), beta, rm, rv)
@@ -581,3 +581,44 @@ def test_gpu_nd_and_gluon_match_cpu(gpu, fix_gamma, use_global_stats):
                              net.running_var.data()]
     for i, (a, e) in enumerate(zip(results["gpu"], results["cpu"])):
         assert_close(a, e.asnumpy(), 1e-5, 1e-5, f"result {i}")
+
+
+def _one_value_per_channel(device, dtype, layout):
+    """BatchNorm in training mode over one value per channel (GluonCV's SSD probes its anchors with a batch of one
+    whose last map is 1x1): MXNet 1.9.1 gives beta, moves the moving mean toward x and scales the moving variance by
+    the momentum (the batch's biased variance is 0); x and gamma get no gradient, beta gets dy."""
+    rng = np.random.default_rng(5)
+    c = 3
+    shape = (1, c, 1, 1) if layout == "NCHW" else (1, 1, 1, c)
+    x = rng.standard_normal(shape).astype(dtype)
+    pdt = np.float64 if dtype == np.float64 else np.float32
+    gamma, beta = rng.uniform(0.5, 1.5, c).astype(pdt), rng.standard_normal(c).astype(pdt)
+    rm0, rv0, dy = rng.standard_normal(c).astype(pdt), rng.uniform(0.5, 1.5, c).astype(pdt), \
+        rng.standard_normal(shape).astype(dtype)
+    xs = nd.array(x, ctx=device, dtype=dtype)
+    g, b = nd.array(gamma, ctx=device, dtype=pdt), nd.array(beta, ctx=device, dtype=pdt)
+    rm, rv = nd.array(rm0, ctx=device, dtype=pdt), nd.array(rv0, ctx=device, dtype=pdt)
+    for a in (xs, g, b):
+        a.attach_grad()
+    with autograd.record(train_mode=True):
+        y = nd.BatchNorm(xs, g, b, rm, rv, fix_gamma=False, momentum=0.9, axis=1 if layout == "NCHW" else 3)
+    y.backward(nd.array(dy, ctx=device, dtype=dtype))
+    np.testing.assert_allclose(y.asnumpy().reshape(-1), beta.astype(dtype), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(rm.asnumpy(), 0.9 * rm0 + 0.1 * x.reshape(-1).astype(pdt), rtol=1e-6)
+    np.testing.assert_allclose(rv.asnumpy(), 0.9 * rv0, rtol=1e-6)
+    np.testing.assert_array_equal(xs.grad.asnumpy(), 0)
+    np.testing.assert_array_equal(g.grad.asnumpy(), 0)
+    np.testing.assert_allclose(b.grad.asnumpy(), dy.reshape(-1).astype(pdt), rtol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_value_per_channel_gives_beta_as_mxnet(dtype, layout):
+    _one_value_per_channel(mx.cpu(), dtype, layout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_gpu_one_value_per_channel_gives_beta_as_mxnet(gpu, dtype, layout):
+    _one_value_per_channel(gpu, dtype, layout)

@@ -240,6 +240,7 @@ def sort_source(descending: bool, x_dtype: Any, v_dtype: Any, i_dtype: Any, ndim
             "for (long long dn_m = 0; dn_m < p.len; ++dn_m) {\n"
             f"    const {xv} dn_w = {_load(x_dtype, 'p.x[o0 + dn_m * p.xs]')};\n"
             f"    dn_rank += {before};\n"
+            "    if (dn_rank >= p.k) break;  // not among the first k (topk): its exact rank is never written\n"
             "}\n"
             "if (dn_rank < p.k) {\n"
             "    const long long dn_dst = o1 + dn_rank * p.oas;\n"

@@ -354,8 +354,9 @@ def sort_along(x: Ref, shape: tuple[int, ...], axis: int, values_out: Ref | None
 
     values_out (x's dtype) and indices_out (any int or float dtype) are contiguous with ``shape`` but ``axis``
     of length k. NaN sorts as the largest value (last ascending, first descending), ties keep index order.
-    Each element counts the lane elements that sort before it (O(n) per element): meant for lanes up to a
-    few thousand elements.
+    Each element counts the lane elements that sort before it (O(n) per element), stopping once k of them do: a
+    full sort costs n * n compares per lane (meant for lanes up to a few thousand elements), a topk about
+    k * n * log(n) (an element of rank r stops after about k * n / r).
     """
     shape = tuple(shape)
     nd = len(shape)

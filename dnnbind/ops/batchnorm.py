@@ -18,6 +18,10 @@ backends: cuDNN averages into a scratch copy of running_var scaled by m / (m - 1
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from .._lib.errors import DnnbindValueError
 
 from .._lib import cudnn
@@ -90,6 +94,10 @@ def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, moment
     xd, bnd = _descs(x._shape, dtype, layout)
     h = dnn(x)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+    if m == 1:
+        _forward_training_one_value(h, x, gamma, beta, running_mean, running_var, y, save_mean, save_inv_std,
+                                    scratch, momentum, eps, xd, bnd, dtype, pdtype, c)
+        return y, save_mean, save_inv_std
     # NOTE: cached host scalars (D.scalar_ptr), not locals: a recorded step or hybridized Block replays this call
     # with these addresses after the function returned.
     up, down = D.scalar_ptr(m / (m - 1), pdtype), D.scalar_ptr((m - 1) / m, pdtype)
@@ -103,6 +111,29 @@ def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, moment
     except CudnnError as exc:
         raise with_context(exc, op=name, x=x._shape, dtype=dtype.name, layout=layout) from None
     return y, save_mean, save_inv_std
+
+
+def _forward_training_one_value(h, x, gamma, beta, running_mean, running_var, y, save_mean, save_inv_std, scratch,
+                                momentum, eps, xd, bnd, dtype, pdtype, c) -> None:
+    """One value per channel (x is C values): the batch mean is x, the biased variance 0, y = beta, as MXNet
+    computes it. cuDNN's training call would divide by m - 1 for its running variance, so this composes cuDNN's
+    tensor calls instead: save_mean = x (in the statistics' type), y from the inference call with that mean and a
+    zero variance, running_mean = momentum * running_mean + (1 - momentum) * x, running_var *= momentum."""
+    name = "batchnorm_forward_training"
+    flat = D.tensor((1, c, 1, 1), dtype)  # x's C values (NCHW or NHWC: the same order) as the parameters' shape
+    zero_p = D.scalar_ptr(0, pdtype)
+    try:
+        L.cudnnTransformTensor(h, D.scalar_ptr(1, dtype), flat, x._ptr, D.scalar_ptr(0, dtype), bnd, save_mean._ptr)
+        L.cudnnSetTensor(h, bnd, scratch._ptr, zero_p)
+        L.cudnnBatchNormalizationForwardInference(h, SPATIAL, D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype), xd,
+                                                  x._ptr, xd, y._ptr, bnd, gamma._ptr, beta._ptr, save_mean._ptr,
+                                                  scratch._ptr, eps)
+        L.cudnnAddTensor(h, D.scalar_ptr(1.0 - momentum, pdtype), bnd, save_mean._ptr, D.scalar_ptr(momentum, pdtype),
+                         bnd, running_mean._ptr)
+        L.cudnnScaleTensor(h, bnd, running_var._ptr, D.scalar_ptr(momentum, pdtype))
+        L.cudnnSetTensor(h, bnd, save_inv_std._ptr, D.scalar_ptr(1.0 / math.sqrt(eps), pdtype))
+    except CudnnError as exc:
+        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
 
 
 @op(reference.batchnorm_forward_inference, "x", "gamma", "beta", "mean", "var")
@@ -136,11 +167,20 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_inv_std, eps=1e-5, layout="
     c = bn_shapes(name, x._shape, layout, gamma=gamma._shape, save_mean=save_mean._shape,
                   save_inv_std=save_inv_std._shape)
     eps, _ = bn_scalars(name, eps)
-    items_per_channel(name, x._shape, layout)
+    m = items_per_channel(name, x._shape, layout)
     dx = out_like(x._shape, dtype, x._device)
     dgamma, dbeta = out_like((c,), pdtype, x._device), out_like((c,), pdtype, x._device)
     xd, bnd = _descs(x._shape, dtype, layout)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+    if m == 1:  # one value per channel: xhat is 0, so dx = 0, dgamma = 0 and dbeta = dy (the reference's formula)
+        h = dnn(x)
+        try:
+            L.cudnnSetTensor(h, xd, dx._ptr, D.scalar_ptr(0, np.float32))  # zero bits: 0 in any float type
+            L.cudnnSetTensor(h, bnd, dgamma._ptr, D.scalar_ptr(0, pdtype))
+            L.cudnnTransformTensor(h, one, D.tensor((1, c, 1, 1), dtype), dy._ptr, zero, bnd, dbeta._ptr)
+        except CudnnError as exc:
+            raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
+        return dx, dgamma, dbeta
     try:
         L.cudnnBatchNormalizationBackward(dnn(x), TRAIN_MODE, one, zero, one, zero, xd, x._ptr, xd, dy._ptr, xd,
                                           dx._ptr, bnd, gamma._ptr, dgamma._ptr, dbeta._ptr, eps, save_mean._ptr,

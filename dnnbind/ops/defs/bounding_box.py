@@ -125,13 +125,18 @@ def _gpu_nms_forward(c, data):
     order = empty((g.batches * g.n,), np.int32, data._device)
     keep = empty((g.batches * g.n,), np.int32, data._device)
     convert = 0 if p["in_format"] == p["out_format"] else (1 if p["out_format"] == "center" else 2)
+    stream = current_stream(data._device)
+    K.kernel("dn_box_nms_rank", data._dtype).launch(
+        ((g.n + K.RANK_TILE - 1) // K.RANK_TILE, g.batches, 1), K.RANK_TILE,
+        (data, order, np.int32(g.n), np.int32(g.width), np.int32(g.topk), np.int32(p["score_index"]),
+         np.int32(p["id_index"]), t(np.float32(p["valid_thresh"])), t(p["background_id"])), stream=stream)
     K.kernel("dn_box_nms", data._dtype).launch(
         g.batches, K.BLOCK,
         (data, out, record, order, keep, np.int32(g.n), np.int32(g.width), np.int32(g.topk),
          np.int32(p["score_index"]), np.int32(p["id_index"]), np.int32(p["coord_start"]),
          t(np.float32(p["valid_thresh"])), t(p["background_id"]), t(np.float32(p["overlap_thresh"])),
          np.int32(bool(p["force_suppress"])), np.int32(p["in_format"] == "center"), np.int32(convert)),
-        stream=current_stream(data._device))
+        stream=stream)
     return out, record
 
 

@@ -66,12 +66,14 @@ def bn_scalars(op: str, eps, momentum=None) -> tuple:
 
 
 def items_per_channel(op: str, x_shape: tuple, layout: str = "NCHW") -> int:
-    """m = N * spatial size; batch statistics need m > 1."""
+    """m = N * spatial size; batch statistics need m >= 1. With m == 1 (a batch of one 1x1 map: GluonCV's SSD
+    probes its anchors so, in training mode) the mean is x itself and the (biased) variance 0, so y is beta and
+    x gets no gradient, as in MXNet 1.9.1."""
     c = x_shape[3 if layout == "NHWC" else 1]
     m = int(np.prod(x_shape, dtype=np.int64)) // c if c else 0
-    if m < 2:
-        raise DnnbindValueError(f"{op}: batch statistics need more than one value per channel, got x of shape "
-                         f"{tuple(x_shape)} ({m} per channel); use a larger batch or inference mode")
+    if m < 1:
+        raise DnnbindValueError(f"{op}: batch statistics need at least one value per channel, got x of shape "
+                                f"{tuple(x_shape)}; use inference mode")
     return m
 
 
