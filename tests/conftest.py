@@ -27,6 +27,7 @@ def _gpu_count() -> tuple[int, str]:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU; skipped cleanly without one")
+    config.addinivalue_line("markers", "slow: minutes on the CPU (still part of the default run)")
 
 
 def pytest_report_header(config):

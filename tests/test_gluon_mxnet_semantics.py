@@ -32,7 +32,6 @@ import pytest
 import dnnbind
 import dnnbind.mxnet as dmx
 from dnnbind import nd
-from dnnbind.gluon import block as block_module
 from dnnbind.gluon import nn
 from dnnbind.mxnet import _finder
 from dnnbind.features import NAMES
@@ -50,9 +49,11 @@ _spec.loader.exec_module(nets)
 
 
 @pytest.fixture
-def fresh_names(monkeypatch):
-    """MXNet's global name counters from zero, as in the fresh MXNet process that wrote the fixtures."""
-    monkeypatch.setattr(block_module, "_global_counts", {})
+def fresh_names():
+    """MXNet's name counters from zero (a fresh mx.name.NameManager), as in the fresh MXNet process that wrote the
+    fixtures."""
+    with dnnbind.symbol.NameManager():
+        yield
 
 
 def _built() -> dict:
@@ -127,8 +128,8 @@ def test_files_mxnet_wrote_load(fresh_names, monkeypatch):
     for name in KEYS:
         expect[name] = {k: v.numpy() for k, v in nd.load(str(FIX / f"{name}.save_parameters.bin")).items()}
     for how in ("save_parameters", "collect_save", "collect_save by load_parameters"):
-        monkeypatch.setattr(block_module, "_global_counts", {})  # the same names as MXNet's, every round
-        built = nets.build(dmx)
+        with dnnbind.symbol.NameManager():  # the same names as MXNet's, every round
+            built = nets.build(dmx)
         for name, net in built.items():
             nets.fill(dmx, np, net, nets.X_SHAPES[name])
             for p in net.collect_params().values():

@@ -119,7 +119,8 @@ def test_show_config_prints_versions_and_gpus(capsys):
 
 # The layers, top to bottom; a module may import only from its own layer or those above it.
 LAYERS = [("dnnbind._lib", "dnnbind.features"), ("dnnbind.runtime", "dnnbind.serialization"), ("dnnbind.kernels",), ("dnnbind.ops",),
-          ("dnnbind.autograd", "dnnbind.trace"), ("dnnbind.nd", "dnnbind.initializer"), ("dnnbind.symbol",),
+          ("dnnbind.autograd", "dnnbind.trace", "dnnbind.custom_op"), ("dnnbind.nd", "dnnbind.initializer"),
+          ("dnnbind.symbol",),
           ("dnnbind.gluon",),
           ("dnnbind.config_report", "dnnbind.graph", "dnnbind.hybrid", "dnnbind.recording", "dnnbind")]
 

@@ -145,10 +145,19 @@ def test_binary_gradient_unbroadcasts(name, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_where_clip_and_gradients(device):
     rng = np.random.default_rng(6)
-    c, x, y = rng.integers(0, 2, (3, 4)).astype(np.float64), rng.normal(size=(3, 4)), rng.normal(size=(4,))
+    c, x, y = rng.integers(0, 2, (3, 4)).astype(np.float64), rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
     got = nd.where(nd.array(c, ctx=device), nd.array(x, ctx=device), nd.array(y, ctx=device))
     assert_close(got, np.where(c != 0, x, y), 1e-6, 1e-7)
     _gradcheck(lambda a, b: nd.where(nd.array(c, ctx=device, dtype="float64"), a, b), [x, y], device)
+    # MXNet's 1-D condition of x.shape[0] elements picks whole rows (GluonCV's FPN R-CNNs), gradients included
+    rows = np.array([1.0, 0.0, 1.0])
+    got = nd.where(nd.array(rows, ctx=device), nd.array(x, ctx=device), nd.array(y, ctx=device))
+    assert_close(got, np.where(rows[:, None] != 0, x, y), 1e-6, 1e-7)
+    _gradcheck(lambda a, b: nd.where(nd.array(rows, ctx=device, dtype="float64"), a, b), [x, y], device)
+    # ... and never broadcasts otherwise (MXNet: "inferring shapes failed" / "Check failed")
+    for cs, ys in (((3, 1), (3, 4)), ((4,), (3, 4)), ((3, 4), (4,))):
+        with pytest.raises(ValueError, match="where: "):
+            nd.where(nd.ones(cs, ctx=device), nd.array(x, ctx=device), nd.ones(ys, ctx=device))
     v = rng.uniform(-2, 2, (3, 5))
     v = np.where(np.abs(np.abs(v) - 1) < 0.05, 0.5, v)
     assert_close(nd.clip(nd.array(v, ctx=device), -1, 1), np.clip(v, -1, 1), 1e-6, 1e-7)

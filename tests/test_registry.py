@@ -52,7 +52,9 @@ def test_every_operator_mxnet_declares_runs_in_a_graph():
     missing = sorted(set(_mxnet_params.DECLARED) - set(nd.OPERATORS) - PENDING)
     assert not missing, f"declared but not runnable: {missing}"
     assert not PENDING & set(nd.OPERATORS), f"implemented now, drop from PENDING: {sorted(PENDING & set(nd.OPERATORS))}"
-    assert set(_exec.OPS) == set(nd.OPERATORS)  # the executor's table is the registry's, not a second list
+    # the executor's table is the registry's, not a second list; Custom's node is built from the Python operator
+    # registered under its op_type (symbol/_custom.py, custom_op.py), not from a registry entry
+    assert set(_exec.OPS) - {"Custom"} == set(nd.OPERATORS)
 
 
 @pytest.mark.parametrize("name,entry", MXNET_NAMED)

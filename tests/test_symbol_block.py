@@ -152,17 +152,23 @@ def test_bad_uses_are_refused_naming_the_problem():
         gluon.SymbolBlock(sym.Activation(d, act_type="relu"), sym.var("label"))
     with pytest.raises(DnnbindTypeError, match="inputs must be variables"):
         gluon.SymbolBlock(sym.Activation(d, act_type="relu"), sym.Activation(d, act_type="relu"))
-    # an operator dnnbind cannot run (MXNet's "Custom", a Python operator): a symbol file naming it is refused at
-    # load, naming the node and the operator; a graph holding it is refused by SymbolBlock, naming them too
+    # an operator dnnbind cannot run (MXNet's "Correlation"): a symbol file naming it is refused at load, naming the
+    # node and the operator; a graph holding it is refused by SymbolBlock, naming them too
     doc = json.loads(sym.Activation(d, act_type="relu", name="act").tojson())
     for node in doc["nodes"]:
         if node["op"] == "Activation":
+            node["op"], node["attrs"] = "Correlation", {}
+    with pytest.raises(DnnbindValueError, match="node 'act' uses operator 'Correlation', which dnnbind does not"):
+        sym.load_json(json.dumps(doc))
+    # a Custom node whose op_type is not registered is refused at load, as in MXNet
+    for node in doc["nodes"]:
+        if node["op"] == "Correlation":
             node["op"], node["attrs"] = "Custom", {"op_type": "mine"}
-    with pytest.raises(DnnbindValueError, match="node 'act' uses operator 'Custom', which dnnbind does not"):
+    with pytest.raises(DnnbindValueError, match="Cannot find custom operator mine"):
         sym.load_json(json.dumps(doc))
     custom = sym.Activation(d, act_type="relu", name="act")
-    next(n for n in custom._topo() if n.op == "Activation").op = "Custom"
-    with pytest.raises(UnsupportedFeature, match=r"operators dnnbind cannot run yet: Custom \(node 'act'\)"):
+    next(n for n in custom._topo() if n.op == "Activation").op = "Correlation"
+    with pytest.raises(UnsupportedFeature, match=r"operators dnnbind cannot run yet: Correlation \(node 'act'\)"):
         gluon.SymbolBlock(custom, d)
     with pytest.raises(DnnbindValueError, match="1 input\\(s\\) expected"):
         _tiny_block()(nd.ones((2, 3), ctx=CPU), nd.ones((2, 3), ctx=CPU))

@@ -11,6 +11,8 @@ naming its class.
 
 from __future__ import annotations
 
+import contextlib
+
 from .. import serialization
 from .. import symbol as sym
 from .._lib.errors import DnnbindValueError
@@ -72,8 +74,7 @@ def pool(block, x):
               pooling_convention="full" if block._ceil else "valid", stride=block._strides, pad=block._padding)
     if block._pool_type == "avg":
         kw["count_include_pad"] = block._count_include_pad
-    if block._dims == 2:
-        kw["layout"] = block._layout
+    kw["layout"] = block._layout  # MXNet writes it for every rank (NCW, NCHW, NCDHW and channels-last)
     return sym.make("Pooling", x, name=block.prefix + "fwd", **kw)
 
 
@@ -110,16 +111,24 @@ def register(cls, fn) -> None:
 
 
 def trace(block, inputs: list) -> Symbol:
-    """``block`` called on Symbols: its graph."""
+    """``block`` called on Symbols: its graph, named as MXNet's ``name_scope()`` names it. A Block's scope
+    *replaces* the caller's name prefix with its own full one ("resnetv10_stage3_conv0_fwd", never
+    "resnetv10_resnetv10_stage3_conv0_fwd"); a Block made with prefix='' opens none, so its unnamed nodes continue
+    the enclosing count (a ResNet stage's blocks give activation0..activation5). GluonCV's FeatureExtractor looks
+    these names up in get_internals()."""
+    own = contextlib.nullcontext() if block.__dict__.get("_empty_prefix") else sym.Prefix(block.prefix)
     hybrid = getattr(block, "hybrid_forward", None)  # a user's MXNet 1.x Block (gluon's own layers have none)
     if hybrid is not None:
         params = {name: _var(p) for name, p in block._reg_params.items() if p is not None}
-        with sym.Prefix(block.prefix):
+        with own:
             return hybrid(sym, *inputs, **params)
     for cls in type(block).__mro__:
         fn = TRACERS.get(cls)
         if fn is not None:
-            return fn(block, *inputs)
+            # a layer's tracer gives its nodes their full names (block.prefix + "fwd"); a Sequential's children
+            # are named in the Sequential's scope
+            with own if fn is sequential else sym.NameManager():
+                return fn(block, *inputs)
     raise UnsupportedFeature(f"export: {type(block).__name__} ({block.name}) cannot be traced to a symbol graph yet "
                              "(dnnbind traces Sequential, Dense, Conv, Pool, BatchNorm, LayerNorm, InstanceNorm, "
                              "Activation, Dropout, Flatten and Blocks written with hybrid_forward(self, F, x, ...))")

@@ -27,7 +27,8 @@ from .. import features, nd, serialization
 from .._lib import hooks
 from .._lib.hooks import TRACING
 from ..runtime.array import NDArray
-from ..symbol import Symbol
+from ..runtime.device import default_device
+from ..symbol import Prefix, Symbol, current_name_manager
 from ._export import export, trace
 from ._param_ctx import copy_device, multi_ctx, using_device
 from .param_files import _load_into, _read_param_file
@@ -47,7 +48,6 @@ def set_cached_block_factory(factory) -> None:
     _cached_block_factory = factory
 
 
-_global_counts: dict[str, int] = {}
 _global_lock = threading.Lock()
 
 
@@ -64,10 +64,10 @@ class _BlockScope:
         current = getattr(_tls, "scope", None)
         if current is None:
             if prefix is None:
+                # as MXNet: a Block made outside any scope is numbered by the current mx.name.NameManager, so
+                # `with mx.name.NameManager():` starts its count afresh (resnetv10_ again)
                 with _global_lock:
-                    count = _global_counts.get(hint, 0)
-                    _global_counts[hint] = count + 1
-                prefix = f"{hint}{count}_"
+                    prefix = current_name_manager().get(None, hint) + "_"
             return prefix
         if prefix is None:
             count = current._counter.get(hint, 0)
@@ -82,10 +82,15 @@ class _BlockScope:
             return self
         self._old = getattr(_tls, "scope", None)
         _tls.scope = self
+        # ... and, as MXNet's, it names the Symbols made inside too: mx.sym.Convolution(..., name='expand_conv0')
+        # in SSD's name_scope is "ssd0_expand_conv0" (GluonCV's FeatureExpander builds its graph so)
+        self._names = Prefix(self._block.prefix)
+        self._names.__enter__()
         return self
 
     def __exit__(self, *exc):
         if not self._block.__dict__.get("_empty_prefix"):
+            self._names.__exit__(*exc)
             _tls.scope = self._old
 
 
@@ -282,9 +287,14 @@ class Block:
         BatchNorm keeps float32 when the network goes float16, as in MXNet)."""
         for child in self._children.values():
             child.cast(dtype)
+        # this Block's own Parameters: its ParameterDict (where a SymbolBlock keeps all of its, as MXNet casts
+        # self.params) and those assigned as attributes, each once
+        own = {id(p): p for p in self._params.values()}
         for p in self._reg_params.values():
             if p is not None:
-                p.cast(dtype)
+                own.setdefault(id(p), p)
+        for p in own.values():
+            p.cast(dtype)
 
     def apply(self, fn) -> Block:
         for child in self._children.values():
@@ -360,6 +370,14 @@ class Block:
         for hook in self._forward_pre_hooks:
             hook(self, args)
         cached = self.__dict__.get("_cached")
+        if cached is not None and args and type(args[0]) is NDArray and args[0].device != default_device():
+            # A hybridized Block runs as MXNet's bound graph does: on its input's device, creation calls without
+            # a ctx included (GluonCV's F.arange(n) in a decoder); eager, MXNet would make those on cpu(0).
+            with args[0].device:
+                return self._call_cached(cached, args, kwargs)
+        return self._call_cached(cached, args, kwargs)
+
+    def _call_cached(self, cached, args, kwargs):
         out = cached(args) if cached is not None and not kwargs else RUN_EAGERLY
         if out is RUN_EAGERLY:
             out = self.forward(*args, **kwargs)

@@ -19,7 +19,8 @@ from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 from .. import nd
 from ..runtime.array import NDArray
-from ._loss_base import Loss, _as_labels, _as_nd, _reshape_like, integer, number
+from ._loss_base import Loss, _as_labels, _as_nd, _label_like, integer, number
+from ._loss_base import _apply_weighting, _reshape_like  # noqa: F401  (MXNet's names: GluonCV imports them here)
 from ._loss_extra import CosineEmbeddingLoss, CTCLoss, PoissonNLLLoss, TripletLoss
 
 __all__ = ["CTCLoss", "CosineEmbeddingLoss", "HingeLoss", "HuberLoss", "KLDivLoss", "L1Loss", "L2Loss",
@@ -34,7 +35,7 @@ class L2Loss(Loss):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
-        label = _reshape_like(label, pred, "L2Loss")
+        label = _label_like(label, pred, "L2Loss")
         loss = nd.square(label - pred)
         half = None if self._weight is None else self._weight / 2
         loss = self._weighting(loss, sample_weight, half)
@@ -48,7 +49,7 @@ class L1Loss(Loss):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
-        label = _reshape_like(label, pred, "L1Loss")
+        label = _label_like(label, pred, "L1Loss")
         return self._per_sample(self._weighting(nd.abs(label - pred), sample_weight))
 
 
@@ -61,7 +62,7 @@ class SigmoidBinaryCrossEntropyLoss(Loss):
         self._from_sigmoid = from_sigmoid
 
     def forward(self, pred: NDArray, label, sample_weight=None, pos_weight=None) -> NDArray:
-        label = _reshape_like(label, pred, type(self).__name__)
+        label = _label_like(label, pred, type(self).__name__)
         if pos_weight is not None:
             pos_weight = _as_nd(pos_weight, pred, "pos_weight", pred.dtype)
         if not self._from_sigmoid:
@@ -116,7 +117,7 @@ class SoftmaxCrossEntropyLoss(Loss):
             label = _as_nd(label, pred, "label")
             loss = -nd.pick(logp, label, axis=axis, keepdims=True)
         else:
-            label = _reshape_like(label, pred, f"{name}(sparse_label=False)")
+            label = _label_like(label, pred, f"{name}(sparse_label=False)")
             loss = -nd.sum(logp * label, axis=axis, keepdims=True)
         return self._per_sample(self._weighting(loss, sample_weight))
 
@@ -158,7 +159,7 @@ class HuberLoss(Loss):
             raise DnnbindValueError(f"HuberLoss: rho must be positive, got {rho}")
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
-        d = nd.abs(_reshape_like(label, pred, "HuberLoss") - pred)
+        d = nd.abs(_label_like(label, pred, "HuberLoss") - pred)
         loss = nd.where(d > self._rho, d - 0.5 * self._rho, nd.square(d) * (0.5 / self._rho))
         return self._per_sample(self._weighting(loss, sample_weight))
 
@@ -171,7 +172,7 @@ class HingeLoss(Loss):
         self._margin = number(type(self).__name__, "margin", margin)
 
     def _hinge(self, pred, label):
-        return nd.relu(self._margin - pred * _reshape_like(label, pred, type(self).__name__))
+        return nd.relu(self._margin - pred * _label_like(label, pred, type(self).__name__))
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
         return self._per_sample(self._weighting(self._hinge(pred, label), sample_weight))
@@ -194,7 +195,7 @@ class LogisticLoss(Loss):
         self._label_format = label_format
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
-        label = _reshape_like(label, pred, "LogisticLoss")
+        label = _label_like(label, pred, "LogisticLoss")
         if self._label_format == "signed":
             label = (label + 1.0) * 0.5
         loss = nd.relu(pred) - pred * label + nd.softrelu(-nd.abs(pred))

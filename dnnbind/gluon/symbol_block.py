@@ -29,7 +29,11 @@ class SymbolBlock(Block):
     (a ParameterDict) gives Parameters to share by name."""
 
     def __init__(self, outputs, inputs, params: ParameterDict | None = None):
-        super().__init__(prefix="", params=None)
+        super().__init__(prefix=None, params=None)
+        # As MXNet's: the Parameters are named exactly as the graph's variables wherever the block is made (GluonCV's
+        # FeatureExpander is made inside SSD's name_scope, and its new variables are "expand_trans_conv0_weight")
+        self._prefix = ""
+        self._params = ParameterDict("")
         if isinstance(outputs, (list, tuple)):
             outputs = Group(list(outputs))
         if not isinstance(outputs, Symbol):

@@ -4,11 +4,11 @@ every other dnnbind module lazily, on first attribute access.
 
 ``mx.nd``/``mx.ndarray``, ``mx.autograd``, ``mx.gluon``, ``mx.init``/``mx.initializer``, ``mx.metric``,
 ``mx.optimizer``, ``mx.lr_scheduler``, ``mx.random``, ``mx.kv``/``mx.kvstore``, ``mx.io``, ``mx.sym``, ``mx.model``,
-``mx.mod``/``mx.module`` and ``mx.callback`` are dnnbind's own modules (see ``_finder.TARGETS``);
-``mx.context``, ``mx.base`` and ``mx.test_utils`` are small modules here; the namespaces dnnbind
+``mx.mod``/``mx.module``, ``mx.callback`` and ``mx.operator`` (custom_op.py) are dnnbind's own modules (see
+``_finder.TARGETS``); ``mx.context``, ``mx.base`` and ``mx.test_utils`` are small modules here; the namespaces dnnbind
 does not back (``mx.profiler``, ``mx.contrib.onnx``, ...) import fine and raise
 NotImplementedError naming the feature on first use. Any other name MXNet 1.9.1 has (``mx.use_np``, and through
-the alias ``mx.gluon.rnn.LSTM``, ``mx.nd.Custom``, ``mx.gluon.nn.Conv3D``) raises UnsupportedFeature naming it; a name
+the alias ``mx.gluon.rnn.LSTM``, ``mx.nd.Correlation``, ``mx.gluon.nn.GroupNorm``) raises UnsupportedFeature naming it; a name
 MXNet lacks too is a plain AttributeError (see _unsupported.missing). ``mx.img`` and ``mx.rnd`` are ``mx.image``
 and ``mx.random``, as in MXNet. ``import dnnbind.mxnet as mx`` works too, without the import hook.
 """
@@ -30,7 +30,7 @@ __all__ = ["Context", "MXNetError", "cpu", "cpu_pinned", "current_context", "gpu
 # Resolved on first access through the same table as `import mxnet.<name>`, so both give the same module.
 _LAZY = frozenset(["recordio", "nd", "ndarray", "autograd", "gluon", "init", "initializer", "metric", "optimizer",
                    "lr_scheduler", "random", "image", "test_utils", "kv", "kvstore", "io", "sym", "symbol",
-                   "model", "name", "attribute", "mod", "module", "callback"])
+                   "model", "name", "attribute", "mod", "module", "callback", "operator"])
 _ALIASES = {"img": "image", "rnd": "random"}
 
 

@@ -48,6 +48,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "mxnet.module": ("dnnbind.module",),
     "mxnet.callback": ("dnnbind.callback",),
     "mxnet.recordio": ("dnnbind.recordio",),
+    "mxnet.operator": ("dnnbind.custom_op",),
     "mxnet.image": ("dnnbind.image",),
     "mxnet.name": ("dnnbind.symbol.name",),
     "mxnet.attribute": ("dnnbind.symbol.attribute",),

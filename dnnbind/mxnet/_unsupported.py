@@ -8,7 +8,7 @@ message, never with a stand-in that computes something different. ``NAMESPACES``
 out by the alias only while dnnbind has no module of that name.
 
 Single names follow the same rule wherever they are read: ``missing(ns, name)`` is the error for a name dnnbind
-lacks, ``UnsupportedFeature`` when MXNet 1.9.1 has that name (``dnnbind.features.NAMES``: ``mx.gluon.nn.Conv3D``,
+lacks, ``UnsupportedFeature`` when MXNet 1.9.1 has that name (``dnnbind.features.NAMES``: ``mx.gluon.nn.GroupNorm``,
 ``net.export``), a plain AttributeError for a typo. The modules of the alias and Gluon's Block, Parameter and
 nn raise it from their ``__getattr__``; ``dnnbind.gluon`` and ``dnnbind.nd`` get one from ``attach()`` while the
 alias is installed (they are served as ``mxnet.gluon`` and ``mxnet.nd`` themselves).
@@ -39,7 +39,6 @@ NAMESPACES: dict[str, str] = {
     "rnn": "",
     "monitor": "",
     "onnx": "ONNX export",
-    "operator": "custom operators",
     "rtc": "runtime-compiled CUDA kernels",
     "engine": "",
     "executor": "",
@@ -60,7 +59,9 @@ REAL: dict[str, str] = {"contrib.amp": "dnnbind.amp", "contrib.text": "dnnbind.c
                         "contrib.text.embedding": "dnnbind.contrib.text.embedding",
                         "contrib.text.vocab": "dnnbind.contrib.text.vocab",
                         "contrib.text.utils": "dnnbind.contrib.text.utils",
-                        "contrib.ndarray": "dnnbind.nd.contrib", "contrib.symbol": "dnnbind.symbol.contrib"}
+                        "contrib.ndarray": "dnnbind.nd.contrib", "contrib.symbol": "dnnbind.symbol.contrib",
+                        # MXNet's mxnet.contrib has both spellings of each (d2l's anchor.md: contrib.nd.MultiBoxPrior)
+                        "contrib.nd": "dnnbind.nd.contrib", "contrib.sym": "dnnbind.symbol.contrib"}
 
 # Unbacked children of modules dnnbind does back (mxnet.gluon.rnn): served only through the alias, when the
 # dnnbind module (dnnbind.gluon.rnn) does not exist; never registered under a dnnbind name.

@@ -13,6 +13,7 @@ operators (loss helpers, add_n, waitall).
 
 from __future__ import annotations
 
+
 from .._lib.errors import DnnbindError, DnnbindTypeError, DnnbindValueError
 
 from ..runtime.array import NDArray  # noqa: F401  (nd.NDArray)
@@ -21,7 +22,7 @@ from ._creation import arange, array, empty, eye, full, linspace, ones, zeros  #
 from ._bn_fused import BatchNormAddRelu  # noqa: F401
 from ._helpers import pick_nll, softmax_ce_per_sample, waitall  # noqa: F401
 from ._registry import REGISTRY, Op, call, invoke, lib_op  # noqa: F401
-from ._params import into, reject  # noqa: E402
+from ._params import drop_ignored, ignores_keywords, into, reject  # noqa: E402
 from ..ops import defs as _defs  # noqa: E402,F401  (declares the library-backed operators)
 from ..ops.opdef import DEFS as _DEFS, set_table as _set_table  # noqa: E402
 from ._registry import untaped_call as _untaped_call  # noqa: E402
@@ -71,6 +72,24 @@ def _same_shapes(nd_name: str, args) -> None:
                                     f"(MXNet's elemwise operators do not broadcast; use broadcast_* for that)")
 
 
+def _where_args(args: tuple) -> tuple:
+    """MXNet's ``where`` never broadcasts: x and y share a shape, and the condition has it too, or is 1-D with
+    x.shape[0] elements choosing whole rows (GluonCV's FPN R-CNNs). The 1-D condition becomes an (N, 1, ..., 1) view
+    for the table op; every other mismatch is refused with the shapes, as MXNet refuses it."""
+    if len(args) != 3 or not all(isinstance(a, NDArray) for a in args):
+        return args
+    c, x, y = args
+    if x.shape != y.shape:
+        raise DnnbindValueError(f"where: x and y must have the same shape, got x {x.shape} and y {y.shape} "
+                                f"(MXNet's where does not broadcast)")
+    if c.shape == x.shape:
+        return args
+    if c.ndim == 1 and x.ndim >= 1 and c.shape[0] == x.shape[0]:
+        return (c.reshape((c.shape[0],) + (1,) * (x.ndim - 1)), x, y)
+    raise DnnbindValueError(f"where: condition {c.shape} must have x's shape {x.shape}, or be 1-D with x.shape[0] = "
+                            f"{x.shape[0] if x.ndim else 0} elements (MXNet's where does not broadcast)")
+
+
 def _declared_doc(*names) -> str:
     """MXNet's parameter list of the first of ``names`` it declares, for a table op's docstring ("" if none)."""
     from ._mxnet_params import ALIASES, DECLARED
@@ -106,15 +125,20 @@ def _make_function(op: Op, nd_name: str):
     allowed, mx_name = frozenset(accepted), _mxnet_name(op)
     same_shape = nd_name in _SAME_SHAPE
     strings = _string_params(nd_name, mx_name)
+    ignores = ignores_keywords(mx_name)
 
     def fn(*args, out=None, name=None, **params):
         if params:
             if not allowed.issuperset(params):  # a misspelled keyword never runs with a default
-                reject(mx_name, {k: v for k, v in params.items() if k not in allowed}, accepted)
+                if not ignores:
+                    reject(mx_name, {k: v for k, v in params.items() if k not in allowed}, accepted)
+                params = drop_ignored(mx_name, params, allowed)
             if strings is not None:
                 strings(params)
         if same_shape:
             _same_shapes(nd_name, args)
+        elif nd_name == "where":
+            args = _where_args(args)
         n = len(args) if op.arity is None else op.arity
         if len(args) == n and out is None:  # the common call: operands only, parameters by keyword
             return invoke(op, args, params)
@@ -153,10 +177,14 @@ def _make_composite_function(op: Op, nd_name: str):
     from ._mxnet_params import ALIASES, DECLARED
     possible = None if mx_name in DECLARED or mx_name in ALIASES else accepted  # MXNet's list where it has one
 
+    ignores = ignores_keywords(mx_name)
+
     def fn(*args, out=None, name=None, **params):
         if params:
             if not open_kwargs and not allowed.issuperset(params):
-                reject(mx_name, {k: v for k, v in params.items() if k not in allowed}, possible)
+                if not ignores:
+                    reject(mx_name, {k: v for k, v in params.items() if k not in allowed}, possible)
+                params = drop_ignored(mx_name, params, allowed)
             if strings is not None:
                 strings(params)
         try:
@@ -275,6 +303,21 @@ def load_frombuffer(buf):
     return serialization.load_bytes(buf)
 
 
+def Custom(*data, op_type=None, out=None, name=None, **kwargs):
+    """``nd.Custom(*inputs, op_type='name', **kwargs)``: the Python operator registered as ``name`` with
+    ``mx.operator.register`` (dnnbind/custom_op.py) on ``inputs`` (its arguments, then its auxiliary states); the
+    keyword arguments reach its CustomOpProp as strings. One output is an NDArray, several a list."""
+    from ..custom_op import invoke  # lazy: the registry of Python operators, beside autograd (it runs user code)
+    result = invoke(data, op_type, kwargs)
+    if out is None:
+        return result
+    if isinstance(result, list):
+        if not isinstance(out, (list, tuple)) or len(out) != len(result):
+            raise DnnbindTypeError(f"Custom: out must be a list of {len(result)} NDArrays (one per output)")
+        return [into(o, r) for o, r in zip(out, result)]
+    return into(out, result)
+
+
 def concatenate(arrays, axis=0, always_copy=True):
     return concat(*arrays, dim=axis)  # noqa: F821  (generated)
 
@@ -285,4 +328,4 @@ _methods.install(globals())
 
 __all__ = sorted({*_generated, "arange", "array", "empty", "eye", "full", "linspace", "ones", "zeros", "pick_nll",
                   "softmax_ce_per_sample", "waitall", "save", "load", "load_frombuffer", "concatenate", "NDArray",
-                  "random", "contrib", "linalg", "BatchNormAddRelu"})
+                  "random", "contrib", "linalg", "BatchNormAddRelu", "Custom"})

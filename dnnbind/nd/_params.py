@@ -13,12 +13,13 @@ them, in its order (nd/_schema.py's table, generated from MXNet itself).
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import numpy as np
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError, UnknownArgumentError
 from ..runtime.array import NDArray
-from ._mxnet_params import VAR_ARGS
+from ._mxnet_params import DECLARED, VAR_ARGS
 from ._schema import schema
 
 def declared_params(op: str) -> tuple[str, ...]:
@@ -39,6 +40,28 @@ def declared_params(op: str) -> tuple[str, ...]:
 
 _declared: dict = {}
 
+
+
+def ignores_keywords(mx_name: str) -> bool:
+    """MXNet parses keywords against an operator's parameter struct, and an operator with none (relu, zeros_like,
+    shape_array, elemwise_add: no parameters declared) takes any keyword and ignores it: GluonCV's
+    ``F.zeros_like(x, dtype='int64')`` runs in MXNet 1.9.1 and gives float32. dnnbind does the same for those
+    operators (with a warning: drop_ignored), and refuses unknown keywords everywhere else, as MXNet does."""
+    return mx_name in DECLARED and not declared_params(mx_name)
+
+
+_warned_ignored: set = set()
+
+
+def drop_ignored(mx_name: str, params: dict, allowed) -> dict:
+    """The keywords an operator without parameters keeps (none of MXNet's), with a warning, once per operator and
+    keyword, naming what is ignored: MXNet ignores it silently, dnnbind says so."""
+    for k in params:
+        if k not in allowed and (mx_name, k) not in _warned_ignored:
+            _warned_ignored.add((mx_name, k))
+            warnings.warn(f"{mx_name} takes no parameters: {k}={params[k]!r} is ignored (as MXNet 1.9.1 ignores it)",
+                          UserWarning, stacklevel=3)
+    return {k: v for k, v in params.items() if k in allowed}
 
 
 def reject(op: str, kwargs: dict, declared: tuple | None = None) -> None:

@@ -39,6 +39,7 @@ from ..runtime.device import Device, as_device, default_device
 from . import _lower
 from ._schema import Schema, parse_type_info
 from ._schema import schema as schema_of
+from ._params import drop_ignored, ignores_keywords
 
 REGISTRY: dict[str, "Op"] = {}
 FLOAT_KINDS = "f"
@@ -509,6 +510,9 @@ def _lib_params(op: Op, params: dict) -> dict:
     declared = schema_of(op.name)
     for name in params:
         if not op.schema.declares(name):  # MXNet's message lists MXNet's own parameters
+            if ignores_keywords(op.name):  # MXNet declares none: it ignores the keyword (nd._params)
+                params = drop_ignored(op.name, params, [n for n in params if op.schema.declares(n)])
+                break
             raise UnknownArgumentError(op.name, name, tuple(p.name for p in declared.params))
     return op.schema.parse(params)
 

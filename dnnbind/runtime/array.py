@@ -286,7 +286,7 @@ class NDArray:
 
     # -- printing ------------------------------------------------------------------------------------------
     def __repr__(self) -> str:
-        body = np.array2string(self.numpy(), precision=4, threshold=50, edgeitems=3)
+        body = str(self.numpy())  # as MXNet: numpy's print options apply (d2l sets np.set_printoptions(2))
         shape = "x".join(str(s) for s in self._shape) or "scalar"
         return f"\n{body}\n<NDArray {shape} @{self._device!r}>"
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ..nd._mxnet_params import ALIASES, DECLARED
 from . import _executor, _infer, _json
-from ._graph import AttrScope, Group, NameManager, Prefix, Symbol, compose, make, var
+from ._custom import Custom  # noqa: F401  (mx.sym.Custom: a Python operator, custom_op.py)
+from ._graph import AttrScope, Group, NameManager, Prefix, Symbol, compose, current_name_manager, make, var
 from ._json import loads as load_json
 
 # The Symbol methods that live beside the graph (each of these modules imports _graph, so _graph cannot import them)
@@ -26,8 +27,8 @@ Symbol.infer_type = _infer.infer_type
 Symbol.simple_bind = _executor.simple_bind
 Symbol.bind = _executor.bind
 
-__all__ = ["AttrScope", "Group", "NameManager", "Prefix", "Symbol", "Variable", "arange", "compose", "full", "load",
-           "load_json", "ones", "var", "zeros"]
+__all__ = ["AttrScope", "Custom", "Group", "NameManager", "Prefix", "Symbol", "Variable", "arange", "compose", "full",
+           "load", "load_json", "ones", "var", "zeros"]
 
 Variable = var
 

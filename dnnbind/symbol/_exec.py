@@ -14,7 +14,7 @@ from typing import Callable
 from .. import nd
 from .._lib.errors import DnnbindValueError
 from ..features import UnsupportedFeature
-from . import _infer
+from . import _custom, _infer
 from ._graph import Node, Symbol
 
 __all__ = ["check", "evaluate", "OPS"]
@@ -26,6 +26,7 @@ def _node_call(fn: Callable) -> Callable:
 
 # Every registry entry under each of its MXNet names (nd.OPERATORS): a node calls what an eager program calls.
 OPS: dict[str, Callable] = {name: _node_call(fn) for name, (op, fn) in nd.OPERATORS.items()}
+OPS["Custom"] = lambda inputs, given, node: _custom.run(inputs, node)  # a Python operator (custom_op.py)
 
 
 def check(symbol: Symbol) -> None:

@@ -471,7 +471,11 @@ def make(called: str, *args, name: str | None = None, attr: dict | None = None, 
     if variadic and count is not None and count not in params_given:
         params_given[count] = len(args)  # MXNet's frontend always passes it, declared or not (add_n)
     declared = {p.name for p in sch.params}
-    params = sch.parse({k: v for k, v in params_given.items() if k in declared or k != count})
+    if not declared:  # an operator with no parameters takes any keyword and ignores it, as MXNet (nd/__init__.py
+        # _ignores_keywords); the node keeps it as an attribute, as MXNet's JSON does
+        params = sch.parse({})
+    else:
+        params = sch.parse({k: v for k, v in params_given.items() if k in declared or k != count})
     attrs = _scope_attrs(attr)
     attrs.update(node_attrs)
     attrs.update({k: attr_string(v) for k, v in params_given.items()})

@@ -169,7 +169,10 @@ def node_shapes(symbol: Symbol, given: dict):
         ins = [shapes.get((id(src), i)) for src, i in n.inputs]
         d = _opio.opdef(n.op)
         rule = d.infer if d is not None else RULES.get(n.op)
-        fills = d is not None or rule in _FILLS  # an OpDef's rule fills in its learned inputs from the data
+        if n.op == "Custom":  # a Python operator: its Prop says (and may fill in its auxiliary states)
+            from ._custom import infer_shape as rule
+        # an OpDef's rule fills in its learned inputs from the data
+        fills = d is not None or rule in _FILLS or n.op == "Custom"
         if ins and (not _known(ins[0]) or (not fills and not all(_known(s) for s in ins))):
             continue  # not yet: a later call with more shapes given may get further
         if not ins and n.op in SHAPED:  # a creation node (_zeros, _random_uniform): its shape parameter
@@ -203,6 +206,9 @@ def _elementwise(p, types, n_out):
 def _type_rule(op: str):
     """The operator's own type rule where its registry entry declares one (nd.OPERATORS), else element-wise."""
     from .. import nd
+    if op == "Custom":  # a Python operator: its Prop's infer_type
+        from ._custom import infer_type
+        return infer_type
     found = nd.OPERATORS.get(op)
     rule = found[0].dtype if found is not None else None
     return rule if rule is not None else _elementwise

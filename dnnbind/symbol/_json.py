@@ -147,6 +147,10 @@ def loads(text: str) -> Symbol:
 
 def _op_node(name: str, op: str, attrs: dict, inputs: list, nodes: list[Node], version: int) -> Node:
     canonical = ALIASES.get(op, op)
+    if canonical == "Custom":  # a Python operator: its inputs and outputs are its registered Prop's
+        from ._custom import node_from_file
+        entries = [(nodes[src], i) for src, i, _ in inputs]
+        return node_from_file(name, attrs, entries)
     if canonical not in DECLARED:
         raise DnnbindValueError(f"symbol file: node {name!r} uses operator {op!r}, which dnnbind does not implement")
     sch = schema(canonical)

@@ -6,4 +6,6 @@ from __future__ import annotations
 
 def __getattr__(name: str):
     from . import _prefixed
-    return _prefixed("_contrib_", name, __name__)
+    fn = _prefixed("_contrib_", name, __name__)
+    globals()[name] = fn  # made once: MXNet's are module attributes, tested by identity (GluonCV: norm_layer is ...)
+    return fn

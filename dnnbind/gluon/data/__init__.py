@@ -4,7 +4,7 @@ Layer: gluon: data; imports numpy and dnnbind.runtime only. Importing this packa
 GPU library: NDArrays are made lazily when a batch is produced.
 """
 
-from . import vision
+from . import sampler, vision
 from .dataloader import (
                          BatchSampler,
                          DataLoader,
@@ -20,5 +20,5 @@ from .device_loader import DeviceDataLoader
 
 __all__ = [
     "ArrayDataset", "BatchSampler", "DataLoader", "Dataset", "DeviceDataLoader", "DistributedSampler",
-    "RandomSampler", "RecordFileDataset", "Sampler", "SequentialSampler", "SimpleDataset", "default_batchify_fn", "stack_numpy", "vision",
+    "RandomSampler", "RecordFileDataset", "Sampler", "SequentialSampler", "SimpleDataset", "default_batchify_fn", "sampler", "stack_numpy", "vision",
 ]

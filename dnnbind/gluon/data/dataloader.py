@@ -301,6 +301,8 @@ class DataLoader:
             raise (DnnbindValueError if isinstance(timeout, numbers.Real) else DnnbindTypeError)(
                 f"DataLoader: timeout must be a positive number of seconds, got {timeout!r}")
         self._timeout = float(timeout)
+        # kept under MXNet's names: subclasses written for MXNet (GluonCV's RandomTransformDataLoader) read them
+        self._pin_memory, self._pin_device_id = bool(pin_memory), pin_device_id
         # The fast path replaces the per-sample default batchify only; a custom batchify_fn sees samples.
         self._fast = _fast_source(dataset) if batchify_fn is None else None
 
@@ -736,3 +738,108 @@ def _worker_loop(loader: DataLoader, w: int, seed: int, tasks: Any, results: Any
             results.send_bytes(buf)
         except OSError:  # the main process closed its end: the pass is over
             return
+
+
+# ---- MXNet's private worker-pool names ----------------------------------------------------------------------------
+#
+# Libraries written for MXNet 1.x import these from mxnet.gluon.data.dataloader and subclass them: GluonCV's
+# RandomTransformDataLoader builds a multiprocessing.Pool with ``_worker_initializer`` and iterates it with a
+# ``_MultiWorkerIter`` subclass that overrides ``_push_next``. They keep MXNet's signatures and attributes
+# (``_worker_pool``, ``_data_buffer``, ``_sent_idx``, ``_rcvd_idx``, ``_iter``); dnnbind's own DataLoader does not
+# use them (see the worker-process section above for why not multiprocessing.Pool).
+
+
+def default_mp_batchify_fn(data: list) -> Any:
+    """MXNet's batchify for worker processes. MXNet stacks into ``cpu_shared`` memory so the batch crosses the
+    process boundary without a copy; here the batch is pickled back (``_worker_fn``), so it is the default."""
+    return default_batchify_fn(data)
+
+
+def _as_in_context(data: Any, ctx: Any) -> Any:
+    """``data`` (an NDArray, or a list/tuple of them) moved to ``ctx``; anything else unchanged."""
+    if hasattr(data, "as_in_context"):
+        return data.as_in_context(ctx)
+    if isinstance(data, (list, tuple)):
+        return [_as_in_context(d, ctx) for d in data]
+    return data
+
+
+_worker_dataset = None  # the dataset of this worker process, set by _worker_initializer
+
+
+def _worker_initializer(dataset: Any, active_shape: Any = None, active_array: Any = None) -> None:
+    """multiprocessing.Pool initializer: the dataset becomes a global of the worker (MXNet's; the two numpy
+    flags are accepted and ignored, dnnbind has no numpy-semantics mode)."""
+    global _worker_dataset
+    _worker_dataset = dataset
+
+
+def _worker_fn(samples: list, batchify_fn: Callable, dataset: Any = None) -> bytes:
+    """In a worker: the batch of ``samples`` from the worker's dataset, pickled with ForkingPickler."""
+    batch = batchify_fn([_worker_dataset[i] for i in samples])
+    return ForkingPickler.dumps(batch, pickle.HIGHEST_PROTOCOL).tobytes()
+
+
+def _thread_worker_fn(samples: list, batchify_fn: Callable, dataset: Any) -> Any:
+    """In a thread of a ThreadPool: the batch, unpickled."""
+    return batchify_fn([dataset[i] for i in samples])
+
+
+class _MultiWorkerIter:
+    """MXNet's iterator over a ``multiprocessing.Pool`` (or ThreadPool): ``prefetch`` batches are submitted with
+    ``apply_async(worker_fn, (indices, batchify_fn, dataset))`` at once, one more per batch taken, and yielded
+    in order. With ``dataset`` None the worker returns pickled bytes (``_worker_fn``), else the batch itself."""
+
+    def __init__(self, worker_pool: Any, batchify_fn: Callable, batch_sampler: Iterable, pin_memory: bool = False,
+                 pin_device_id: int = 0, worker_fn: Callable = _worker_fn, prefetch: int = 0, dataset: Any = None,
+                 data_loader: Any = None, timeout: float = 120) -> None:
+        self._worker_pool = worker_pool
+        self._batchify_fn = batchify_fn
+        self._batch_sampler = batch_sampler
+        self._data_buffer: dict = {}
+        self._rcvd_idx = 0
+        self._sent_idx = 0
+        self._iter = iter(self._batch_sampler)
+        self._worker_fn = worker_fn
+        self._pin_memory = pin_memory
+        self._pin_device_id = pin_device_id
+        self._dataset = dataset
+        self._data_loader = data_loader
+        self._timeout = timeout
+        for _ in range(prefetch):
+            self._push_next()
+
+    def __len__(self) -> int:
+        return len(self._batch_sampler)
+
+    def _push_next(self) -> None:
+        """Submit the next batch of indices to the pool (nothing when the sampler is exhausted)."""
+        r = next(self._iter, None)
+        if r is None:
+            return
+        self._data_buffer[self._sent_idx] = self._worker_pool.apply_async(
+            self._worker_fn, (r, self._batchify_fn, self._dataset))
+        self._sent_idx += 1
+
+    def __next__(self) -> Any:
+        self._push_next()
+        if self._rcvd_idx == self._sent_idx:
+            raise StopIteration
+        ret = self._data_buffer.pop(self._rcvd_idx)
+        try:
+            batch = ret.get(self._timeout)
+        except multiprocessing.TimeoutError:
+            raise TimeoutError(f"DataLoader: worker timed out after {self._timeout} seconds (a slow transform: "
+                               "raise timeout)") from None
+        except BaseException:
+            self._worker_pool.terminate()
+            raise
+        if self._dataset is None:
+            batch = pickle.loads(batch)
+        self._rcvd_idx += 1
+        return batch  # pin_memory: batches are CPU NDArrays already, as_in_context(gpu) copies them
+
+    next = __next__
+
+    def __iter__(self) -> "_MultiWorkerIter":
+        return self

@@ -40,6 +40,7 @@ from .conv_layers import (
     MaxPool1D,
     MaxPool2D,
     MaxPool3D,
+    ReflectionPad2D,
 )
 from .norm_layers import BatchNorm, InstanceNorm, LayerNorm  # noqa: E402
 
@@ -93,6 +94,7 @@ __all__ = [
     "MaxPool1D",
     "MaxPool2D",
     "MaxPool3D",
+    "ReflectionPad2D",
     "PReLU",
     "Sequential",
     "Swish",

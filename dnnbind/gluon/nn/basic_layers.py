@@ -87,9 +87,6 @@ class Dense(Block):
                 self.bias.fan_in_from = self.weight
             self.act = Activation(activation, prefix=f"{activation}_") if activation is not None else None
 
-    def _alias(self) -> str:
-        return "dense"
-
     def _infer(self, x) -> None:
         """First forward: take in_units from the input, then finish the deferred initialization."""
         if not self.weight._shape_known():

@@ -16,6 +16,8 @@ pooling.
 
 from __future__ import annotations
 
+import numbers
+
 from ..._lib.errors import DnnbindValueError
 
 from ... import nd
@@ -52,6 +54,10 @@ class _Conv(Block):
     _nhwc = False  # whether layout='NHWC' is offered (Conv2D)
     _array_input = True
 
+    _strides = property(lambda self: tuple(self._kwargs["stride"]))
+    _padding = property(lambda self: tuple(self._kwargs["pad"]))
+    _dilation = property(lambda self: tuple(self._kwargs["dilate"]))
+
     def __init__(self, channels: int, kernel_size, strides=1, padding=0, dilation=1, groups: int = 1,
                  layout: str | None = None, activation: str | None = None, use_bias: bool = True,
                  weight_initializer=None, bias_initializer=None, in_channels: int = 0, prefix=None, params=None):
@@ -66,9 +72,12 @@ class _Conv(Block):
         super().__init__(prefix=prefix, params=params)
         self._channels, self._in_channels, self._groups = int(channels), int(in_channels), int(groups)
         self._kernel = as_tuple(kernel_size, dims, name, "kernel_size", 1)
-        self._strides = as_tuple(strides, dims, name, "strides", 1)
-        self._padding = as_tuple(padding, dims, name, "padding", 0)
-        self._dilation = as_tuple(dilation, dims, name, "dilation", 1)
+        # MXNet's _kwargs: the operator's arguments, which the layer reads at every call (GluonCV's SSD-300 ResNet
+        # edits conv._kwargs['stride'] after building); _strides/_padding/_dilation are views of it
+        self._kwargs = {"kernel": self._kernel, "stride": as_tuple(strides, dims, name, "strides", 1),
+                        "dilate": as_tuple(dilation, dims, name, "dilation", 1),
+                        "pad": as_tuple(padding, dims, name, "padding", 0), "num_filter": int(channels),
+                        "num_group": int(groups), "no_bias": not use_bias, "layout": self._layout}
         for arg, t in (("kernel_size", self._kernel), ("strides", self._strides), ("padding", self._padding),
                        ("dilation", self._dilation)):
             size(name, arg, max(t), 0)  # at most int32's range, which cuDNN takes
@@ -199,6 +208,7 @@ class _ConvTranspose(_Conv):
                          weight_initializer, bias_initializer, in_channels, prefix, params)
         name = type(self).__name__
         self._outpad = as_tuple(output_padding, self._dims, name, "output_padding", 0)
+        self._kwargs["adj"] = self._outpad
         if any(o >= s for o, s in zip(self._outpad, self._strides)):  # MXNet refuses it when the layer is made
             raise DnnbindValueError(f"{name}: output_padding {self._outpad} must be smaller than strides {self._strides}")
 
@@ -395,3 +405,20 @@ class GlobalAvgPool3D(_Pool):
 
     def __init__(self, layout="NCDHW", **kwargs):
         super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)
+
+
+class ReflectionPad2D(Block):
+    """MXNet's ``nn.ReflectionPad2D(padding)``: pads (N, C, H, W) data by reflecting its border (``F.pad(...,
+    mode='reflect')``); an int pads H and W by that much on each side, else the 8-tuple of ``pad_width``."""
+
+    def __init__(self, padding=0, prefix=None, params=None):
+        if isinstance(padding, numbers.Integral) and not isinstance(padding, bool):
+            padding = (0, 0, 0, 0, padding, padding, padding, padding)
+        if not isinstance(padding, (tuple, list)) or len(padding) != 8:
+            raise DnnbindValueError(f"ReflectionPad2D: padding must be an int or 8 numbers (pad_width), got "
+                                    f"{padding!r}")
+        super().__init__(prefix=prefix, params=params)
+        self._padding = tuple(padding)
+
+    def hybrid_forward(self, F, x):
+        return F.pad(x, mode="reflect", pad_width=self._padding)

@@ -68,9 +68,6 @@ class BatchNorm(Block):
                                                init=running_variance_initializer, allow_deferred_init=True,
                                                differentiable=False)
 
-    def _alias(self) -> str:
-        return "batchnorm"
-
     def _params4(self) -> tuple:
         return self.gamma, self.beta, self.running_mean, self.running_var
 
