@@ -26,12 +26,15 @@ TOL = {"default": (2e-3, 2e-4)}
 @pytest.fixture(scope="module")
 def gcv():
     import dnnbind
+    from dnnbind.mxnet import uninstall_mxnet_alias
     mx = dnnbind.install_mxnet_alias()
     try:
         model_zoo = gluoncv_values.import_model_zoo()
     except ImportError as exc:
+        uninstall_mxnet_alias()
         pytest.skip(f"gluoncv is not installed ({exc})")
-    return mx, model_zoo
+    yield mx, model_zoo
+    uninstall_mxnet_alias()  # the alias made cpu(0) the process default (as MXNet): later tests expect dnnbind's
 
 
 def _outputs(out) -> list:

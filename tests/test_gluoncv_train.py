@@ -49,12 +49,15 @@ def _load_steps():
 @pytest.fixture(scope="module")
 def gcv():
     import dnnbind
+    from dnnbind.mxnet import uninstall_mxnet_alias
     mx = dnnbind.install_mxnet_alias()
     try:
         model_zoo = gluoncv_values.import_model_zoo()
     except ImportError as exc:
+        uninstall_mxnet_alias()
         pytest.skip(f"gluoncv is not installed ({exc})")
-    return mx, model_zoo, _load_steps()
+    yield mx, model_zoo, _load_steps()
+    uninstall_mxnet_alias()  # the alias made cpu(0) the process default (as MXNet): later tests expect dnnbind's
 
 
 def _compare(got: dict, want, name: str, dtype: str) -> None:
