@@ -13,9 +13,8 @@ cusolver at the first call, never at import.
 
 from __future__ import annotations
 
-from . import loader
 from .cfunc import STATUS, Library, P, i32, vp
-from .errors import _StatusError
+from .errors import CusolverError
 
 # cusolverStatus_t (cusolver_common.h)
 CUSOLVER_STATUS_SUCCESS = 0
@@ -39,12 +38,6 @@ _STATUS = {
     10: ("CUSOLVER_STATUS_ZERO_PIVOT", "a zero pivot was encountered"),
     11: ("CUSOLVER_STATUS_INVALID_LICENSE", "invalid license"),
 }
-
-
-class CusolverError(_StatusError):
-    """A cusolverStatus_t other than CUSOLVER_STATUS_SUCCESS: the function, the status, its name and meaning."""
-
-    library = "cuSOLVER"
 
 
 _TABLE = {

@@ -94,6 +94,12 @@ class CublasError(_StatusError):
     library = "cuBLAS"
 
 
+class CusolverError(_StatusError):
+    """A cusolverStatus_t other than CUSOLVER_STATUS_SUCCESS: the function, the status, its name and meaning."""
+
+    library = "cuSOLVER"
+
+
 class CudaError(_StatusError):
     library = "CUDA runtime"
 

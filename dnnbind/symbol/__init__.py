@@ -27,8 +27,8 @@ Symbol.infer_type = _infer.infer_type
 Symbol.simple_bind = _executor.simple_bind
 Symbol.bind = _executor.bind
 
-__all__ = ["AttrScope", "Custom", "Group", "NameManager", "Prefix", "Symbol", "Variable", "arange", "compose", "full",
-           "load", "load_json", "ones", "var", "zeros"]
+__all__ = ["AttrScope", "Custom", "Group", "NameManager", "Prefix", "Symbol", "Variable", "arange", "compose",
+           "current_name_manager", "full", "load", "load_json", "ones", "var", "zeros"]
 
 Variable = var
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 from .. import custom_op
-from ._graph import Node, Symbol, _scope_attrs, current_name_manager
+from ._graph import Node, Symbol, scope_attrs, current_name_manager
 
 __all__ = ["Custom", "node_from_file", "infer_shape", "infer_type", "run"]
 
@@ -47,7 +47,7 @@ def Custom(*args, op_type=None, name=None, attr=None, **kwargs) -> Symbol:
         raise DnnbindValueError(f"Custom {op_type}: {unknown[0]} is not an input (inputs: {', '.join(names)})")
     node_name = current_name_manager().get(name, "custom")
     params = {"op_type": str(op_type), **given}
-    attrs = _scope_attrs(attr)
+    attrs = scope_attrs(attr)
     attrs.update(params)
     entries = []
     for pos, input_name in enumerate(names):
@@ -56,7 +56,7 @@ def Custom(*args, op_type=None, name=None, attr=None, **kwargs) -> Symbol:
         elif input_name in symbols:
             s = symbols[input_name]
         else:
-            s = Symbol([(Node(None, f"{node_name}_{input_name}", _scope_attrs(attr)), 0)])
+            s = Symbol([(Node(None, f"{node_name}_{input_name}", scope_attrs(attr)), 0)])
         if len(s._outputs) != 1:
             raise DnnbindValueError(f"Custom {op_type}: input {input_name} is a group of {len(s._outputs)} outputs")
         entries.append(s._outputs[0])

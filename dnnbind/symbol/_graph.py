@@ -122,7 +122,7 @@ class AttrScope:
         _tls.attrs = self._old
 
 
-def _scope_attrs(attrs: dict | None) -> dict:
+def scope_attrs(attrs: dict | None) -> dict:
     scope = getattr(_tls, "attrs", None)
     return scope.get(attrs) if scope is not None else dict(attrs or {})
 
@@ -423,7 +423,7 @@ def var(name: str, attr=None, shape=None, lr_mult=None, wd_mult=None, dtype=None
     """``mx.sym.var`` / ``mx.sym.Variable``: an input or parameter of the graph."""
     if not isinstance(name, str):
         raise DnnbindTypeError("Expect a string for variable `name`")
-    attrs = _scope_attrs(attr)
+    attrs = scope_attrs(attr)
     if shape is not None:
         attrs["__shape__"] = str(tuple(shape))
     if lr_mult is not None:
@@ -476,7 +476,7 @@ def make(called: str, *args, name: str | None = None, attr: dict | None = None, 
         params = sch.parse({})
     else:
         params = sch.parse({k: v for k, v in params_given.items() if k in declared or k != count})
-    attrs = _scope_attrs(attr)
+    attrs = scope_attrs(attr)
     attrs.update(node_attrs)
     attrs.update({k: attr_string(v) for k, v in params_given.items()})
     node_name = current_name_manager().get(name, called.lower())
