@@ -124,6 +124,7 @@ def _make_function(op: Op, nd_name: str):
     accepted = _accepted(op)
     allowed, mx_name = frozenset(accepted), _mxnet_name(op)
     same_shape = nd_name in _SAME_SHAPE
+    rows_where = nd_name == "where"  # decided once here, not on every call of every table function
     strings = _string_params(nd_name, mx_name)
     ignores = ignores_keywords(mx_name)
 
@@ -137,7 +138,7 @@ def _make_function(op: Op, nd_name: str):
                 strings(params)
         if same_shape:
             _same_shapes(nd_name, args)
-        elif nd_name == "where":
+        elif rows_where:
             args = _where_args(args)
         n = len(args) if op.arity is None else op.arity
         if len(args) == n and out is None:  # the common call: operands only, parameters by keyword
