@@ -41,6 +41,10 @@ CALLER_ACTIVATES = {
     # Handles are created inside _create under the lock, after cudnn_handle/cublas_handle activated the device.
     ("runtime/handles.py", "__init__"): "CudnnHandle/CublasHandle: created by cudnn_handle/cublas_handle, "
                                         "which activate the device, and each also calls device.activate()",
+    # DeviceBuffer's allocation: from __init__, which activates the device first, or from _on_current, reached only
+    # through allocate_current, whose caller (ExecContext.empty) runs under exec_context(), which activated it.
+    ("runtime/memory.py", "_allocate"): "DeviceBuffer._allocate: called by __init__ after device.activate(), and by "
+                                        "_on_current for allocate_current's callers, which run under exec_context()",
 }
 
 

@@ -271,8 +271,7 @@ def test_conv_algorithms_per_objective_and_reused_from_disk(monkeypatch):
     eager_choice = algos.chosen("eager")[mine("eager")[0]]
 
     # a new process: nothing in memory, so the choice must come from the file, with no timing
-    for table in algos._chosen.values():
-        table.clear()
+    algos.forget_choices()
     algo_cache.forget()
 
     def no_timing(*_a, **_k):
@@ -318,9 +317,7 @@ def test_conv_ops_through_backend_plans_match_reference(case, monkeypatch):
     monkeypatch.setattr(algos, "_time_candidates", first_backend)
     monkeypatch.setattr(algo_cache, "lookup", lambda *a: None)
     monkeypatch.setattr(algo_cache, "store", lambda *a: None)
-    saved = {t: dict(table) for t, table in algos._chosen.items()}
-    for table in algos._chosen.values():
-        table.clear()
+    saved = algos.forget_choices()
     try:
         xs, ws, stride, padding, dilation, groups = case
         x, w, dy = rnd(xs, 11), rnd(ws, 12), None
@@ -356,9 +353,7 @@ def test_conv_ops_through_backend_plans_match_reference(case, monkeypatch):
             execs = [r for r in t.records if r.function == "cudnnBackendExecute" and r.op == "conv_forward"]
             assert execs and execs[-1].details.get("algo", "").startswith("backend eng"), t.records
     finally:
-        for t_, table in algos._chosen.items():
-            table.clear()
-            table.update(saved[t_])
+        algos.restore_choices(saved)
 
 
 @pytest.fixture
@@ -368,13 +363,9 @@ def fresh_algo_choices(monkeypatch):
     monkeypatch.setattr(algo_cache, "lookup", lambda *a: None)
     monkeypatch.setattr(algo_cache, "store", lambda *a: None)
     monkeypatch.setattr(_common, "_workspaces", {})
-    saved = {t: dict(table) for t, table in algos._chosen.items()}
-    for table in algos._chosen.values():
-        table.clear()
+    saved = algos.forget_choices()
     yield algos
-    for t, table in algos._chosen.items():
-        table.clear()
-        table.update(saved[t])
+    algos.restore_choices(saved)
 
 
 # a 5x5 conv on 26x26: cuDNN offers FFT/Winograd-style candidates needing hundreds of MiB of scratch

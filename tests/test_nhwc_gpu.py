@@ -136,7 +136,14 @@ def test_gpu_conv_nhwc_through_chosen_backend_plans(monkeypatch):
     monkeypatch.setattr(algos, "_time_candidates", first_backend)
     monkeypatch.setattr(algo_cache, "lookup", lambda *a: None)
     monkeypatch.setattr(algo_cache, "store", lambda *a: None)
-    monkeypatch.setattr(algos, "_chosen", {"eager": {}, "graph": {}})
+    saved = algos.forget_choices()
+    try:
+        _check_nhwc_backend_plans(algos)
+    finally:
+        algos.restore_choices(saved)
+
+
+def _check_nhwc_backend_plans(algos):
     case = ((4, 8, 8, 8), (8, 8, 3, 3), (1, 1), (1, 1), (1, 1), 1)  # x's shape tuple is the same in both layouts
     x, w, b = nhwc(rnd(case[0], 8)), nhwc(rnd(case[1], 9)), rnd((8,), 10)
     dy = rnd((4, 8, 8, 8), 11)

@@ -254,7 +254,7 @@ class _FakeKernel:
         assert len(holders) == 1 and len(params) == 8
         self.log.append((grid, block, bytes(args[0]), stream))
 
-    def launch_struct(self, device, grid_x, block_x, arg, h):  # Kernel's hot path: same record
+    def launch_struct(self, device, grid_x, block_x, arg, h, current=False):  # Kernel's hot path: same record
         self._launch(device, (grid_x, 1, 1), (block_x, 1, 1), (arg,), h, 0)
 
 

@@ -240,13 +240,14 @@ class Kernel:
                                  (fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h, params or None, 0),
                                  holders, device)
 
-    def launch_struct(self, device: int, grid_x: int, block_x: int, arg: Any, h: int) -> None:
+    def launch_struct(self, device: int, grid_x: int, block_x: int, arg: Any, h: int, current: bool = False) -> None:
         """The generated kernels' hot path: ONE by-value ctypes Structure argument, 1-D grid and block, no
         dynamic shared memory, a stream handle (int). Skips what _launch re-derives every call (argument
         conversion, the size check, once done for this Structure type); while a trace or a step recording
         watches launches, and on any driver error, it goes through _launch, which reports and retries.
         """
-        make_current(device)
+        if not current:  # ``current``: the caller made ``device`` current (an op under runtime.exec_context)
+            make_current(device)
         fn = self._functions.get(device)
         if fn is None or fn.struct_type is not type(arg) or TRACING or RECORDING or block_x > fn.max_threads:
             self._launch(device, (grid_x, 1, 1), (block_x, 1, 1), (arg,), h, 0)

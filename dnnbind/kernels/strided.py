@@ -85,12 +85,14 @@ def _map_geometry(geometry: tuple) -> tuple:
 
 def strided_map(expr: str, out: Ref, inputs: Sequence[Ref], shape: tuple[int, ...],
                 scalars: Sequence[tuple[str, Any]] = (), stream: Any = None, device: int | None = None,
-                name: str = "dn_map") -> None:
+                name: str = "dn_map", current: bool = False) -> None:
     """For every index I of ``shape``: out[I] = (out type)(expr), the inputs named a, b, c, ... in order.
 
     Each input is loaded as its own C type (float16 as float); scalars are declared ``double`` for a Python
     float, ``long long`` for an int, ``bool`` for a bool, and a numpy scalar's own type. ``name`` names the
-    kernel (traces show it). Nothing launches for a size-0 shape; rank 0 is one element.
+    kernel (traces show it). ``current``: the caller made ``device`` current (an op under
+    runtime.exec_context; with an int ``stream`` and ``device``). Nothing launches for a size-0 shape; rank 0 is one
+    element.
     """
     if type(shape) is not tuple:
         shape = tuple(shape)
@@ -143,10 +145,12 @@ def strided_map(expr: str, out: Ref, inputs: Sequence[Ref], shape: tuple[int, ..
     packer, holder, kernels = _VARIANTS.get(key) or _variant(key)
     if device is None or type(stream) is not int:
         device, stream = _resolve(stream, device)
+        current = False  # resolved here, not made current by the caller
     kernel = kernels.get(device) or _kernel(key, device)
     grid = -(-n // (BLOCK * vec))
     cap = _GRID_CAP.get(device) or _grid_cap(device)
-    kernel.launch_struct(device, min(cap, grid), BLOCK, holder.from_buffer_copy(packer.pack(*values)), stream)
+    kernel.launch_struct(device, min(cap, grid), BLOCK, holder.from_buffer_copy(packer.pack(*values)), stream,
+                         current)
 
 
 # --- reductions ----------------------------------------------------------------------------------------

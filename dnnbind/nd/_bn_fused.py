@@ -21,7 +21,7 @@ from __future__ import annotations
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 from .._lib.errors import CudnnBadParam, CudnnNotSupported
-from ..autograd import is_recording, is_training, record_op
+from ..autograd import grad_out, is_recording, is_training, record_op
 from ..ops import batchnorm_fused as _fused
 from ..ops.blas import fill as _fill
 from ..ops.defs.batchnorm import check as _bn_check
@@ -129,8 +129,13 @@ def _fused_forward(data, addend, gamma, beta, moving_mean, moving_var, eps, mome
 
         def backward(dy):
             # NOTE: y, the statistics and cuDNN's reserve (the ReLU mask among others) live until this has run.
+            # on a GPU, dgamma and dbeta go into the Parameters' grad buffers where autograd offers them (no copy
+            # after); the numpy twin takes no such arguments
+            into = {}
+            if x._device.kind == "gpu":
+                into = {"out_dgamma": None if fix_gamma else grad_out(gamma), "out_dbeta": grad_out(beta)}
             dx, dz, dgamma, dbeta = _fused.batchnorm_add_relu_backward(x, y, dy, gamma, beta, mean, inv_std,
-                                                                       reserve, eps)
+                                                                       reserve, eps, **into)
             if fix_gamma:
                 dgamma = _zeros(dgamma.shape, dgamma.dtype, dgamma.device)
             return dx, dz, dgamma, dbeta

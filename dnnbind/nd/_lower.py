@@ -16,6 +16,7 @@ import re
 import numpy as np
 
 from ..runtime.array import NDArray, contiguous_strides, empty
+from ..runtime.exec_context import exec_context
 from ..runtime.stream import current_stream
 
 _strided = None
@@ -65,7 +66,8 @@ def scalar_expr(op, args) -> tuple[str, tuple]:
 
 
 def map_kernel(op, args, params, shape, out_dtype, dev) -> NDArray:
-    out = empty(shape, out_dtype, dev)
+    ctx = exec_context(dev)  # the device made current once: the allocation and the launch below skip it
+    out = ctx.empty(shape if type(shape) is tuple else tuple(shape), out_dtype)
     st = strided()
     strides, n = st._CONTIG.get(shape) or st._contig(shape)
     if n == 0:
@@ -80,9 +82,9 @@ def map_kernel(op, args, params, shape, out_dtype, dev) -> NDArray:
             refs.append(Ref(a._ptr, a._dtype, strides if a._shape == shape else broadcast_strides(a._shape, shape)))
     if params:
         scalars.extend(params.items())
-    # the stream as a handle with its device: strided_map then skips resolving it (empty() made dev current)
-    st.strided_map(expr, Ref(out._ptr, out_dtype, strides), refs, shape, scalars,
-                   stream=current_stream(dev).handle, device=dev.index)
+    # the stream as a handle with its device, already current: strided_map resolves neither
+    st.strided_map(expr, Ref(out._ptr, out_dtype, strides), refs, shape, scalars, stream=ctx.stream_handle,
+                   device=dev.index, current=True)
     return out
 
 

@@ -656,8 +656,10 @@ def _lib_backward(name: str, low, c, saved, args, gpu: bool, outputs: tuple | No
                  for a in args) if gpu else None
 
     def backward(dy):
-        into = tuple(autograd.grad_buffer(k) for k in keys) if gpu else (None,) * len(needs)
-        grads = Grads(needs, into, autograd.frees_graph())
+        if gpu:
+            grads = Grads(needs, tuple(autograd.grad_buffer(k) for k in keys), autograd.frees_graph(), c.device)
+        else:
+            grads = Grads(needs, (None,) * len(needs), autograd.frees_graph())
         if gpu:
             # dy is handed over, no reference kept in this frame: a lowering done with it early (a fused conv's
             # ReLU part) frees it before allocating the rest, as autograd's loop does (autograd._run)

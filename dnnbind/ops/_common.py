@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._lib.errors import DnnbindError
+from .._lib.errors import DnnbindError, DnnbindTypeError, DnnbindValueError
 from ..runtime.array import NDArray, empty
 from ..runtime.handles import cublas_handle, cudnn_handle
 from ..runtime.memory import DeviceBuffer
@@ -30,6 +30,19 @@ def out_like(shape, dtype, device) -> NDArray:
     return empty(shape, dtype, device)
 
 
+def out_or_new(op: str, arg: str, out, shape: tuple, dtype, device) -> NDArray:
+    """The array a result is written into: ``out`` when given (an NDArray of exactly that shape, dtype and device,
+    e.g. a Parameter's grad buffer: no allocation and no copy after), else a new one."""
+    if out is None:
+        return empty(shape, dtype, device)
+    if not isinstance(out, NDArray):
+        raise DnnbindTypeError(f"{op}: {arg} must be a dnnbind NDArray (written in place), got {type(out).__name__}")
+    if out._shape != shape or out._dtype != dtype or out._device is not device:
+        raise DnnbindValueError(f"{op}: {arg} has shape {out._shape}, {out._dtype} on {out._device}; expected "
+                                f"{shape}, {np.dtype(dtype)} on {device}")
+    return out
+
+
 def dnn(x: NDArray) -> int:
     return cudnn_handle(x._device)
 
@@ -42,11 +55,12 @@ _workspaces: dict = {}
 _WORKSPACE_ROUND = 2 << 20
 
 
-def workspace(device, nbytes: int) -> tuple[int, int]:
-    """(pointer, size) of at least ``nbytes`` of scratch on ``device``'s current stream."""
+def workspace(device, nbytes: int, stream=None) -> tuple[int, int]:
+    """(pointer, size) of at least ``nbytes`` of scratch on ``stream`` (default: ``device``'s current stream)."""
     if nbytes == 0:
         return 0, 0
-    stream = current_stream(device)
+    if stream is None:
+        stream = current_stream(device)
     buf = _workspaces.get(stream)
     if buf is None or buf.nbytes < nbytes:
         # Exactly what is asked, rounded up to 2 MiB: the buffer stays for the process, and the requests come from
@@ -80,6 +94,16 @@ class scratch:
 
     def __exit__(self, *exc) -> None:
         self.buf = None
+
+
+def borrow_workspace(ctx, nbytes: int) -> tuple:
+    """``scratch`` for a hot path, without the context manager, on an ExecContext's stream: (pointer, size,
+    holder). Keep ``holder`` (None for the shared buffer, else the call's own buffer) until the library call is
+    queued; dropping it then frees the buffer stream-ordered."""
+    if nbytes <= SHARED_WORKSPACE_MAX:
+        return workspace(ctx.device, nbytes, ctx.stream) + (None,)
+    buf = DeviceBuffer(nbytes, ctx.device, ctx.stream)
+    return buf.ptr, buf.nbytes, buf
 
 
 def with_context(exc: DnnbindError, **info) -> DnnbindError:

@@ -79,6 +79,38 @@ def set_conv_algo_policy(mode: str = "time", deterministic: bool = False, backen
             for table in _chosen.values():
                 table.clear()
     _policy.update(mode=mode, deterministic=bool(deterministic), backend=backend, workspace_limit=limit)
+    for forget in _on_policy_change:  # callers' caches of choices made under the old policy (ops.conv's plans)
+        forget()
+
+
+_on_policy_change: list = []
+
+
+def on_policy_change(forget) -> None:
+    """Call ``forget()`` whenever the choices are dropped (set_conv_algo_policy changing the policy,
+    forget_choices): a cache of choose()'s answers (ops.conv keeps one per conv shape, to skip choose() on the hot
+    path) must then be dropped too."""
+    _on_policy_change.append(forget)
+
+
+def forget_choices() -> dict:
+    """Drop every algorithm chosen in this process (what a new process starts with; the on-disk cache is left as
+    it is), returning what was chosen so ``restore_choices`` can put it back (tests)."""
+    with _chosen_lock:
+        saved = {target: dict(table) for target, table in _chosen.items()}
+        for table in _chosen.values():
+            table.clear()
+    for forget in _on_policy_change:
+        forget()
+    return saved
+
+
+def restore_choices(saved: dict) -> None:
+    """Put back what forget_choices returned, dropping what was chosen since."""
+    forget_choices()
+    with _chosen_lock:
+        for target, table in _chosen.items():
+            table.update(saved.get(target, {}))
 
 
 def use_backend() -> bool:

@@ -28,7 +28,9 @@ from .._lib import cudnn
 from .._lib.errors import CudnnError
 from . import _check
 from . import descriptors as D
-from ._common import dnn, out_like, with_context
+from ..runtime.array import empty_parts
+from ..runtime.exec_context import exec_context
+from ._common import dnn, out_like, out_or_new, with_context, workspace
 from ._dispatch import op
 from .reference import batchnorm as reference
 from .reference.batchnorm import bn_dtypes, bn_scalars, bn_shapes, items_per_channel
@@ -84,37 +86,50 @@ def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, moment
     name = "batchnorm_forward_training"
     dtype, pdtype = bn_dtypes(name, {"x": x}, {"gamma": gamma, "beta": beta, "running_mean": running_mean,
                                                "running_var": running_var})
-    c = bn_shapes(name, x._shape, layout, gamma=gamma._shape, beta=beta._shape, running_mean=running_mean._shape,
-                  running_var=running_var._shape)
+    bn_shapes(name, x._shape, layout, gamma=gamma._shape, beta=beta._shape, running_mean=running_mean._shape,
+              running_var=running_var._shape)
     eps, momentum = bn_scalars(name, eps, momentum)
-    m = items_per_channel(name, x._shape, layout)
-    y = out_like(x._shape, dtype, x._device)
-    save_mean, save_inv_std = out_like((c,), pdtype, x._device), out_like((c,), pdtype, x._device)
-    scratch = out_like((c,), pdtype, x._device)
-    xd, bnd = _descs(x._shape, dtype, layout)
-    h = dnn(x)
+    items_per_channel(name, x._shape, layout)
+    return forward_training_on(exec_context(x._device), x, gamma, beta, running_mean, running_var, momentum, eps,
+                               layout)
+
+
+def forward_training_on(ctx, x, gamma, beta, running_mean, running_var, momentum: float, eps: float,
+                        layout: str = "NCHW"):
+    """batchnorm_forward_training on arrays its checks (or the BatchNorm operator's) accepted, on ExecContext ``ctx``
+    (their device, made current): no check or lookup is repeated."""
+    name = "batchnorm_forward_training"
+    dtype, pdtype, shape = x._dtype, gamma._dtype, x._shape
+    c = shape[3] if layout == "NHWC" else shape[1]
+    m = math.prod(shape) // c
+    y = ctx.empty(shape, dtype)
+    save_mean, save_inv_std = empty_parts(((c,), (c,)), pdtype, ctx.device)  # one allocation for both
+    xd, bnd = _descs(shape, dtype, layout)
+    h = ctx.dnn()
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+    # the running variance's unbiased stand-in lives only during this call: the stream's shared scratch
+    scratch_ptr = workspace(ctx.device, c * pdtype.itemsize, ctx.stream)[0]
     if m == 1:
         _forward_training_one_value(h, x, gamma, beta, running_mean, running_var, y, save_mean, save_inv_std,
-                                    scratch, momentum, eps, xd, bnd, dtype, pdtype, c)
+                                    scratch_ptr, momentum, eps, xd, bnd, dtype, pdtype, c)
         return y, save_mean, save_inv_std
     # NOTE: cached host scalars (D.scalar_ptr), not locals: a recorded step or hybridized Block replays this call
     # with these addresses after the function returned.
     up, down = D.scalar_ptr(m / (m - 1), pdtype), D.scalar_ptr((m - 1) / m, pdtype)
     try:
         # scratch = running_var * m / (m - 1): cuDNN's unbiased average into it is the biased one scaled.
-        L.cudnnTransformTensor(h, up, bnd, running_var._ptr, zero, bnd, scratch._ptr)
+        L.cudnnTransformTensor(h, up, bnd, running_var._ptr, zero, bnd, scratch_ptr)
         L.cudnnBatchNormalizationForwardTraining(h, TRAIN_MODE, one, zero, xd, x._ptr, xd, y._ptr, bnd, gamma._ptr,
-                                                 beta._ptr, 1.0 - momentum, running_mean._ptr, scratch._ptr, eps,
+                                                 beta._ptr, 1.0 - momentum, running_mean._ptr, scratch_ptr, eps,
                                                  save_mean._ptr, save_inv_std._ptr)
-        L.cudnnTransformTensor(h, down, bnd, scratch._ptr, zero, bnd, running_var._ptr)
+        L.cudnnTransformTensor(h, down, bnd, scratch_ptr, zero, bnd, running_var._ptr)
     except CudnnError as exc:
         raise with_context(exc, op=name, x=x._shape, dtype=dtype.name, layout=layout) from None
     return y, save_mean, save_inv_std
 
 
-def _forward_training_one_value(h, x, gamma, beta, running_mean, running_var, y, save_mean, save_inv_std, scratch,
-                                momentum, eps, xd, bnd, dtype, pdtype, c) -> None:
+def _forward_training_one_value(h, x, gamma, beta, running_mean, running_var, y, save_mean, save_inv_std,
+                                scratch_ptr, momentum, eps, xd, bnd, dtype, pdtype, c) -> None:
     """One value per channel (x is C values): the batch mean is x, the biased variance 0, y = beta, as MXNet
     computes it. cuDNN's training call would divide by m - 1 for its running variance, so this composes cuDNN's
     tensor calls instead: save_mean = x (in the statistics' type), y from the inference call with that mean and a
@@ -124,10 +139,10 @@ def _forward_training_one_value(h, x, gamma, beta, running_mean, running_var, y,
     zero_p = D.scalar_ptr(0, pdtype)
     try:
         L.cudnnTransformTensor(h, D.scalar_ptr(1, dtype), flat, x._ptr, D.scalar_ptr(0, dtype), bnd, save_mean._ptr)
-        L.cudnnSetTensor(h, bnd, scratch._ptr, zero_p)
+        L.cudnnSetTensor(h, bnd, scratch_ptr, zero_p)
         L.cudnnBatchNormalizationForwardInference(h, SPATIAL, D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype), xd,
                                                   x._ptr, xd, y._ptr, bnd, gamma._ptr, beta._ptr, save_mean._ptr,
-                                                  scratch._ptr, eps)
+                                                  scratch_ptr, eps)
         L.cudnnAddTensor(h, D.scalar_ptr(1.0 - momentum, pdtype), bnd, save_mean._ptr, D.scalar_ptr(momentum, pdtype),
                          bnd, running_mean._ptr)
         L.cudnnScaleTensor(h, bnd, running_var._ptr, D.scalar_ptr(momentum, pdtype))
@@ -157,9 +172,11 @@ def batchnorm_forward_inference(x, gamma, beta, mean, var, eps=1e-5, layout="NCH
 
 
 @op(reference.batchnorm_backward, "x", "dy", "gamma", "save_mean", "save_inv_std")
-def batchnorm_backward(x, dy, gamma, save_mean, save_inv_std, eps=1e-5, layout="NCHW"):
+def batchnorm_backward(x, dy, gamma, save_mean, save_inv_std, eps=1e-5, layout="NCHW", out_dgamma=None,
+                       out_dbeta=None):
     """Gradients of the training-mode forward: ``cudnnBatchNormalizationBackward`` (spatial) with the saved
-    statistics; returns (dx, dgamma, dbeta)."""
+    statistics; returns (dx, dgamma, dbeta). ``out_dgamma``/``out_dbeta`` (GPU only): (C,) arrays of the
+    parameters' dtype the gradients are written into (a Parameter's grad buffer: no allocation, no copy after)."""
     name = "batchnorm_backward"
     dtype, pdtype = bn_dtypes(name, {"x": x, "dy": dy}, {"gamma": gamma, "save_mean": save_mean,
                                                          "save_inv_std": save_inv_std})
@@ -167,13 +184,29 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_inv_std, eps=1e-5, layout="
     c = bn_shapes(name, x._shape, layout, gamma=gamma._shape, save_mean=save_mean._shape,
                   save_inv_std=save_inv_std._shape)
     eps, _ = bn_scalars(name, eps)
-    m = items_per_channel(name, x._shape, layout)
-    dx = out_like(x._shape, dtype, x._device)
-    dgamma, dbeta = out_like((c,), pdtype, x._device), out_like((c,), pdtype, x._device)
-    xd, bnd = _descs(x._shape, dtype, layout)
+    items_per_channel(name, x._shape, layout)
+    for arg, out in (("out_dgamma", out_dgamma), ("out_dbeta", out_dbeta)):
+        if out is not None:  # checked here: backward_on writes into them as given
+            out_or_new(name, arg, out, (c,), pdtype, x._device)
+    return backward_on(exec_context(x._device), x, dy, gamma, save_mean, save_inv_std, eps, layout, out_dgamma,
+                       out_dbeta)
+
+
+def backward_on(ctx, x, dy, gamma, save_mean, save_inv_std, eps: float, layout: str = "NCHW", out_dgamma=None,
+                out_dbeta=None):
+    """batchnorm_backward on checked arrays (see forward_training_on); ``out_dgamma``/``out_dbeta``, when given,
+    are (C,) arrays of the parameters' dtype on ctx's device (checked by the caller)."""
+    name = "batchnorm_backward"
+    dtype, pdtype, shape = x._dtype, gamma._dtype, x._shape
+    c = shape[3] if layout == "NHWC" else shape[1]
+    m = math.prod(shape) // c
+    dx = ctx.empty(shape, dtype)
+    dgamma = out_dgamma if out_dgamma is not None else ctx.empty((c,), pdtype)
+    dbeta = out_dbeta if out_dbeta is not None else ctx.empty((c,), pdtype)
+    xd, bnd = _descs(shape, dtype, layout)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+    h = ctx.dnn()
     if m == 1:  # one value per channel: xhat is 0, so dx = 0, dgamma = 0 and dbeta = dy (the reference's formula)
-        h = dnn(x)
         try:
             L.cudnnSetTensor(h, xd, dx._ptr, D.scalar_ptr(0, np.float32))  # zero bits: 0 in any float type
             L.cudnnSetTensor(h, bnd, dgamma._ptr, D.scalar_ptr(0, pdtype))
@@ -182,7 +215,7 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_inv_std, eps=1e-5, layout="
             raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
         return dx, dgamma, dbeta
     try:
-        L.cudnnBatchNormalizationBackward(dnn(x), TRAIN_MODE, one, zero, one, zero, xd, x._ptr, xd, dy._ptr, xd,
+        L.cudnnBatchNormalizationBackward(h, TRAIN_MODE, one, zero, one, zero, xd, x._ptr, xd, dy._ptr, xd,
                                           dx._ptr, bnd, gamma._ptr, dgamma._ptr, dbeta._ptr, eps, save_mean._ptr,
                                           save_inv_std._ptr)
     except CudnnError as exc:

@@ -34,7 +34,8 @@ from .._lib import cudnn, hooks
 from .._lib.errors import CudnnError
 from .._lib.hooks import TRACING
 from . import descriptors as D
-from ._common import cache_insert, dnn, out_like, scratch, with_context
+from ..runtime.array import empty_parts
+from ._common import cache_insert, dnn, out_like, out_or_new, scratch, with_context
 from ._dispatch import op
 from .batchnorm import _descs as bn_descs
 from .reference import batchnorm_fused as reference
@@ -139,7 +140,9 @@ def _forward(name, x, z, gamma, beta, running_mean, running_var, momentum, eps, 
     try:
         plan = _plan(h, x._shape, dtype, bn_ops)
         y = out_like(x._shape, dtype, dev)
-        save_mean, save_inv_std, var = (out_like((c,), pdtype, dev) for _ in range(3))
+        # one allocation for the three (var, the running variance's unbiased stand-in, lives as long as the
+        # statistics: C values)
+        save_mean, save_inv_std, var = empty_parts(((c,), (c,), (c,)), pdtype, dev)
         reserve = out_like((max(plan.reserve, 1),), np.uint8, dev)
         xd, bnd = plan.xd, plan.bnd
         one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
@@ -165,23 +168,27 @@ def _forward(name, x, z, gamma, beta, running_mean, running_var, momentum, eps, 
 
 
 @op(reference.batchnorm_add_relu_backward, "x", "y", "dy", "gamma", "beta", "save_mean", "save_inv_std", "reserve")
-def batchnorm_add_relu_backward(x, y, dy, gamma, beta, save_mean, save_inv_std, reserve, eps=1e-5):
+def batchnorm_add_relu_backward(x, y, dy, gamma, beta, save_mean, save_inv_std, reserve, eps=1e-5, out_dgamma=None,
+                                out_dbeta=None):
     """Gradients of the fused training forward: ``cudnnBatchNormalizationBackwardEx`` (BN_ADD_ACTIVATION) with
-    the saved statistics and the forward's reserve; returns (dx, dz, dgamma, dbeta). ``eps`` must be the forward's."""
+    the saved statistics and the forward's reserve; returns (dx, dz, dgamma, dbeta). ``eps`` must be the forward's.
+    ``out_dgamma``/``out_dbeta``: (C,) arrays the parameter gradients are written into (GPU only)."""
     return _backward("batchnorm_add_relu_backward", x, y, dy, gamma, beta, save_mean, save_inv_std, reserve, eps,
-                     OPS)
+                     OPS, out_dgamma, out_dbeta)
 
 
 @op(reference.batchnorm_nhwc_backward, "x", "dy", "gamma", "beta", "save_mean", "save_inv_std", "reserve")
-def batchnorm_nhwc_backward(x, dy, gamma, beta, save_mean, save_inv_std, reserve, eps=1e-5):
+def batchnorm_nhwc_backward(x, dy, gamma, beta, save_mean, save_inv_std, reserve, eps=1e-5, out_dgamma=None,
+                            out_dbeta=None):
     """Gradients of batchnorm_nhwc_forward_training: ``cudnnBatchNormalizationBackwardEx`` (CUDNN_BATCHNORM_OPS_BN);
-    returns (dx, dgamma, dbeta)."""
+    returns (dx, dgamma, dbeta). ``out_dgamma``/``out_dbeta`` as for batchnorm_add_relu_backward."""
     dx, _, dgamma, dbeta = _backward("batchnorm_nhwc_backward", x, None, dy, gamma, beta, save_mean, save_inv_std,
-                                     reserve, eps, OPS_BN)
+                                     reserve, eps, OPS_BN, out_dgamma, out_dbeta)
     return dx, dgamma, dbeta
 
 
-def _backward(name, x, y, dy, gamma, beta, save_mean, save_inv_std, reserve, eps, bn_ops):
+def _backward(name, x, y, dy, gamma, beta, save_mean, save_inv_std, reserve, eps, bn_ops, out_dgamma=None,
+              out_dbeta=None):
     same = {"x": x, "dy": dy} if y is None else {"x": x, "y": y, "dy": dy}
     dtype, pdtype = bn_dtypes(name, same, {"gamma": gamma, "beta": beta, "save_mean": save_mean,
                                            "save_inv_std": save_inv_std})
@@ -202,7 +209,8 @@ def _backward(name, x, y, dy, gamma, beta, save_mean, save_inv_std, reserve, eps
                              f"shape {x._shape}; pass the reserve its forward returned")
         dx = out_like(x._shape, dtype, dev)
         dz = out_like(x._shape, dtype, dev) if bn_ops == OPS else None
-        dgamma, dbeta = out_like((c,), pdtype, dev), out_like((c,), pdtype, dev)
+        dgamma = out_or_new(name, "out_dgamma", out_dgamma, (c,), pdtype, dev)
+        dbeta = out_or_new(name, "out_dbeta", out_dbeta, (c,), pdtype, dev)
         xd = plan.xd
         one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
         with scratch(dev, max(plan.bwd_ws, 1)) as (ws, ws_size):

@@ -17,6 +17,7 @@ in memory and on disk), so the two layouts' choices never mix.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -25,12 +26,12 @@ from .._lib import cudnn, hooks
 from .._lib.errors import CudnnError, DnnbindTypeError, DnnbindValueError
 from .._lib.hooks import TRACING
 from ..runtime import config
-from ..runtime.array import NDArray, empty
-from ..runtime.stream import current_stream
+from ..runtime.array import NDArray
+from ..runtime.exec_context import exec_context
 from . import _check, algos, conv_backend, reference
 from . import _wgrad_kernels as KW
 from . import descriptors as D
-from ._common import blas, cache_insert, dnn, float_dtype, out_like, scratch, with_context
+from ._common import borrow_workspace, cache_insert, dnn, float_dtype, out_like, with_context
 from ._dispatch import op
 from .blas import ones_vector, row_sums_into, sum_rows_into
 from .reference.conv import conv3d_bias_params, conv3d_grad_params, conv3d_params
@@ -42,7 +43,8 @@ BACKEND = algos.BACKEND
 class _Plan:
     """What a conv call needs besides pointers, built once per argument set: checked shapes, descriptors and
     the algorithm-cache key. The hot path is one dict lookup on the raw arguments."""
-    __slots__ = ("bd", "cdesc", "key", "params", "small", "wd", "xd", "y_shape", "yd")
+    __slots__ = ("bd", "bound", "cdesc", "dtype", "key", "one", "params", "small", "wd", "xd", "y_shape", "yd",
+                 "zero")
 
     def backend_plans(self, direction: str, handle) -> list:
         """This shape's backend-API execution plans (ops.conv_backend), built on first use; [] if none.
@@ -72,6 +74,26 @@ PLAN_LIMIT = 1024
 _plans: dict = {}
 _engines: dict = {}  # see _Plan.backend_plans
 _plans_lock, _engines_lock = threading.Lock(), threading.Lock()
+
+
+def _chosen(plan: _Plan, direction: str, h, device, descs: tuple, run, only=None) -> tuple:
+    """(algorithm, workspace bytes, backend plan or None) for one call of ``direction`` on ``plan``'s shapes:
+    algos.choose's answer, kept on the plan per (direction, handle, objective) so a warm call skips choose() and
+    the plan list lookup (the hot path reads ``plan.bound`` itself and calls this only on a miss)."""
+    target = algos.objective()
+    algo, ws = algos.choose((direction,) + plan.key, "fwd" if direction == "fwd_bias_relu" else direction, h, descs,
+                            run, device, only=only, plans=lambda: plan.backend_plans(direction, h))
+    chosen = (algo, ws, plan.backend_plans(direction, h)[algo - BACKEND] if algo >= BACKEND else None)
+    plan.bound[(direction, h, target)] = chosen
+    return chosen
+
+
+def _forget_choices() -> None:
+    for plan in list(_plans.values()):
+        plan.bound.clear()
+
+
+algos.on_policy_change(_forget_choices)
 
 
 def _annotate(direction, algo, key, ws_bytes, dtype, **shapes) -> None:
@@ -118,7 +140,9 @@ def _new_plan(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype
                                                            dilation, groups, layout)
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     plan = _Plan()
+    plan.bound = {}  # (direction, handle, objective) -> _chosen()'s answer
     plan.params = (x_shape, w_shape, stride, padding, dilation, groups, dtype, math, layout)
+    plan.dtype, plan.one, plan.zero = dtype, D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
     plan.y_shape = y_shape
     plan.cdesc = D.conv(padding, stride, dilation, groups, dtype, math)
     plan.key = (x_shape, w_shape, stride, padding, dilation, groups, dtype.str, math, layout)
@@ -142,29 +166,54 @@ def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, layout
     dtype = float_dtype("conv_forward", x=x, w=w, b=b)
     plan = _setup("conv_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,
                   b_shape=None if b is None else b._shape, layout=layout)
-    y_shape, cdesc, key, xd, wd, yd = plan.y_shape, plan.cdesc, plan.key, plan.xd, plan.wd, plan.yd
-    y = out_like(y_shape, dtype, x._device)
-    h = dnn(x)
-    one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+    return forward_on(exec_context(x._device), plan, x, w, b)
 
-    def run(algo, ws, ws_size):
-        if algo >= BACKEND:
-            plan.backend_plans("fwd", h)[algo - BACKEND].execute(h, (x._ptr, w._ptr, y._ptr), ws)
-        else:
-            L.cudnnConvolutionForward(h, one, xd, x._ptr, wd, w._ptr, cdesc, algo, ws, ws_size, zero, yd, y._ptr)
 
+def conv_plan(opname: str, x_shape: tuple, w_shape: tuple, stride, padding, dilation, groups: int, dtype,
+              b_shape=None, dy_shape=None, layout: str = "NCHW") -> _Plan:
+    """The checked, cached plan of one conv call (shapes in ``layout``; ``opname`` one of conv_forward,
+    conv_bias_relu_forward, conv_backward_data, conv_backward_filter): what the ``*_on`` functions take. Raises
+    on arguments the op refuses, naming it."""
+    return _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, np.dtype(dtype), b_shape=b_shape,
+                  dy_shape=dy_shape, layout=layout)
+
+
+def _conv_error(exc: CudnnError, opname: str, plan: _Plan, **shapes) -> CudnnError:
+    x_shape, w_shape, stride, padding, dilation, groups, _, _, layout = plan.params
+    return with_context(exc, op=opname, **shapes, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                        layout=layout)
+
+
+def forward_on(ctx, plan: _Plan, x, w, b=None):
+    """conv_forward on arrays its checks (or the Convolution operator's) accepted, ``plan`` from conv_plan for
+    them, on ExecContext ``ctx`` (their device, made current): no check or lookup is repeated."""
+    y = ctx.empty(plan.y_shape, plan.dtype)
+    h = ctx.dnn()
+    one, zero = plan.one, plan.zero
     try:
-        algo, ws_bytes = algos.choose(("fwd",) + key, "fwd", h, (xd, wd, cdesc, yd), run, x._device,
-                                      plans=lambda: plan.backend_plans("fwd", h))
+        chosen = plan.bound.get(("fwd", h, algos.objective()))
+        if chosen is None:
+            def run(algo, ws, ws_size):
+                if algo >= BACKEND:
+                    plan.backend_plans("fwd", h)[algo - BACKEND].execute(h, (x._ptr, w._ptr, y._ptr), ws)
+                else:
+                    L.cudnnConvolutionForward(h, one, plan.xd, x._ptr, plan.wd, w._ptr, plan.cdesc, algo, ws,
+                                              ws_size, zero, plan.yd, y._ptr)
+            chosen = _chosen(plan, "fwd", h, ctx.device, (plan.xd, plan.wd, plan.cdesc, plan.yd), run)
+        algo, ws_bytes, backend = chosen
         if TRACING:
-            _annotate("fwd", algo, key, ws_bytes, dtype, x=x._shape, w=w._shape)
-        with scratch(x._device, ws_bytes) as (ws, ws_size):
-            run(algo, ws, ws_size)
+            _annotate("fwd", algo, plan.key, ws_bytes, plan.dtype, x=x._shape, w=w._shape)
+        ws, ws_size, held = borrow_workspace(ctx, ws_bytes)
+        if backend is not None:
+            backend.execute(h, (x._ptr, w._ptr, y._ptr), ws)
+        else:
+            L.cudnnConvolutionForward(h, one, plan.xd, x._ptr, plan.wd, w._ptr, plan.cdesc, algo, ws, ws_size, zero,
+                                      plan.yd, y._ptr)
+        del held
         if b is not None:
-            L.cudnnAddTensor(h, one, plan.bd, b._ptr, one, yd, y._ptr)
+            L.cudnnAddTensor(h, one, plan.bd, b._ptr, one, plan.yd, y._ptr)
     except CudnnError as exc:
-        raise with_context(exc, op="conv_forward", x=x._shape, w=w._shape, stride=stride, padding=padding,
-                           dilation=dilation, groups=groups, layout=layout) from None
+        raise _conv_error(exc, "conv_forward", plan, x=x._shape, w=w._shape) from None
     return y
 
 
@@ -203,33 +252,45 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
         raise DnnbindValueError("conv_bias_relu_forward: needs a bias b (use conv_forward + activation_forward without)")
     plan = _setup("conv_bias_relu_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,
                   b_shape=b._shape, layout=layout)
-    y_shape, cdesc, key, xd, wd, yd, bd = plan.y_shape, plan.cdesc, plan.key, plan.xd, plan.wd, plan.yd, plan.bd
-    y = out_like(y_shape, dtype, x._device)
+    return bias_relu_forward_on(exec_context(x._device), plan, x, w, b)
+
+
+def bias_relu_forward_on(ctx, plan: _Plan, x, w, b):
+    """conv_bias_relu_forward on checked arrays (see forward_on)."""
+    y = ctx.empty(plan.y_shape, plan.dtype)
     if plan.small is not None and SMALL_FILTER_KERNEL:
         name, grid, geom = plan.small
-        KW.kernel(name).launch(grid, KW.BLOCK, (x, w, b, y, geom), stream=current_stream(x._device))
+        KW.kernel(name).launch(grid, KW.BLOCK, (x, w, b, y, geom), stream=ctx.stream)
         return y
-    h = dnn(x)
+    h = ctx.dnn()
     act = D.activation("relu", 0.0)
-    one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
-
-    def run(algo, ws, ws_size):
-        if algo >= BACKEND:  # one backend graph: conv -> + bias -> relu, fused by cuDNN's runtime fusion engines
-            plan.backend_plans("fwd_bias_relu", h)[algo - BACKEND].execute(h, (x._ptr, w._ptr, b._ptr, y._ptr), ws)
-        else:
-            L.cudnnConvolutionBiasActivationForward(h, one, xd, x._ptr, wd, w._ptr, cdesc, algo, ws, ws_size, zero,
-                                                    yd, y._ptr, bd, b._ptr, act, yd, y._ptr)
-
+    one, zero = plan.one, plan.zero
     try:
-        algo, ws_bytes = algos.choose(("fwd_bias_relu",) + key, "fwd", h, (xd, wd, cdesc, yd), run, x._device,
-                                      only=(1,),  # CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
-                                      plans=lambda: plan.backend_plans("fwd_bias_relu", h))
+        chosen = plan.bound.get(("fwd_bias_relu", h, algos.objective()))
+        if chosen is None:
+            def run(algo, ws, ws_size):
+                if algo >= BACKEND:  # one backend graph: conv -> + bias -> relu, fused by cuDNN's runtime fusion
+                    plan.backend_plans("fwd_bias_relu", h)[algo - BACKEND].execute(
+                        h, (x._ptr, w._ptr, b._ptr, y._ptr), ws)
+                else:
+                    L.cudnnConvolutionBiasActivationForward(h, one, plan.xd, x._ptr, plan.wd, w._ptr, plan.cdesc,
+                                                            algo, ws, ws_size, zero, plan.yd, y._ptr, plan.bd,
+                                                            b._ptr, act, plan.yd, y._ptr)
+            chosen = _chosen(plan, "fwd_bias_relu", h, ctx.device, (plan.xd, plan.wd, plan.cdesc, plan.yd), run,
+                             only=(1,))  # CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+        algo, ws_bytes, backend = chosen
         if TRACING:
-            _annotate("fwd_bias_relu", algo, key, ws_bytes, dtype, x=x._shape, w=w._shape)
-        with scratch(x._device, ws_bytes) as (ws, ws_size):
-            run(algo, ws, ws_size)
+            _annotate("fwd_bias_relu", algo, plan.key, ws_bytes, plan.dtype, x=x._shape, w=w._shape)
+        ws, ws_size, held = borrow_workspace(ctx, ws_bytes)
+        if backend is not None:
+            backend.execute(h, (x._ptr, w._ptr, b._ptr, y._ptr), ws)
+        else:
+            L.cudnnConvolutionBiasActivationForward(h, one, plan.xd, x._ptr, plan.wd, w._ptr, plan.cdesc, algo, ws,
+                                                    ws_size, zero, plan.yd, y._ptr, plan.bd, b._ptr, act, plan.yd,
+                                                    y._ptr)
+        del held
     except CudnnError as exc:
-        raise with_context(exc, op="conv_bias_relu_forward", x=x._shape, w=w._shape, layout=layout) from None
+        raise _conv_error(exc, "conv_bias_relu_forward", plan, x=x._shape, w=w._shape) from None
     return y
 
 
@@ -240,28 +301,37 @@ def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1
     x_shape = _check.check_shape_arg("conv_backward_data", "x_shape", x_shape)
     plan = _setup("conv_backward_data", x_shape, w._shape, stride, padding, dilation, groups, dtype,
                   dy_shape=dy._shape, layout=layout)
-    cdesc, key, wd, dyd, dxd = plan.cdesc, plan.key, plan.wd, plan.yd, plan.xd
-    dx = out_like(x_shape, dtype, w._device)
-    h = dnn(w)
-    one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+    return backward_data_on(exec_context(w._device), plan, w, dy)
 
-    def run(algo, ws, ws_size):
-        if algo >= BACKEND:
-            plan.backend_plans("bwd_data", h)[algo - BACKEND].execute(h, (w._ptr, dy._ptr, dx._ptr), ws)
+
+def backward_data_on(ctx, plan: _Plan, w, dy):
+    """conv_backward_data on checked arrays (see forward_on); dx has the plan's x shape."""
+    dx = ctx.empty(plan.params[0], plan.dtype)
+    h = ctx.dnn()
+    one, zero = plan.one, plan.zero
+    wd, dyd, dxd, cdesc = plan.wd, plan.yd, plan.xd, plan.cdesc
+    try:
+        chosen = plan.bound.get(("bwd_data", h, algos.objective()))
+        if chosen is None:
+            def run(algo, ws, ws_size):
+                if algo >= BACKEND:
+                    plan.backend_plans("bwd_data", h)[algo - BACKEND].execute(h, (w._ptr, dy._ptr, dx._ptr), ws)
+                else:
+                    L.cudnnConvolutionBackwardData(h, one, wd, w._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero,
+                                                   dxd, dx._ptr)
+            chosen = _chosen(plan, "bwd_data", h, ctx.device, (wd, dyd, cdesc, dxd), run)
+        algo, ws_bytes, backend = chosen
+        if TRACING:
+            _annotate("bwd_data", algo, plan.key, ws_bytes, plan.dtype, w=w._shape, dy=dy._shape)
+        ws, ws_size, held = borrow_workspace(ctx, ws_bytes)
+        if backend is not None:
+            backend.execute(h, (w._ptr, dy._ptr, dx._ptr), ws)
         else:
             L.cudnnConvolutionBackwardData(h, one, wd, w._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero, dxd,
                                            dx._ptr)
-
-    try:
-        algo, ws_bytes = algos.choose(("bwd_data",) + key, "bwd_data", h, (wd, dyd, cdesc, dxd), run, w._device,
-                                      plans=lambda: plan.backend_plans("bwd_data", h))
-        if TRACING:
-            _annotate("bwd_data", algo, key, ws_bytes, dtype, w=w._shape, dy=dy._shape)
-        with scratch(w._device, ws_bytes) as (ws, ws_size):
-            run(algo, ws, ws_size)
+        del held
     except CudnnError as exc:
-        raise with_context(exc, op="conv_backward_data", w=w._shape, dy=dy._shape, x_shape=x_shape,
-                           layout=layout) from None
+        raise _conv_error(exc, "conv_backward_data", plan, w=w._shape, dy=dy._shape, x_shape=plan.params[0]) from None
     return dx
 
 
@@ -272,28 +342,39 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
     w_shape = _check.check_shape_arg("conv_backward_filter", "w_shape", w_shape)
     plan = _setup("conv_backward_filter", x._shape, w_shape, stride, padding, dilation, groups, dtype,
                   dy_shape=dy._shape, layout=layout)
-    cdesc, key, xd, dyd, dwd = plan.cdesc, plan.key, plan.xd, plan.yd, plan.wd
-    dw = _target(out, w_shape, dtype, x._device, "conv_backward_filter")
-    h = dnn(x)
-    one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
+    return backward_filter_on(exec_context(x._device), plan, x, dy, out)
 
-    def run(algo, ws, ws_size):
-        if algo >= BACKEND:
-            plan.backend_plans("bwd_filter", h)[algo - BACKEND].execute(h, (x._ptr, dy._ptr, dw._ptr), ws)
-        else:
-            L.cudnnConvolutionBackwardFilter(h, one, xd, x._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero,
-                                             dwd, dw._ptr)
 
+def backward_filter_on(ctx, plan: _Plan, x, dy, out=None):
+    """conv_backward_filter on checked arrays (see forward_on), into ``out`` (checked here) if given."""
+    dw = _target(out, plan.params[1], plan.dtype, ctx.device, "conv_backward_filter") if out is not None \
+        else ctx.empty(plan.params[1], plan.dtype)
+    h = ctx.dnn()
+    one, zero = plan.one, plan.zero
+    xd, dyd, dwd, cdesc = plan.xd, plan.yd, plan.wd, plan.cdesc
     try:
-        algo, ws_bytes = algos.choose(("bwd_filter",) + key, "bwd_filter", h, (xd, dyd, cdesc, dwd), run,
-                                      x._device, plans=lambda: plan.backend_plans("bwd_filter", h))
+        chosen = plan.bound.get(("bwd_filter", h, algos.objective()))
+        if chosen is None:
+            def run(algo, ws, ws_size):
+                if algo >= BACKEND:
+                    plan.backend_plans("bwd_filter", h)[algo - BACKEND].execute(h, (x._ptr, dy._ptr, dw._ptr), ws)
+                else:
+                    L.cudnnConvolutionBackwardFilter(h, one, xd, x._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size,
+                                                     zero, dwd, dw._ptr)
+            chosen = _chosen(plan, "bwd_filter", h, ctx.device, (xd, dyd, cdesc, dwd), run)
+        algo, ws_bytes, backend = chosen
         if TRACING:
-            _annotate("bwd_filter", algo, key, ws_bytes, dtype, x=x._shape, dy=dy._shape)
-        with scratch(x._device, ws_bytes) as (ws, ws_size):
-            run(algo, ws, ws_size)
+            _annotate("bwd_filter", algo, plan.key, ws_bytes, plan.dtype, x=x._shape, dy=dy._shape)
+        ws, ws_size, held = borrow_workspace(ctx, ws_bytes)
+        if backend is not None:
+            backend.execute(h, (x._ptr, dy._ptr, dw._ptr), ws)
+        else:
+            L.cudnnConvolutionBackwardFilter(h, one, xd, x._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero, dwd,
+                                             dw._ptr)
+        del held
     except CudnnError as exc:
-        raise with_context(exc, op="conv_backward_filter", x=x._shape, dy=dy._shape, w_shape=w_shape,
-                           layout=layout) from None
+        raise _conv_error(exc, "conv_backward_filter", plan, x=x._shape, dy=dy._shape,
+                          w_shape=plan.params[1]) from None
     return dw
 
 
@@ -337,17 +418,24 @@ def conv_backward_bias_gemv(dy, out=None, layout="NCHW"):
     matrix, then its column sums), so the ones vectors stay N and H*W long as for NCHW; a hybridized Block's
     recording, which cannot copy from the host, needs no longer one than its eager run made.
     """
-    dtype = float_dtype("conv_backward_bias", _check.FLOAT_DTYPES, dy=dy)
-    k = _check.conv_bias_params("conv_backward_bias", dy._shape, layout)
-    n = dy._shape[0]
-    hw = dy.size // (n * k)
-    h = blas(dy)
-    per_pixel = empty((k * hw,), dtype, dy._device)
-    sum_rows_into(h, dy._ptr, ones_vector(dy._device, n, dtype)._ptr, per_pixel._ptr, n, k * hw, 1.0, 0.0, dtype)
-    db = _target(out, (k,), dtype, dy._device, "conv_backward_bias")
+    float_dtype("conv_backward_bias", _check.FLOAT_DTYPES, dy=dy)
+    _check.conv_bias_params("conv_backward_bias", dy._shape, layout)
+    return backward_bias_on(exec_context(dy._device), dy, out, layout)
+
+
+def backward_bias_on(ctx, dy, out=None, layout="NCHW"):
+    """conv_backward_bias_gemv on a checked dy (see forward_on), into ``out`` (checked here) if given."""
+    dtype, shape = dy._dtype, dy._shape
+    n, k = shape[0], shape[-1] if layout == "NHWC" else shape[1]
+    hw = math.prod(shape) // (n * k)
+    h = ctx.blas()
+    # the (K*H*W,) partial sums live only between the two gemvs: the stream's shared scratch, not an allocation
+    per_pixel, _, held = borrow_workspace(ctx, k * hw * dtype.itemsize)
+    sum_rows_into(h, dy._ptr, ones_vector(ctx.device, n, dtype)._ptr, per_pixel, n, k * hw, 1.0, 0.0, dtype)
+    db = _target(out, (k,), dtype, ctx.device, "conv_backward_bias") if out is not None else ctx.empty((k,), dtype)
     if layout == "NHWC":  # per_pixel is (H*W, K): sum its rows
-        sum_rows_into(h, per_pixel._ptr, ones_vector(dy._device, hw, dtype)._ptr, db._ptr, hw, k, 1.0, 0.0, dtype)
+        sum_rows_into(h, per_pixel, ones_vector(ctx.device, hw, dtype)._ptr, db._ptr, hw, k, 1.0, 0.0, dtype)
     else:  # per_pixel is (K, H*W): sum each row
-        row_sums_into(h, per_pixel._ptr, ones_vector(dy._device, hw, dtype)._ptr, db._ptr, k, hw, 1.0, 0.0,
-                      dtype)
+        row_sums_into(h, per_pixel, ones_vector(ctx.device, hw, dtype)._ptr, db._ptr, k, hw, 1.0, 0.0, dtype)
+    del held
     return db

@@ -47,6 +47,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from ..runtime.array import NDArray
+from ..runtime.exec_context import exec_context
 
 __all__ = ["Call", "DEFS", "Grads", "Lowering", "OpDef", "define", "float32_params", "table", "typed", "view"]
 
@@ -58,21 +59,36 @@ class Lowering(NamedTuple):
 
 class Call:
     """One call of an operator, as the dispatch resolved it once: ``geo`` (what ``prepare`` returned), ``p`` (the
-    parsed parameters, MXNet's defaults filled in), ``device`` and ``training`` (autograd's train mode)."""
-    __slots__ = ("geo", "p", "device", "training")
+    parsed parameters, MXNet's defaults filled in), ``device`` and ``training`` (autograd's train mode). On a GPU,
+    ``ctx()`` is where the call runs (runtime.exec_context: the device made current, its stream, the handles),
+    resolved on first use and shared by everything the lowering calls."""
+    __slots__ = ("geo", "p", "device", "training", "_exec")
 
     def __init__(self, geo, p: dict, device, training: bool):
-        self.geo, self.p, self.device, self.training = geo, p, device, training
+        self.geo, self.p, self.device, self.training, self._exec = geo, p, device, training, None
+
+    def ctx(self):
+        e = self._exec
+        if e is None:
+            e = self._exec = exec_context(self.device)
+        return e
 
 
 class Grads:
     """What a backward is told: ``needs[i]`` whether input i wants a gradient, ``into[i]`` a buffer its gradient may
     be written into directly (a Parameter's grad buffer) or None, ``frees`` whether nothing reads what the forward
-    saved after this backward (so it may drop it early)."""
-    __slots__ = ("needs", "into", "frees")
+    saved after this backward (so it may drop it early). ``ctx(like)``: as Call.ctx, for the stream current when
+    the backward runs (not the forward's), on ``device`` (or, where the caller gave none, ``like``'s)."""
+    __slots__ = ("needs", "into", "frees", "device", "_exec")
 
-    def __init__(self, needs: tuple, into: tuple, frees: bool):
-        self.needs, self.into, self.frees = needs, into, frees
+    def __init__(self, needs: tuple, into: tuple, frees: bool, device=None):
+        self.needs, self.into, self.frees, self.device, self._exec = needs, into, frees, device, None
+
+    def ctx(self, like=None):
+        e = self._exec
+        if e is None:
+            e = self._exec = exec_context(self.device if self.device is not None else like._device)
+        return e
 
 
 def _one_output(p) -> tuple:

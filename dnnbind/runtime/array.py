@@ -20,6 +20,7 @@ from .._lib.errors import DnnbindError
 from . import dlpack as _dlpack
 from .device import Device, as_device
 from .memory import D2D, D2H, H2D, DeviceBuffer, memcpy, memset
+from .staging import upload
 from .stream import current_stream, wait_for
 
 _autograd = {}  # filled by dnnbind.autograd: {"backward": fn}
@@ -185,9 +186,11 @@ class NDArray:
             np.copyto(self._data, host)
         else:
             stream = current_stream(self._device)
-            memcpy(self._ptr, host.ctypes.data, self.nbytes, H2D, stream)
-            # NOTE: pageable H2D copies are staged, but `host` may be a temporary: wait before it is freed.
-            stream.synchronize()
+            # through a pinned buffer where it pays (runtime.staging): the host then does not wait for the stream
+            if not upload(self._ptr, host, stream):
+                memcpy(self._ptr, host.ctypes.data, self.nbytes, H2D, stream)
+                # NOTE: pageable H2D copies are staged, but `host` may be a temporary: wait before it is freed.
+                stream.synchronize()
         return self
 
     def zero_(self) -> "NDArray":
@@ -378,9 +381,30 @@ def empty(shape, dtype=np.float32, device=None) -> NDArray:
     dtype = dtype if type(dtype) is np.dtype else np.dtype(dtype)
     if device.kind == "cpu":
         return NDArray._from_numpy(np.empty(shape, dtype))
-    nbytes = math.prod(shape) * dtype.itemsize
-    buf = DeviceBuffer(nbytes, device)
-    return NDArray._from_ptr(buf.ptr, shape, dtype, device, buf)
+    buf = DeviceBuffer(math.prod(shape) * dtype.itemsize, device)
+    # _from_ptr inlined: shape and dtype are exact already, and every op output comes through here
+    a = object.__new__(NDArray)
+    a._shape, a._dtype, a._device, a._data = shape, dtype, device, None
+    a._ptr, a._owner, a._node, a._grad, a._grad_req = buf.ptr, buf, None, None, "null"
+    return a
+
+
+def empty_parts(shapes, dtype, device) -> tuple:
+    """Uninitialized arrays of one dtype, one per shape in ``shapes``, carved from ONE device allocation (each part
+    starting 256-byte aligned) that lives while any of them does: an op's small per-channel results (BatchNorm's
+    saved mean and inverse std) cost one cudaMallocAsync instead of several. On the cpu, separate arrays."""
+    device = device if type(device) is Device else as_device(device)
+    dtype = dtype if type(dtype) is np.dtype else np.dtype(dtype)
+    shapes = [s if type(s) is tuple else tuple(s) for s in shapes]
+    if device.kind == "cpu":
+        return tuple(NDArray._from_numpy(np.empty(s, dtype)) for s in shapes)
+    sizes = [-(-math.prod(s) * dtype.itemsize // 256) * 256 for s in shapes]
+    buf = DeviceBuffer(sum(sizes), device)
+    parts, offset = [], 0
+    for s, size in zip(shapes, sizes):
+        parts.append(NDArray._from_ptr(buf.ptr + offset, s, dtype, device, buf))
+        offset += size
+    return tuple(parts)
 
 
 def zeros(shape, dtype=np.float32, device=None) -> NDArray:

@@ -47,17 +47,29 @@ class DeviceBuffer:
         device.activate()
         if device.index not in _pools_ready:
             _prepare_pool(device.index)
-        stream = stream or current_stream(device)
-        self.nbytes, self.device, self.stream = int(nbytes), device, stream
-        self.ptr = 0
-        if self.nbytes and _holds:  # a recording: a piece of its family's arena (see Hold)
-            self.ptr = _holds[-1].allocate(self.nbytes, device, stream)
-            return
-        if self.nbytes:
-            # NOTE: cuda-python directly, not cudart.call: this runs ~20 times per training step.
-            err, ptr = cudart.rt().cudaMallocAsync(self.nbytes, stream.handle)
-            if err != 0:  # again through cudart.call: it raises CudaError with CUDA's text (or succeeds)
-                ptr = cudart.call("cudaMallocAsync", self.nbytes, stream.handle)
+        if stream is None:
+            stream = current_stream(device)
+        self._allocate(nbytes if type(nbytes) is int else int(nbytes), device, stream)
+
+    @classmethod
+    def _on_current(cls, nbytes: int, device: Device, stream: Stream) -> "DeviceBuffer":
+        """``nbytes`` (an int) on ``stream`` of ``device``, which the caller has made current and whose pool is set
+        up (allocate_current): __init__ without those two checks."""
+        self = object.__new__(cls)
+        self._allocate(nbytes, device, stream)
+        return self
+
+    def _allocate(self, nbytes: int, device: Device, stream: Stream) -> None:
+        self.nbytes, self.device, self.stream, self.ptr = nbytes, device, stream, 0
+        if nbytes:
+            if _holds:  # a recording: a piece of its family's arena (see Hold)
+                self.ptr = _holds[-1].allocate(nbytes, device, stream)
+                return
+            # NOTE: cuda-python directly, not cudart.call: this runs for every array a step makes (~150 in an
+            # eager ResNet-18 step).
+            err, ptr = cudart.rt().cudaMallocAsync(nbytes, stream.handle)
+            if err:  # cudaSuccess is 0; again through cudart.call: it raises CudaError with CUDA's text
+                ptr = cudart.call("cudaMallocAsync", nbytes, stream.handle)
             self.ptr = int(ptr)
 
     # NOTE: __del__ rather than weakref.finalize: a training step makes ~30 buffers and finalize costs
@@ -77,6 +89,14 @@ class DeviceBuffer:
 
     def __repr__(self) -> str:
         return f"DeviceBuffer(0x{self.ptr:x}, {self.nbytes} bytes, {self.device!r})"
+
+
+def allocate_current(nbytes: int, device: Device, stream: Stream) -> DeviceBuffer:
+    """A DeviceBuffer of ``nbytes`` on ``stream``, for a caller that has made ``device`` current already (an op
+    running under runtime.exec_context): the hot path of every op's outputs."""
+    if device.index not in _pools_ready:
+        return DeviceBuffer(nbytes, device, stream)
+    return DeviceBuffer._on_current(nbytes, device, stream)
 
 
 def _free(ptr: int, stream: Stream, raising: bool = True) -> None:

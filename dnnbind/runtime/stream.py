@@ -17,10 +17,11 @@ from .device import Device, as_device
 class Stream:
     """A CUDA stream owned by dnnbind (``handle`` is the cudaStream_t as an int)."""
 
-    __slots__ = ("device", "handle", "_obj", "_finalizer", "__weakref__")
+    __slots__ = ("device", "handle", "exec_context", "_obj", "_finalizer", "__weakref__")
 
     def __init__(self, device=None, *, handle: int | None = None):
         self.device = as_device(device)
+        self.exec_context = None  # runtime.exec_context.ExecContext, made on first use
         self.device.activate()
         if handle is None:
             obj = cudart.call("cudaStreamCreateWithFlags", 0)  # cudaStreamDefault: blocking, see above

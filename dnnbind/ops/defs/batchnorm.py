@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..._lib.errors import CudnnBadParam, CudnnNotSupported, DnnbindTypeError, DnnbindValueError
+from ..._lib.hooks import TRACING
 from ...runtime.array import zeros
 from .. import batchnorm as _bn
 from .. import batchnorm_fused as _bn_ex
@@ -205,8 +206,12 @@ def _gpu_forward(c, x, gamma, beta, moving_mean, moving_var):
                 ex = False
         if not ex:
             reserve = None
-            y, mean, inv_std = _bn.batchnorm_forward_training.gpu(x, gamma, beta, moving_mean, moving_var,
-                                                                  g.momentum, g.eps, layout=g.layout)
+            if TRACING:  # the checked entry point, which names its library calls in the trace
+                y, mean, inv_std = _bn.batchnorm_forward_training.gpu(x, gamma, beta, moving_mean, moving_var,
+                                                                      g.momentum, g.eps, layout=g.layout)
+            else:  # checked by prepare already (check())
+                y, mean, inv_std = _bn.forward_training_on(c.ctx(), x, gamma, beta,
+                                                           moving_mean, moving_var, g.momentum, g.eps, g.layout)
         saved = ("ex" if ex else "train", x, gamma, beta, mean, inv_std, reserve)
     else:
         y = _bn.batchnorm_forward_inference.gpu(x, gamma, beta, moving_mean, moving_var, g.eps, layout=g.layout)
@@ -228,10 +233,19 @@ def _gpu_backward(c, saved, grads, dy):
     need = grads.needs
     if g.perm is not None:
         dy = table("transpose", dy, axes=g.perm)
+    # dgamma and dbeta straight into the Parameters' grad buffers where autograd offers them (no copy after); not
+    # when fix_gamma zeroes dgamma below
+    into_g = grads.into[1] if need[1] and not c.p["fix_gamma"] else None
+    into_b = grads.into[2] if need[2] else None
     if kind == "ex":
-        dx, dgamma, dbeta = _bn_ex.batchnorm_nhwc_backward.gpu(x, dy, gamma, beta, a, b, reserve, g.eps)
-    elif kind == "train":
-        dx, dgamma, dbeta = _bn.batchnorm_backward.gpu(x, dy, gamma, a, b, g.eps, layout=g.layout)
+        dx, dgamma, dbeta = _bn_ex.batchnorm_nhwc_backward.gpu(x, dy, gamma, beta, a, b, reserve, g.eps,
+                                                               out_dgamma=into_g, out_dbeta=into_b)
+    elif kind == "train" and TRACING:
+        dx, dgamma, dbeta = _bn.batchnorm_backward.gpu(x, dy, gamma, a, b, g.eps, layout=g.layout,
+                                                       out_dgamma=into_g, out_dbeta=into_b)
+    elif kind == "train":  # the grad buffers autograd offers have the parameters' shape, dtype and device
+        dx, dgamma, dbeta = _bn.backward_on(grads.ctx(dy), x, dy, gamma, a, b, g.eps,
+                                            g.layout, into_g, into_b)
     else:
         dx, dgamma, dbeta = _affine_backward(c, x, gamma, a, b, dy, need)
     if need[1] and c.p["fix_gamma"]:

@@ -30,6 +30,8 @@ import math
 import numpy as np
 
 from ..._lib.errors import CudnnError, DnnbindTypeError, DnnbindValueError
+from ..._lib.hooks import TRACING
+from ...runtime import config
 from .. import bias_relu as _bias_relu
 from .. import conv as _conv
 from .. import pointwise as _pointwise
@@ -48,10 +50,22 @@ class Geometry:
     groups, layout, whether there is a ReLU and whether it may be fused (2-D only), the number of spatial axes, and
     the output's shape as the caller sees it."""
     __slots__ = ("x_shape", "w_shape", "y_shape", "out_shape", "stride", "pad", "dilate", "groups", "layout",
-                 "relu", "fusable", "dims", "key")
+                 "relu", "fusable", "dims", "key", "plans")
 
     def conv_args(self) -> tuple:
         return self.stride, self.pad, self.dilate, self.groups
+
+    def plan(self, opname: str, dtype, b_shape=None):
+        """ops.conv's checked plan of this call for ``opname`` under the current math mode, made once per
+        geometry (a geometry is cached per call signature, so a warm call is two dict lookups)."""
+        key = (opname, config.math_mode())
+        plan = self.plans.get(key)
+        if plan is None:
+            dy_shape = self.y_shape if opname in ("conv_backward_data", "conv_backward_filter") else None
+            plan = self.plans[key] = _conv.conv_plan(opname, self.x_shape, self.w_shape, self.stride, self.pad,
+                                                     self.dilate, self.groups, dtype, b_shape=b_shape,
+                                                     dy_shape=dy_shape, layout=self.layout)
+        return plan
 
 
 def _prepare(p, data, weight, bias):
@@ -124,6 +138,7 @@ def _prepare(p, data, weight, bias):
     check_fits(op, data.device, data.dtype, "the padded input", (n,) + padded + (c,) if nhwc else (n, c) + padded,
                context)
     g = Geometry()
+    g.plans = {}
     if dims == 1:  # (N, C, W) as (N, C, 1, W), the weight (F, C/g, k) as (F, C/g, 1, k)
         g.x_shape, g.w_shape = (n, c, 1, size[0]), weight.shape[:2] + (1,) + weight.shape[2:]
         g.y_shape = (n, num_filter, 1, spatial_out[0])
@@ -192,6 +207,30 @@ def _gpu_forward(c, x, w, b):
     g = c.geo
     if g.dims == 3:
         return _gpu_forward_3d(g, x, w, b)
+    if TRACING:  # the checked entry points, which name ops.conv's calls in the trace
+        return _gpu_forward_traced(g, x, w, b)
+    one_d = len(g.out_shape) == 3
+    if one_d:
+        x, w = view(x, g.x_shape), view(w, g.w_shape)
+    ctx = c.ctx()
+    y = None
+    if g.fusable and b is not None and x._dtype in _FUSED_DTYPES and g.key not in UNFUSED:
+        try:
+            y = _conv.bias_relu_forward_on(ctx, g.plan("conv_bias_relu_forward", x._dtype, b._shape), x, w, b)
+        except CudnnError:  # float16 or NHWC: where cuDNN has no fused engine for the shape, the two calls
+            # NOTE: cuDNN documents the legacy fused call for NCHW float32; NHWC float32 may have no engine.
+            if x._dtype != np.float16 and g.layout == "NCHW":
+                raise
+            UNFUSED.add(g.key)
+    if y is None:
+        y = _conv.forward_on(ctx, g.plan("conv_forward", x._dtype, None if b is None else b._shape), x, w, b)
+        if g.relu:
+            y = _pointwise.activation_forward.gpu(y, "relu")
+    saved = [x, w, b, y if g.relu else None]
+    return (view(y, g.out_shape) if one_d else y), saved
+
+
+def _gpu_forward_traced(g, x, w, b):
     one_d = len(g.out_shape) == 3
     if one_d:
         x, w = view(x, g.x_shape), view(w, g.w_shape)
@@ -199,8 +238,7 @@ def _gpu_forward(c, x, w, b):
     if g.fusable and b is not None and x._dtype in _FUSED_DTYPES and g.key not in UNFUSED:
         try:
             y = _conv.conv_bias_relu_forward.gpu(x, w, b, *g.conv_args(), layout=g.layout)
-        except CudnnError:  # float16 or NHWC: where cuDNN has no fused engine for the shape, the two calls
-            # NOTE: cuDNN documents the legacy fused call for NCHW float32; NHWC float32 may have no engine.
+        except CudnnError:
             if x._dtype != np.float16 and g.layout == "NCHW":
                 raise
             UNFUSED.add(g.key)
@@ -238,11 +276,19 @@ def _gpu_backward(c, saved, grads, dy):
         else:
             dy = _pointwise.activation_backward.gpu(out, dy, out, "relu")
         del out
-    dx = _conv.conv_backward_data.gpu(w, dy, g.x_shape, *g.conv_args(), layout=g.layout) if needs[0] else None
-    dw = _conv.conv_backward_filter.gpu(x, dy, g.w_shape, *g.conv_args(), out=into_w, layout=g.layout) \
-        if needs[1] else None
-    if bias_grad and db is None:
-        db = _conv.conv_backward_bias_gemv(dy, out=into_b, layout=g.layout)
+    if TRACING:  # the checked entry points, which name ops.conv's calls in the trace
+        dx = _conv.conv_backward_data.gpu(w, dy, g.x_shape, *g.conv_args(), layout=g.layout) if needs[0] else None
+        dw = _conv.conv_backward_filter.gpu(x, dy, g.w_shape, *g.conv_args(), out=into_w, layout=g.layout) \
+            if needs[1] else None
+        if bias_grad and db is None:
+            db = _conv.conv_backward_bias_gemv(dy, out=into_b, layout=g.layout)
+    else:
+        ctx = grads.ctx(dy)
+        dx = _conv.backward_data_on(ctx, g.plan("conv_backward_data", dy._dtype), w, dy) if needs[0] else None
+        dw = _conv.backward_filter_on(ctx, g.plan("conv_backward_filter", dy._dtype), x, dy, into_w) \
+            if needs[1] else None
+        if bias_grad and db is None:
+            db = _conv.backward_bias_on(ctx, dy, into_b, g.layout)
     if one_d:
         dx = None if dx is None else view(dx, _x_shape_1d(g))
         dw = None if dw is None else _back_1d(dw, _w_shape_1d(g), grads.into[1])

@@ -140,7 +140,7 @@ def _deconv_call(c) -> Call:
 
 def _deconv_grads(grads) -> Grads:
     """The weight is Deconvolution's weight; it has no bias."""
-    return Grads(tuple(grads.needs) + (False,), tuple(grads.into) + (None,), grads.frees)
+    return Grads(tuple(grads.needs) + (False,), tuple(grads.into) + (None,), grads.frees, grads.device)
 
 
 def _offsets(g) -> list:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from ..._lib.errors import DnnbindTypeError, DnnbindValueError
 
+import math
+
 import numpy as np
 
 from .. import _check
@@ -70,7 +72,7 @@ def items_per_channel(op: str, x_shape: tuple, layout: str = "NCHW") -> int:
     probes its anchors so, in training mode) the mean is x itself and the (biased) variance 0, so y is beta and
     x gets no gradient, as in MXNet 1.9.1."""
     c = x_shape[3 if layout == "NHWC" else 1]
-    m = int(np.prod(x_shape, dtype=np.int64)) // c if c else 0
+    m = math.prod(x_shape) // c if c else 0  # (math.prod: exact ints, and a fraction of np.prod's cost per call)
     if m < 1:
         raise DnnbindValueError(f"{op}: batch statistics need at least one value per channel, got x of shape "
                                 f"{tuple(x_shape)}; use inference mode")
