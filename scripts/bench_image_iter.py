@@ -56,14 +56,17 @@ def main():
                               mean_g=116.28, mean_b=103.53, std_r=58.395, std_g=57.12, std_b=57.375,
                               preprocess_threads=args.threads, prefetch_buffer=4)
     print(f"decoder: {imagecodec.backend()}, threads: {args.threads}, batch: {args.batch}")
-    # timed epochs: one log line each
+    # timed epochs: one log line each; CPU time over all threads says how many cores the decoding kept busy (about
+    # --threads: CPU-bound, decode limits; far fewer: the threads wait, on the GIL or on the reads)
     for epoch in range(EPOCHS):
         it.reset()
-        t, n = time.perf_counter(), 0
+        t, c, n = time.perf_counter(), os.times(), 0
         for batch in it:
             n += batch.data[0].shape[0] - batch.pad
-        dt = time.perf_counter() - t
-        print(f"epoch {epoch}: {n} images in {dt:.2f} s = {n / dt:.0f} images/s")
+        dt, c1 = time.perf_counter() - t, os.times()
+        cpu = c1.user + c1.system - c.user - c.system
+        print(f"epoch {epoch}: {n} images in {dt:.2f} s = {n / dt:.0f} images/s; CPU {cpu / n * 1e6:.0f} us/image "
+              f"({(c1.system - c.system) / n * 1e6:.0f} in the kernel), {cpu / dt:.1f} cores busy")
     it.close()
 
 

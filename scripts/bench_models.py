@@ -7,6 +7,7 @@ model's FLOP and memory-traffic floor (scripts/model_floor.py), and writes JSON.
     python scripts/bench.py --model resnet50 --compile-budget 540   # room for torch.compile's max-autotune
     python scripts/bench_models.py --model resnet18 --modes torch-compile torch-compile-amp   # a subset of modes
     python scripts/bench_models.py --model alexnet --device cpu --batch 2 --warmup 1 --steps 2  # CPU smoke run
+    python scripts/bench_models.py --model resnet50 --modes dnnbind-amp-nhwc-captured --data rec  # fed by real data
 
 Layer: script; imports dnnbind, scripts/d2l_compare.py (the models), bench_timing.py (clocks, memory, measure()),
 bench.py (versions), and torch if installed: --help and the dnnbind modes run without it.
@@ -27,6 +28,14 @@ the timed steps, each framework's own allocator (weights, optimizer state, data 
 torch.cuda.max_memory_allocated; for dnnbind the high watermarks of CUDA's default pool plus CUDA-graph memory.
 With 3 input channels (ResNet-50) the channels-last modes of both frameworks hold a converted copy of the pool (torch's
 .contiguous(memory_format=channels_last), dnnbind's NHWC transpose; 1.2 GiB at batch 256), counted in their peak.
+--data rec: each dnnbind mode also runs fed by mx.io.ImageRecordIter over a .rec of generated JPEGs (bench_image_iter's
+make_rec, ImageNet-sized; written once under --rec-dir: batch * (warm-up + timed steps) images, at most REC_IMAGES,
+cycled by resetting the iterator): random crop to the model's input, mirror, ImageNet mean/std, --rec-threads
+decoding threads; each step takes the next batch, copies it to the device (as_in_context) and, for the NHWC modes,
+transposes it there as the synthetic pool is (bench_nhwc.to_nhwc); fp16 modes cast it in the step, as the pool's.
+Labels are the records' modulo the model's classes. Printed per mode: images/s fed by the iterator and synthetic
+(both from the wall clock over the timed steps, as the iterator's stalls are not in a median), their ratio, and what
+bounds it: the iterator alone over the same .rec (no training), the host-to-device copy alone, the synthetic step.
 NOTE: a recorded or captured dnnbind step replays its recording's calls: its dropout masks change between steps
 only if dropout's RNG state lives on the device (cuDNN's), not if the recording froze a host-drawn seed.
 """
@@ -59,6 +68,10 @@ POOL = 8                  # fixed random batches resident on the device, cycled
 WARMUP, STEPS = 10, 50    # per mode: untimed steps, then timed steps
 COMPILE_BUDGET = 180      # seconds a torch.compile mode may spend in its warm-up (compiling) before it is dropped
 SEED = 0
+REC_DIR = "/tmp/bench_imgrec"  # --data rec: where the generated .rec is written once and reused
+REC_IMAGES = 4096         # --data rec: at most this many JPEGs in it (~94 KB each; more steps cycle through them)
+REC_PREFETCH = 4          # --data rec: the iterator's prefetch_buffer (batches decoded ahead of the step)
+IMAGENET_NORM = dict(mean_r=123.68, mean_g=116.28, mean_b=103.53, std_r=58.395, std_g=57.12, std_b=57.375)
 MODELS = {"resnet18": ("resnet", "ResNet-18 (d2l-zh v1.0.0 resnet.md)"),  # --model -> (d2l_compare.SPECS key, title)
           "alexnet": ("alexnet", "AlexNet (d2l-zh v1.0.0 alexnet.md)"),
           "resnet50": ("resnet50", "ResNet-50 v1.5 (MXNet zoo resnet50_v1, stride on the 3x3)")}
@@ -124,8 +137,8 @@ def make_mx(d2l, spec, ctx, seed):
     return net
 
 
-def dnnbind_step(mode, d2l, spec, ctx, data, args):
-    """step(i) -> loss for batch i of the pool, and close()."""
+def dnnbind_step(mode, d2l, spec, ctx, data, args, feed=None):
+    """step(i) -> loss for batch i of the pool (or, with ``feed``, for the batch feed(nhwc) returns), and close()."""
     half = mode.math == "fp16"
     mx.set_math_mode("tf32" if half else mode.math)  # fp16: what stays float32 (BatchNorm's statistics) in TF32
     xs, ys = data["mx"]
@@ -135,6 +148,12 @@ def dnnbind_step(mode, d2l, spec, ctx, data, args):
         net, xs = bench_nhwc.build(spec, net, ctx), [bench_nhwc.to_nhwc(x) for x in xs]
         gc.collect()  # the NCHW model it was built from (85 MiB of parameters and gradients) sits in a cycle
     cast = (lambda x: x) if not half else (lambda x: x.astype("float16"))
+    if feed is None:
+        def batch(i):
+            return xs[i % len(xs)], ys[i % len(xs)]
+    else:  # real data: the pool only gives the shapes (training_step's); each step takes the iterator's next batch
+        def batch(i):
+            return feed(mode.layout == "NHWC")
     if half:  # MXNet's mixed precision: the network in float16, float32 master weights in the Trainer
         net.cast("float16")
         # NOTE: each batch is cast in the step, as torch's autocast casts its float32 input: both hold the same
@@ -146,16 +165,20 @@ def dnnbind_step(mode, d2l, spec, ctx, data, args):
         net.hybridize()  # the user's loop below, unchanged: forward and backward replay their recorded calls
     if mode.kind in ("eager", "hybrid"):
         def step(i):
+            x, y = batch(i)
             with autograd.record():
-                loss = loss_fn(net(cast(xs[i % len(xs)])), ys[i % len(xs)])
+                loss = loss_fn(net(cast(x)), y)
             loss.backward()
             trainer.step(xs[0].shape[0])  # rescales by 1/batch: the mean loss's gradient, as torch's
             return loss
         return step, lambda: None
     recorded = training_step(net, loss_fn, trainer, xs[0].shape, replay=mode.kind, device=ctx,
                              data_dtype=np.float16 if half else xs[0].dtype)
-    return (lambda i: recorded(cast(xs[i % len(xs)]), ys[i % len(xs)])), getattr(recorded.replay, "close",
-                                                                                   lambda: None)
+
+    def replay(i):
+        x, y = batch(i)
+        return recorded(cast(x), y)
+    return replay, getattr(recorded.replay, "close", lambda: None)
 
 
 def set_torch_math(torch, math: str) -> None:
@@ -246,7 +269,7 @@ def print_kernels(runs: dict) -> None:
         print(f"  {prof['other_us']:9.1f} us {100 * prof['other_us'] / prof['total_us']:5.1f}%  (the rest)")
 
 
-def run_mode(key, ctx, torch, d2l, spec, tnet0, data, args) -> dict:
+def run_mode(key, ctx, torch, d2l, spec, tnet0, data, args, feed=None) -> dict:
     mode = MODES[key]
     if mode.framework == "torch" and torch is None:
         return {"status": "skipped", "reason": "torch is not installed"}
@@ -263,7 +286,7 @@ def run_mode(key, ctx, torch, d2l, spec, tnet0, data, args) -> dict:
         guarded(memory.reset, [])
         t0 = time.perf_counter()
         if mode.framework == "dnnbind":
-            step, close = dnnbind_step(mode, d2l, spec, ctx, data, args)
+            step, close = dnnbind_step(mode, d2l, spec, ctx, data, args, feed)
         else:
             step, close = torch_step(mode, torch, tnet0, data, args, "cuda" if ctx.is_gpu else "cpu")
         clock.sync()
@@ -288,6 +311,138 @@ def run_mode(key, ctx, torch, d2l, spec, tnet0, data, args) -> dict:
                 torch._dynamo.reset()
             if ctx.is_gpu:
                 torch.cuda.empty_cache()
+
+
+# ---- real data (--data rec) ------------------------------------------------------------------------------------------
+
+def make_rec_file(args) -> tuple:
+    """(path, images) of --rec-dir's .rec of generated JPEGs, written on the first run."""
+    import bench_image_iter  # scripts/: make_rec, the JPEGs of bench_image_iter.py (same file names, reusable)
+    n = max(args.batch, min(args.batch * (args.warmup + args.steps), args.rec_images))
+    os.makedirs(args.rec_dir, exist_ok=True)
+    path = os.path.join(args.rec_dir, f"synthetic_{n}.rec")
+    if not os.path.exists(path) or not os.path.exists(path[:-4] + ".idx"):
+        t = time.perf_counter()
+        bench_image_iter.make_rec(path, n)
+        print(f"wrote {path} ({os.path.getsize(path) / 1e6:.0f} MB, {n} JPEGs) in {time.perf_counter() - t:.1f} s",
+              flush=True)
+    return path, n
+
+
+def make_rec_iter(path: str, spec, args, dtype: str):
+    """An ImageRecordIter over ``path`` with training's augmentation at the model's input size, batches of
+    ``dtype``."""
+    from dnnbind import io as mxio
+    norm = IMAGENET_NORM if spec.channels == 3 else dict(mean_r=117.0, std_r=58.0)
+    return mxio.ImageRecordIter(path_imgrec=path, path_imgidx=path[:-4] + ".idx",
+                                data_shape=(spec.channels, spec.size, spec.size), batch_size=args.batch,
+                                rand_crop=True, rand_mirror=True, preprocess_threads=args.rec_threads,
+                                prefetch_buffer=REC_PREFETCH, dtype=dtype, **norm)
+
+
+def next_batch(it):
+    """The iterator's next batch; at the end of the .rec, the first of its next pass (NOTE: its prefetch restarts
+    there, so one step in images / batch waits for a whole batch's decoding, as at an epoch's end in training)."""
+    try:
+        return it.next()
+    except StopIteration:
+        it.reset()
+        return it.next()
+
+
+class RecFeed:
+    """feed(nhwc) -> (x, y) on the device: the iterator's next batch, copied (as_in_context), NHWC-transposed there
+    for the channels-last modes (bench_nhwc.to_nhwc, as the synthetic pool), labels modulo the classes as int32."""
+
+    def __init__(self, it, ctx, classes: int):
+        self.it, self.ctx, self.classes = it, ctx, classes
+
+    def __call__(self, nhwc: bool = False):
+        b = next_batch(self.it)
+        x = b.data[0].as_in_context(self.ctx)
+        y = mx.array(b.label[0].numpy().astype(np.int32) % self.classes, device=self.ctx)
+        if nhwc:
+            import bench_nhwc
+            x = bench_nhwc.to_nhwc(x)
+        return x, y
+
+
+def iterator_rate(it, batches: int) -> float:
+    """Images/s of the iterator alone (no training, nothing copied), over ``batches`` batches after two."""
+    for _ in range(2):
+        next_batch(it)
+    t = time.perf_counter()
+    n = 0
+    for _ in range(batches):
+        b = next_batch(it)
+        n += b.data[0].shape[0] - b.pad
+    return n / (time.perf_counter() - t)
+
+
+def copy_rate(it, ctx, clock, copies: int) -> float:
+    """Images/s of the host-to-device copy alone: one of the iterator's batches copied ``copies`` times."""
+    b = next_batch(it)
+    x = b.data[0]
+    x.as_in_context(ctx)
+    clock.sync()
+    t = time.perf_counter()
+    for _ in range(copies):
+        x.as_in_context(ctx)
+    clock.sync()
+    return copies * x.shape[0] / (time.perf_counter() - t)
+
+
+def rec_limit(real: float, it: float, copy: float, step: float) -> tuple:
+    """(the stage that bounds a step fed by the iterator, the rate the copy and the step allow in series). The copy
+    is in series with the step (NDArray.copy_ from pageable host memory synchronizes the device's stream), the
+    iterator runs beside both in its threads: 'iterator' when it alone is slower than copy + step, 'host-to-device
+    copy' when copy + step stays under 90% of the step alone, else 'step' when real data reaches 90% of it, else
+    'host contention' (decoding threads and the step's own host work share the cores and the GIL)."""
+    serial = 1 / (1 / copy + 1 / step)
+    if it < serial:
+        return "iterator", serial
+    if serial < 0.9 * step:
+        return "host-to-device copy", serial
+    return ("step" if real >= 0.9 * step else "host contention"), serial
+
+
+def add_rec_ratios(out: dict) -> None:
+    """Per mode fed by the iterator: its images/s (wall clock, mean over the timed steps) against the synthetic
+    run's, and the stage that bounds it (rec_limit)."""
+    for k, r in out["runs_rec"].items():
+        syn = out["runs"].get(k, {})
+        if r.get("status") != "ok" or syn.get("status") != "ok":
+            continue
+        r["images_per_s_wall"] = out["batch"] * 1e3 / r["ms_wall_mean"]
+        r["synthetic_images_per_s_wall"] = out["batch"] * 1e3 / syn["ms_wall_mean"]
+        r["vs_synthetic"] = r["images_per_s_wall"] / r["synthetic_images_per_s_wall"]
+        r["limit"], r["copy_and_step_images_per_s"] = rec_limit(r["images_per_s_wall"], r["iterator_images_per_s"],
+                                                                r["copy_images_per_s"],
+                                                                r["synthetic_images_per_s_wall"])
+
+
+def _rate(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def print_rec_table(out: dict) -> None:
+    rec = out["rec"]
+    print(f"\nfed by mx.io.ImageRecordIter ({rec['path']}, {rec['images']} JPEGs, {rec['threads']} decoding "
+          f"threads, decoder {rec['decoder']}): " + "; ".join(
+              f"{dt} batches: iterator alone {_rate(v['iterator_images_per_s'])} images/s, host-to-device copy alone "
+              f"{_rate(v['copy_images_per_s'])} images/s" for dt, v in rec["dtypes"].items()))
+    print(f"{'mode':<48}{'batches':>8}{'real img/s':>12}{'synthetic':>11}{'ratio':>7}{'copy+step':>11}"
+          f"{'median real':>13}  limit")
+    for k, r in out["runs_rec"].items():
+        if "vs_synthetic" not in r:
+            print(f"{MODES[k].label:<48}  {r.get('status')}: {r.get('reason', 'no synthetic run to compare')[:120]}")
+            continue
+        print(f"{MODES[k].label:<48}{r['iterator_dtype']:>8}{_rate(r['images_per_s_wall']):>12}"
+              f"{_rate(r['synthetic_images_per_s_wall']):>11}{r['vs_synthetic']:>7.2f}"
+              f"{_rate(r['copy_and_step_images_per_s']):>11}{_rate(r['images_per_s']):>13}  {r['limit']}")
+    print("images/s from the wall clock over the timed steps (synthetic: the same mode's run above; median real: from "
+          "the median step); copy+step: the rate of the copy alone and the synthetic step in series; limit: "
+          "bench_models.rec_limit")
 
 
 # ---- driver ---------------------------------------------------------------------------------------------------------
@@ -396,6 +551,46 @@ def default_modes(model: str, device: str) -> list[str]:
     return list(DEFAULT_MODES.get(model, MODES))
 
 
+def run_rec(out, modes, ctx, torch, d2l, spec, data, args) -> None:
+    """--data rec: per batch dtype the modes use, the iterator and the copy alone; then each dnnbind mode fed by the
+    iterator (out["runs_rec"])."""
+    from dnnbind import imagecodec
+    path, n = make_rec_file(args)
+    clock = clock_for("dnnbind", ctx, torch)
+    out["data"] = "rec"
+    out["rec"] = {"path": path, "images": n, "threads": args.rec_threads, "decoder": imagecodec.backend(),
+                  "rec_dtype": args.rec_dtype, "dtypes": {}}
+    out["runs_rec"] = {}
+    iters = {}
+    try:
+        for k in modes:
+            if MODES[k].framework != "dnnbind":
+                continue
+            # NOTE: --rec-dtype model: fp16 modes take float16 batches (MXNet's train_imagenet --dtype float16 sets
+            # the iterator's dtype): half the bytes to copy; the step's cast then only copies on the device
+            dtype = "float16" if args.rec_dtype == "model" and MODES[k].math == "fp16" else "float32"
+            if dtype not in iters:
+                it = iters[dtype] = make_rec_iter(path, spec, args, dtype)
+                rates = out["rec"]["dtypes"][dtype] = {
+                    "iterator_images_per_s": iterator_rate(it, max(args.steps, 4)),
+                    "copy_images_per_s": copy_rate(it, ctx, clock, max(args.steps, 4))}
+                print(f"{dtype} batches: iterator alone {_rate(rates['iterator_images_per_s'])} images/s; "
+                      f"host-to-device copy alone {_rate(rates['copy_images_per_s'])} images/s", flush=True)
+            print(f"{MODES[k].label}, fed by the iterator ({dtype}) ...", end=" ", flush=True)
+            r = run_mode(k, ctx, torch, d2l, spec, None, data, args, RecFeed(iters[dtype], ctx, spec.classes))
+            out["runs_rec"][k] = r = {**r, "iterator_dtype": dtype, **out["rec"]["dtypes"][dtype]}
+            print(f"{r['ms_wall_mean']:.2f} ms/step (wall), loss first {r['first_loss']:.6g} last "
+                  f"{r['final_loss']:.4g}" if r["status"] == "ok" else f"{r['status']}: {r.get('reason', '')}",
+                  flush=True)
+            if r["status"] == "failed":
+                print(r["traceback"], flush=True)
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+    finally:
+        for it in iters.values():
+            it.close()
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=sorted(MODELS), default="resnet18")
@@ -422,6 +617,17 @@ def parse_args(argv=None):
     p.add_argument("--json", default=None, help="default: runs/bench_<model>.json")
     p.add_argument("--profile", type=int, default=0, metavar="K",
                    help="after timing, profile 10 steps per mode (torch.profiler) and print its K largest kernels")
+    p.add_argument("--data", choices=("synthetic", "rec"), default="synthetic",
+                   help="rec: also run each dnnbind mode fed by mx.io.ImageRecordIter over generated JPEGs, and "
+                        "time the iterator and the host-to-device copy alone")
+    p.add_argument("--rec-dir", default=REC_DIR, help="--data rec: where the .rec is written once and reused")
+    p.add_argument("--rec-images", type=int, default=REC_IMAGES,
+                   help="--data rec: at most this many JPEGs (batch * (warm-up + steps) when fewer)")
+    p.add_argument("--rec-dtype", choices=("float32", "model"), default="float32",
+                   help="--data rec: the iterator's dtype; model: float16 for the fp16 modes (MXNet's train_imagenet "
+                        "--dtype float16 does so), float32 for the others")
+    p.add_argument("--rec-threads", type=int, default=os.cpu_count(),
+                   help="--data rec: the iterator's preprocess_threads (default: the host's cores)")
     return p.parse_args(argv)
 
 
@@ -483,6 +689,8 @@ def main(argv=None) -> dict:
             print(r["traceback"], flush=True)
         with open(args.json, "w") as f:  # after every mode: a run cut short still leaves its numbers
             json.dump(out, f, indent=1)
+    if args.data == "rec":
+        run_rec(out, modes, ctx, torch, d2l, spec, data, args)
     mx.set_math_mode("fp32")
     add_ratios(out["runs"])
     gpu = (env["gpu"].get("devices") or [{}])[0].get("name", "cpu") if ctx.is_gpu else "cpu"
@@ -492,6 +700,9 @@ def main(argv=None) -> dict:
                              f"after {args.warmup}; {gpu}")
     print_floor(out["floor"], args.batch)
     print_kernels(out["runs"])
+    if args.data == "rec":
+        add_rec_ratios(out)
+        print_rec_table(out)
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
     print(f"\nwrote {args.json}")

@@ -240,3 +240,70 @@ def test_gpu_resnet50_modes_run(tmp_path):
         assert result["parameters_torch"] == TORCHVISION_RESNET50_PARAMS
         check = result["weights_check"]
         assert abs(check["loss_dnnbind"] - check["loss_torch"]) < 1e-4 * abs(check["loss_torch"]), check
+
+
+def test_cpu_smoke_fed_by_the_image_record_iter(tmp_path):
+    """--data rec: the .rec is written under --rec-dir with batch * (warm-up + steps) JPEGs, the iterator and the copy
+    are timed alone, and each dnnbind mode that runs here also runs fed by the iterator (the GPU-only ones reported
+    as skipped for both), from other pixels than the synthetic pool's; a synthetic run writes none of it."""
+    path, rec_dir = tmp_path / "bench.json", tmp_path / "rec"
+    out = _bench("--model", "resnet18", "--device", "cpu", "--batch", "2", "--warmup", "1", "--steps", "2",
+                 "--modes", "dnnbind-fp32", "dnnbind-amp-nhwc-captured", "--data", "rec", "--rec-dir", str(rec_dir),
+                 "--rec-threads", "2", "--json", str(path), timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads(path.read_text())
+    assert result["data"] == "rec" and result["rec"]["images"] == 2 * (1 + 2)
+    assert os.path.exists(rec_dir / "synthetic_6.rec") and os.path.exists(rec_dir / "synthetic_6.idx")
+    rates = result["rec"]["dtypes"]["float32"]
+    assert rates["iterator_images_per_s"] > 0 and rates["copy_images_per_s"] > 0
+    real, synthetic = result["runs_rec"]["dnnbind-fp32"], result["runs"]["dnnbind-fp32"]
+    assert real["status"] == "ok" and synthetic["status"] == "ok", real
+    assert real["first_loss"] != synthetic["first_loss"]  # the iterator's pixels, not the pool's
+    assert real["vs_synthetic"] == pytest.approx(real["images_per_s_wall"] / real["synthetic_images_per_s_wall"])
+    assert real["limit"] in ("iterator", "host-to-device copy", "step", "host contention")
+    assert real["iterator_dtype"] == "float32" and real["iterator_images_per_s"] == rates["iterator_images_per_s"]
+    assert result["runs_rec"]["dnnbind-amp-nhwc-captured"]["status"] == "skipped"
+    assert "fed by mx.io.ImageRecordIter" in out.stdout and "iterator alone" in out.stdout
+    out = _bench("--model", "resnet18", "--device", "cpu", "--batch", "2", "--warmup", "1", "--steps", "1",
+                 "--modes", "dnnbind-fp32", "--json", str(path), timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads(path.read_text())
+    assert not {"data", "rec", "runs_rec"} & set(result) and "fed by" not in out.stdout
+
+
+def test_rec_limit_names_the_slowest_stage():
+    """bench_models.rec_limit: the iterator when it is slower than copy and step in series; the copy when copy and
+    step in series fall under 90% of the step; the step when real data reaches 90% of it; else host contention."""
+    got = _python("""
+        import json, bench_models as b
+        print(json.dumps([b.rec_limit(*r) for r in [(900, 1000, 1e5, 3000), (2500, 5000, 1e4, 3000),
+                                                     (2900, 8000, 1e5, 3000), (2000, 8000, 1e5, 3000)]]))
+    """)
+    assert [g[0] for g in got] == ["iterator", "host-to-device copy", "step", "host contention"]
+    assert got[1][1] == pytest.approx(1 / (1 / 1e4 + 1 / 3000))
+
+
+@pytest.mark.gpu
+def test_gpu_resnet50_fed_by_the_image_record_iter(tmp_path):
+    """On the GPU, ResNet-50 at batch 16 fed by the iterator: the TF32 eager and the fp16 NHWC captured modes run
+    on the iterator's batches (copied, cast, transposed as the pool), from a first loss near ln(1000)."""
+    path = tmp_path / "bench.json"
+    modes = ["dnnbind-tf32", "dnnbind-amp-nhwc-captured"]
+    out = _bench("--model", "resnet50", "--batch", "16", "--warmup", "2", "--steps", "3", "--pool", "2",
+                 "--modes", *modes, "--data", "rec", "--rec-dir", str(tmp_path / "rec"), "--json", str(path),
+                 timeout=1500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads(path.read_text())
+    assert result["rec"]["images"] == 16 * 5 and result["rec"]["dtypes"]["float32"]["copy_images_per_s"] > 0
+    for key in modes:
+        r = result["runs_rec"][key]
+        assert r["status"] == "ok", (key, r.get("reason"), r.get("traceback"))
+        assert 4 < r["first_loss"] < 12 and r["vs_synthetic"] > 0 and r["limit"], (key, r)
+    # --rec-dtype model: the fp16 mode takes the iterator's float16 batches, the TF32 one float32
+    out = _bench("--model", "resnet50", "--batch", "16", "--warmup", "2", "--steps", "3", "--pool", "2",
+                 "--modes", *modes, "--data", "rec", "--rec-dtype", "model", "--rec-dir", str(tmp_path / "rec"),
+                 "--json", str(path), timeout=1500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    runs = json.loads(path.read_text())["runs_rec"]
+    assert [runs[k]["iterator_dtype"] for k in modes] == ["float32", "float16"]
+    assert all(runs[k]["status"] == "ok" and 4 < runs[k]["first_loss"] < 12 for k in modes), runs

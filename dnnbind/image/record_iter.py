@@ -49,7 +49,12 @@ Where it differs on purpose, or cannot match:
 
 Work runs in ``preprocess_threads`` threads: OpenCV and Pillow decode and resize without the GIL, and numpy's
 elementwise loops drop it too, so threads scale on the decode-heavy part without copying images between
-processes. Up to ``prefetch_buffer`` batches are in flight ahead of the consumer.
+processes. Up to ``prefetch_buffer`` batches are in flight ahead of the consumer. Threads scale only as far as
+the GIL-held part of an image allows (N threads: at most 1 / that many images/s), so the per-image Python is kept
+small (issue 26; about 50 us against ~1.7 ms of JPEG decoding, where it was ~400 us): one ``os.pread`` per record
+and no copy of its bytes; each image's generator set from a seed state hashed for the whole batch at once
+(_pcg64_seed_states) instead of built by numpy; mirror, BGR -> RGB, HWC -> CHW and mean/std as one table lookup
+per channel (cv2.LUT or numpy's take) straight into the batch; one pool task per run of a batch's images.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ import collections
 import math
 import os
 import struct
+import sys
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -86,7 +93,9 @@ _REC_PARAMS = dict(
     label_name="softmax_label")
 
 _DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8", "int8")
+_CV_LUT_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "uint8", "int8"))  # cv2.LUT's depths
 _PART = struct.Struct("<II")
+_SPAN_MAX = 1 << 22  # _read_record: bytes one pread may fetch for a record (larger spans: header, then body)
 # eigval * eigvec of ImageNet's RGB covariance, rows R, G, B (image_aug_default.cc)
 _PCA = np.array([[55.46 * -0.5675, 4.794 * 0.7192, 1.148 * 0.4009],
                  [55.46 * -0.5808, 4.794 * -0.0045, 1.148 * -0.8140],
@@ -169,6 +178,26 @@ def _part(offsets: list, size: int, part_index: int, num_parts: int) -> list:
     return [o for o in offsets if lo <= o < hi]
 
 
+def _record_ends(offsets: list, size: int) -> dict:
+    """Each record's end bound: the next record's offset (or the file's size), the bytes one pread should fetch."""
+    return {o: e for o, e in zip(offsets, offsets[1:] + [size])}
+
+
+def _read_record(fd: int, path: str, offset: int, end: int):
+    """The record at ``offset`` in one ``os.pread`` of [offset, end) (a memoryview, no copy of the payload), or
+    through ``_read_at`` when it is not one whole part there (split records) or the span is large (an index naming
+    a few of the file's records)."""
+    if end - offset > _SPAN_MAX:
+        return _read_at(fd, path, offset)
+    buf = os.pread(fd, end - offset, offset)
+    if len(buf) >= 8:
+        magic, lrec = _PART.unpack_from(buf)
+        cflag, length = lrec >> 29, lrec & ((1 << 29) - 1)
+        if magic == recordio.MAGIC and cflag == 0 and 8 + length <= len(buf):
+            return memoryview(buf)[8:8 + length]
+    return _read_at(fd, path, offset)
+
+
 def _read_at(fd: int, path: str, offset: int) -> bytes:
     """The record whose first part starts at ``offset`` (os.pread: thread-safe, no shared file position)."""
     parts = []
@@ -187,6 +216,52 @@ def _read_at(fd: int, path: str, offset: int) -> bytes:
         if cflag == 3:
             return recordio._MAGIC_BYTES.join(parts)
         offset += 8 + ((length + 3) & ~3)
+
+
+# -- per-image random generators -------------------------------------------------------------------------------------
+
+# numpy's SeedSequence constants (its hashmix / mix / generate_state) and PCG64's 128-bit multiplier
+_SS_INIT_A, _SS_MULT_A, _SS_INIT_B, _SS_MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_SS_MIX_L, _SS_MIX_R, _M32 = 0xCA01F9DD, 0x4973F715, 0xFFFFFFFF
+_PCG_MULT, _M128 = 0x2360ED051FC65DA44385DF649FCCF645, (1 << 128) - 1
+
+
+def _pcg64_seed_states(entropy) -> list:
+    """``np.random.PCG64(np.random.SeedSequence(row)).state["state"]`` as (state, inc) for each row of ``entropy``
+    (n, k <= 4) of uint32 words, the rows hashed at once: numpy builds each image's generator in ~40 us of GIL time,
+    this in ~3 (tests/test_image_record_iter_fast.py holds it to numpy's)."""
+    e = np.asarray(entropy, np.uint32)
+    n, k = e.shape
+    u32, hc = np.uint32, _SS_INIT_A
+
+    def hashmix(v):
+        nonlocal hc
+        v = v ^ u32(hc)
+        hc = hc * _SS_MULT_A & _M32  # the hash constant's sequence does not depend on the data
+        v = v * u32(hc)
+        return v ^ (v >> u32(16))
+
+    def mix(x, y):
+        r = u32(_SS_MIX_L) * x - u32(_SS_MIX_R) * y
+        return r ^ (r >> u32(16))
+
+    pool = [hashmix(e[:, i] if i < k else np.zeros(n, u32)) for i in range(4)]  # SeedSequence.mix_entropy
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    hc, words = _SS_INIT_B, []
+    for i in range(8):  # generate_state(4, np.uint64): 8 uint32 words, little-endian pairs
+        v = pool[i % 4] ^ u32(hc)
+        hc = hc * _SS_MULT_B & _M32
+        v = v * u32(hc)
+        words.append((v ^ (v >> u32(16))).astype(np.uint64))
+    val = [(words[2 * j] | (words[2 * j + 1] << np.uint64(32))).tolist() for j in range(4)]
+    out = []
+    for v0, v1, v2, v3 in zip(*val):  # pcg_setseq_128_srandom_r(state=(v0, v1), initseq=(v2, v3))
+        inc = ((((v2 << 64) | v3) << 1) | 1) & _M128
+        out.append((((inc + ((v0 << 64) | v1)) & _M128) * _PCG_MULT + inc & _M128, inc))
+    return out
 
 
 # -- the default augmenter of image_aug_default.cc, on OpenCV-layout (BGR) uint8 images ---------------------------
@@ -329,14 +404,19 @@ class ImageRecordIter(DataIter):
         self._init_labels(p)
         offsets, size = _record_offsets(p["path_imgrec"], p.get("path_imgidx", ""))
         self._offsets = _part(offsets, size, p["part_index"], p["num_parts"])
+        self._ends = _record_ends(offsets, size)
+        self._cv2 = _cv._cv2() or None  # cv2.LUT / flip / split for the last stage (_normalize), where installed
+        self._tables = {}  # _normalize's per-channel tables, by channel count, when no random contrast/illumination
         self._fd = os.open(p["path_imgrec"], os.O_RDONLY)
         self._pool = ThreadPoolExecutor(max_workers=p["preprocess_threads"], thread_name_prefix="imgrec")
+        self._local = threading.local()  # each worker's reusable random generator (_rng)
         self._np_dtype = np.dtype(p["dtype"])
         c, h, w = p["data_shape"]
         self.provide_data = [DataDesc(p["data_name"], (self.batch_size, c, h, w), self._np_dtype.type, "NCHW")]
         self.provide_label = [DataDesc(p["label_name"], self._label_shape(), np.float32, "NCHW")]
         self._epoch, self._pos, self._overflow, self._state = -1, 0, False, (0, False)
         self._pending = collections.deque()
+        self._handed = []  # (data, label) of the batches handed out, reused once nothing else holds them
         self._batch = None
         self.reset()
 
@@ -381,36 +461,85 @@ class ImageRecordIter(DataIter):
             raise DnnbindValueError(f"{self._WHAT}: Expected {c} channels, got {img.shape[2]}")
         return img
 
-    def _load(self, slot: int, pos: int, epoch: int, data: np.ndarray, label: np.ndarray) -> None:
-        p = self._p
-        header, payload = recordio.unpack(_read_at(self._fd, p["path_imgrec"], self._offsets[pos]))
-        label[slot] = self._label(header)
-        key = p["seed_aug"] if p["seed_aug"] is not None else p["seed"]
-        rng = np.random.default_rng([int(key) & 0xFFFFFFFF, epoch, pos])
-        res = _augment(self._decode(payload), p, rng)
-        data[slot] = self._normalize(res, rng)
+    def _rng(self, pos: int, epoch: int, seed_state=None):
+        """``np.random.default_rng([key, epoch, pos])``: its generator, or this thread's own set to ``seed_state``
+        (_pcg64_seed_states' (state, inc) of that entropy; a state set costs ~3 us of GIL time, a new one ~40)."""
+        if seed_state is None:
+            p = self._p
+            key = p["seed"] if p.get("seed_aug") is None else p["seed_aug"]  # ImageDetRecordIter has no seed_aug
+            return np.random.default_rng([int(key) & 0xFFFFFFFF, epoch, pos])
+        local = self._local
+        if not hasattr(local, "bitgen"):
+            local.bitgen = np.random.PCG64(0)
+            local.gen = np.random.Generator(local.bitgen)
+        local.bitgen.state = {"bit_generator": "PCG64", "state": {"state": seed_state[0], "inc": seed_state[1]},
+                              "has_uint32": 0, "uinteger": 0}
+        return local.gen
 
-    def _normalize(self, res: np.ndarray, rng) -> np.ndarray:
+    def _load(self, slot: int, pos: int, epoch: int, data: np.ndarray, label: np.ndarray, seed_state=None) -> None:
+        p = self._p
+        offset = self._offsets[pos]
+        header, payload = recordio.unpack(_read_record(self._fd, p["path_imgrec"], offset, self._ends[offset]))
+        label[slot] = self._label(header)
+        rng = self._rng(pos, epoch, seed_state)
+        res = _augment(self._decode(payload), p, rng)
+        self._normalize(res, rng, data[slot])
+
+    def _load_many(self, slots, positions: list, states: list, epoch: int, data: np.ndarray,
+                   label: np.ndarray) -> None:
+        """One pool task: a run of a batch's images (a future per image costs more GIL time than a small image)."""
+        for slot, pos, state in zip(slots, positions, states):
+            self._load(slot, pos, epoch, data, label, state)
+
+    def _table(self, n: int, rng) -> np.ndarray:
+        """(n, 256): what each uint8 value of each output channel (RGB order) becomes: ``(x - mean) * contrast /
+        std + illumination / std`` in float32, then cast to ``dtype`` (int8: ``x - round(mean)``, clipped; uint8:
+        x). The same float32 operations the pixels would go through, so a table lookup gives the same values."""
+        p, dt = self._p, self._np_dtype
+        fixed = dt in (np.uint8, np.int8) or (p["max_random_contrast"] == 0 and p["max_random_illumination"] == 0)
+        if fixed and n in self._tables:
+            return self._tables[n]
+        mean = np.array([p["mean_r"], p["mean_g"], p["mean_b"], p["mean_a"]], np.float32)[:n, None]
+        std = np.array([p["std_r"], p["std_g"], p["std_b"], p["std_a"]], np.float32)[:n, None]
+        if dt == np.uint8:
+            table = np.repeat(np.arange(256, dtype=np.uint8)[None], n, axis=0)
+        elif dt == np.int8:
+            table = np.clip(np.arange(256, dtype=np.int16) - np.round(mean).astype(np.int16), -128, 127)
+        else:
+            # MXNet's contrast and illumination draws (zero ranges: 1 * scale and 0)
+            contrast = (rng.random() * p["max_random_contrast"] * 2 - p["max_random_contrast"] + 1) * p["scale"]
+            illum = (rng.random() * p["max_random_illumination"] * 2 - p["max_random_illumination"]) * p["scale"]
+            table = (np.arange(256, dtype=np.float32) - mean) * (np.float32(contrast) / std) \
+                + np.float32(illum) / std
+        table = np.ascontiguousarray(table.astype(dt))
+        if fixed:
+            self._tables[n] = table
+        return table
+
+    def _normalize(self, res: np.ndarray, rng, out: np.ndarray) -> None:
+        """Mirror, BGR(A) -> RGB(A), HWC -> CHW and mean/std into ``out`` (the batch's slot), one table lookup per
+        channel (_table), with cv2.LUT where it takes ``dtype`` (all but float16 and int64), else numpy's take:
+        both drop the GIL, and nothing of the image's size is allocated but the channel planes."""
         p = self._p
         mirrored = (p["rand_mirror"] and rng.random() < 0.5) or p["mirror"]
+        n = res.shape[2]
+        table = self._table(n, rng)
+        src = (2, 1, 0, 3)[:n] if n >= 3 else (0,)  # OpenCV's BGR(A) -> RGB(A)
+        cv2 = self._cv2
+        if cv2 is not None and table.dtype in _CV_LUT_DTYPES:
+            if mirrored:
+                res = cv2.flip(res, 1)  # drops a 1-channel axis
+            planes = cv2.split(res) if n > 1 else [res.reshape(res.shape[:2])]
+            for c in range(n):
+                dst = out[c]
+                got = cv2.LUT(planes[src[c]], table[c], dst=dst)
+                if got is not dst:  # NOTE: cv2 writes into dst only when it fits; anything else comes back new
+                    dst[...] = got.reshape(dst.shape)
+            return
         if mirrored:
             res = res[:, ::-1]
-        chw = np.transpose(res, (2, 0, 1))
-        if chw.shape[0] >= 3:
-            chw = chw[[2, 1, 0, 3][:chw.shape[0]]]  # OpenCV's BGR(A) -> RGB(A)
-        dt = self._np_dtype
-        if dt == np.uint8:
-            return chw
-        mean = np.array([p["mean_r"], p["mean_g"], p["mean_b"], p["mean_a"]], np.float32)
-        std = np.array([p["std_r"], p["std_g"], p["std_b"], p["std_a"]], np.float32)
-        n = chw.shape[0]
-        if dt == np.int8:
-            return np.clip(chw.astype(np.int16) - np.round(mean[:n]).astype(np.int16)[:, None, None], -128, 127)
-        contrast = (rng.random() * p["max_random_contrast"] * 2 - p["max_random_contrast"] + 1) * p["scale"]
-        illum = (rng.random() * p["max_random_illumination"] * 2 - p["max_random_illumination"]) * p["scale"]
-        mult = (np.float32(contrast) / std[:n])[:, None, None]
-        bias = (np.float32(illum) / std[:n])[:, None, None]
-        return (chw.astype(np.float32) - mean[:n, None, None]) * mult + bias
+        for c in range(n):
+            np.take(table[c], res[:, :, src[c]], out=out[c])
 
     # -- batches --
     def _plan(self):
@@ -437,12 +566,32 @@ class ImageRecordIter(DataIter):
                 yield take, pad, (self._pos, False)
             return
 
-    def _submit(self, positions, pad, state):
+    def _buffers(self, used: int) -> tuple:
+        """(data, label) for a batch whose first ``used`` slots the workers fill: a pair handed out before that
+        nothing references any more (its batch was dropped), its other slots zeroed, or fresh zeros. Reused memory
+        is already mapped: fresh memory costs a page fault and the kernel's zeroing per 4 KiB, in every worker."""
+        for i, pair in enumerate(self._handed):
+            # NOTE: 2 = the pair's reference and getrefcount's own; a batch, NDArray or view someone keeps adds
+            # one, so what a consumer holds is never written again
+            if sys.getrefcount(pair[0]) == 2 and sys.getrefcount(pair[1]) == 2:
+                del self._handed[i]
+                data, label = pair
+                data[used:] = 0
+                label.reshape(self.batch_size, -1)[used:] = 0
+                return data, label
         c, h, w = self._p["data_shape"]
-        data = np.zeros((self.batch_size, c, h, w), self._np_dtype)
-        label = np.zeros(self._label_shape(), np.float32)
+        return np.zeros((self.batch_size, c, h, w), self._np_dtype), np.zeros(self._label_shape(), np.float32)
+
+    def _submit(self, positions, pad, state):
+        data, label = self._buffers(len(positions))
         lab2 = label.reshape(self.batch_size, -1)
-        futs = [self._pool.submit(self._load, i, pos, self._epoch, data, lab2) for i, pos in enumerate(positions)]
+        p = self._p
+        key = p["seed"] if p.get("seed_aug") is None else p["seed_aug"]
+        states = _pcg64_seed_states([[int(key) & 0xFFFFFFFF, self._epoch, pos] for pos in positions])
+        # one task per thread (or fewer, smaller ones when batches are small); each writes its own slots
+        k = -(-len(positions) // p["preprocess_threads"])
+        futs = [self._pool.submit(self._load_many, range(i, min(i + k, len(positions))), positions[i:i + k],
+                                  states[i:i + k], self._epoch, data, lab2) for i in range(0, len(positions), k)]
         self._pending.append((futs, data, label, pad, state))
 
     def _fill(self):
@@ -487,8 +636,12 @@ class ImageRecordIter(DataIter):
         for f in futs:
             f.result()  # re-raises a worker's error here
         self._fill()
-        # NOTE: each batch owns fresh buffers, so the NDArrays wrap them without a copy
+        # NOTE: each batch owns its buffers until the consumer drops it (_buffers), so the NDArrays wrap them
+        # without a copy
         self._batch = (NDArray._from_numpy(data), NDArray._from_numpy(label), pad)
+        self._handed.append((data, label))
+        if len(self._handed) > self._p["prefetch_buffer"] + 2:
+            del self._handed[0]  # a consumer that keeps batches: stop watching the oldest
         return True
 
     def next(self) -> DataBatch:
@@ -511,6 +664,7 @@ class ImageRecordIter(DataIter):
 
     def close(self):
         """Stop the workers and close the file (also done when the iterator is collected)."""
+        self._handed = []
         if getattr(self, "_pool", None) is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -791,7 +945,7 @@ class ImageDetRecordIter(ImageRecordIter):
     def _label_shape(self):
         return (self.batch_size, self._det_width + 4)
 
-    def _load(self, slot, pos, epoch, data, label):
+    def _load(self, slot, pos, epoch, data, label, seed_state=None):
         p = self._p
         header, payload = recordio.unpack(_read_at(self._fd, p["path_imgrec"], self._offsets[pos]))
         raw = np.ravel(np.asarray(header.label, np.float32))
@@ -803,7 +957,7 @@ class ImageDetRecordIter(ImageRecordIter):
         objs = raw[hw:].reshape(-1, ow)
         # MXNet keeps only boxes with x2 > x1 and y2 > y1 (ImageDetLabel::FromArray), even without augmentation
         objs = objs[(objs[:, 3] > objs[:, 1]) & (objs[:, 4] > objs[:, 2])]
-        rng = np.random.default_rng([int(p["seed"]) & 0xFFFFFFFF, epoch, pos])
+        rng = self._rng(pos, epoch, seed_state)
         img, objs = _det_augment(self._decode(payload), objs, p, rng)
         out_label = np.concatenate([raw[:hw], objs.ravel()])
         row = np.full(self._det_width + 4, p["label_pad_value"], np.float32)
