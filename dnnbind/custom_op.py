@@ -23,16 +23,20 @@ What one call does, as MXNet 1.9.1 does it (src/operator/custom/custom.cc, pytho
 The Python code of forward and backward runs with autograd paused (MXNet runs it on its custom-op thread, outside
 the recording), in the training mode of the call, ``with ctx:`` the inputs' device.
 
-Differences from MXNet: an exception raised inside forward/backward/infer_shape propagates as itself (MXNet prints
-the traceback and raises MXNetError "Error in CustomOp.forward"); storage types other than dense do not exist here,
-so infer_storage_type is never consulted.
+An exception raised inside ``forward`` or ``backward`` becomes a ``CustomOpError`` (an ``MXNetError`` under the
+alias, as MXNet raises) whose text starts with MXNet's "Error in CustomOp.forward:" and carries the callback's
+traceback; the original is its ``__cause__``. MXNet raises it at the next read of an output (its engine runs the
+callback later); dnnbind runs ops eagerly, so it is raised by the call itself. Differences from MXNet: an exception
+inside infer_shape or infer_type propagates as itself; storage types other than dense do not exist here, so
+infer_storage_type is never consulted.
 """
 
 from __future__ import annotations
 
-from ._lib.errors import DnnbindTypeError, DnnbindValueError
+from ._lib.errors import DnnbindError, DnnbindTypeError, DnnbindValueError
 
 import threading
+import traceback
 from typing import Any, Callable
 
 import numpy as np
@@ -42,6 +46,20 @@ __all__ = ["CustomOp", "CustomOpProp", "register", "get_all_registered_operators
 # MXNet's type flags (mshadow), what create_operator receives as in_dtypes
 _TYPE_FLAGS = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2, np.dtype(np.uint8): 3,
                np.dtype(np.int32): 4, np.dtype(np.int8): 5, np.dtype(np.int64): 6, np.dtype(np.bool_): 7}
+
+
+class CustomOpError(DnnbindError):
+    """An exception raised by a custom operator's ``forward`` or ``backward`` (MXNet's MXNetError "Error in
+    CustomOp.forward: <traceback>"); the original exception is ``__cause__``."""
+
+
+def _callback(what: str, op_type, fn, **kwargs) -> None:
+    """Run ``op.forward``/``op.backward``, turning an exception into MXNet's error."""
+    try:
+        fn(**kwargs)
+    except Exception as exc:
+        raise CustomOpError(f"Error in CustomOp.{what}: {traceback.format_exc()}(custom operator op_type="
+                            f"{op_type!r})") from exc
 
 
 class CustomOp:
@@ -223,7 +241,8 @@ def invoke(inputs, op_type=None, kwargs: dict | None = None) -> Any:
     outs = [empty(s, t, device) for s, t in zip(out_shapes, out_types)]
     is_train = int(autograd.is_training())
     with autograd.pause(train_mode=bool(is_train)), _on(device):
-        op.forward(is_train=is_train, req=["write"] * n_out, in_data=list(args), out_data=outs, aux=list(auxs))
+        _callback("forward", op_type, op.forward, is_train=is_train, req=["write"] * n_out, in_data=list(args),
+                  out_data=outs, aux=list(auxs))
 
     need = [autograd.needs_grad(x) for x in args]
     if autograd.is_recording() and any(need):
@@ -279,8 +298,8 @@ def _record(op: CustomOp, sp: _Spec, args: list, auxs: list, outs: list, need: l
         in_grad = [zeros(s, t, d) for s, t, d in in_specs]
         req = ["write" if n else "null" for n in need]
         with autograd.pause(train_mode=bool(is_train)), _on(in_specs[0][2] if in_specs else None):
-            op.backward(req=req, out_grad=out_grad, in_data=list(kept_in), out_data=list(kept_out), in_grad=in_grad,
-                        aux=list(auxs))
+            _callback("backward", sp.op_type, op.backward, req=req, out_grad=out_grad, in_data=list(kept_in),
+                      out_data=list(kept_out), in_grad=in_grad, aux=list(auxs))
         grads = [g if n else None for g, n in zip(in_grad, need)]
         return tuple(grads) + (None,) * (n_inputs - len(grads))
 

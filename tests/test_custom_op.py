@@ -196,6 +196,49 @@ def test_errors():
         nd.Custom(x, op_type="test_bad_shape")
 
 
+class _Raises(custom_op.CustomOp):
+    def __init__(self, where):
+        super().__init__()
+        self.where = where
+
+    def forward(self, is_train, req, in_data, out_data, aux):
+        if self.where == "forward":
+            raise ValueError("boom in forward")
+        self.assign(out_data[0], req[0], in_data[0] * 2)
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        raise KeyError("boom in backward")
+
+
+class _RaisesProp(custom_op.CustomOpProp):
+    def __init__(self, where="forward"):
+        super().__init__(need_top_grad=True)
+        self.where = where
+
+    def create_operator(self, ctx, shapes, dtypes):
+        return _Raises(self.where)
+
+
+custom_op.register("test_raises")(_RaisesProp)
+
+
+def test_an_exception_in_forward_or_backward_is_mxnets_error():
+    """As MXNet 1.9.1: "Error in CustomOp.forward: <the callback's traceback>", an MXNetError; here at the call
+    (eager), the original exception chained."""
+    x = nd.array([1.0, -2.0, 3.0])
+    with pytest.raises(custom_op.CustomOpError, match="Error in CustomOp.forward: Traceback") as info:
+        nd.Custom(x, op_type="test_raises", where="forward")
+    assert isinstance(info.value, DnnbindError) and isinstance(info.value.__cause__, ValueError)
+    assert "boom in forward" in str(info.value) and "test_raises" in str(info.value)
+    x.attach_grad()
+    with autograd.record():
+        y = nd.Custom(x, op_type="test_raises", where="backward")
+    np.testing.assert_array_equal(y.numpy(), [2.0, -4.0, 6.0])
+    with pytest.raises(custom_op.CustomOpError, match="Error in CustomOp.backward: Traceback") as info:
+        y.backward()
+    assert isinstance(info.value.__cause__, KeyError) and "boom in backward" in str(info.value)
+
+
 def test_out_and_assign_req():
     x = nd.array([1.0, 2.0])
     out = nd.zeros((2,))
