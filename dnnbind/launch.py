@@ -9,6 +9,8 @@ Each worker runs `python script.py args...` with RANK = node_rank * nproc_per_no
 WORLD_SIZE = nnodes * nproc_per_node, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and GROUP_RANK,
 as torchrun sets it), and DNNBIND_RDZV_SECRET, the job's secret for the rendezvous (made here for one node;
 taken from the environment, the same on every node, for several). The worker picks its GPU from LOCAL_RANK; CUDA_VISIBLE_DEVICES is left alone.
+With more than one worker per node and no OMP_NUM_THREADS set, each worker gets OMP_NUM_THREADS=1, as torchrun does
+(N workers each starting one OpenMP thread per core for numpy/OpenCV oversubscribe the host); the launcher says so.
 
 When a worker exits non-zero or dies by a signal, the others get SIGTERM, then SIGKILL after --grace-period
 seconds, and the launcher exits non-zero naming the failed rank. Ctrl-C (SIGINT) or SIGTERM to the launcher
@@ -74,6 +76,8 @@ def worker_env(args: argparse.Namespace, local_rank: int, base: dict[str, str] |
     env.update(RANK=str(args.node_rank * n + local_rank), WORLD_SIZE=str(args.nnodes * n),
                LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(n), GROUP_RANK=str(args.node_rank),
                MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port), PYTHONUNBUFFERED="1")
+    if n > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = "1"  # as torchrun; main() tells the user once
     secret = getattr(args, "secret", "")
     if secret:
         env[SECRET_ENV] = secret
@@ -124,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum, _frame):
         raise _Stop(signum)
 
+    if n > 1 and "OMP_NUM_THREADS" not in os.environ:
+        print(f"dnnbind.launch: setting OMP_NUM_THREADS=1 for each of the {n} workers of this node (as torchrun does) "
+              "so they do not oversubscribe its cores; set it yourself to tune it", file=sys.stderr, flush=True)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []

@@ -79,6 +79,33 @@ def test_environment_is_torchrun_compatible(tmp_path):
         assert e["DNNBIND_RDZV_SECRET"] == "5e" * 32
 
 
+OMP = """
+import os
+os.write(1, (os.environ.get("OMP_NUM_THREADS", "unset") + "\\n").encode())
+"""
+
+
+def test_omp_threads_default_to_one_with_several_workers_as_torchrun(tmp_path):
+    """N workers, no OMP_NUM_THREADS: each gets 1 and the launcher says so; one worker, or a value the user set:
+    left alone."""
+    script = tmp_path / "omp.py"
+    script.write_text(OMP)
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "DNNBIND_RDZV_SECRET")}
+
+    def run(*args, **extra):
+        return subprocess.run([sys.executable, "-m", "dnnbind.launch", *map(str, args), str(script)],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT,
+                              env={**base, "PYTHONPATH": str(ROOT), **extra})
+
+    two = run("--nproc-per-node", 2)
+    assert two.returncode == 0, two.stderr
+    assert two.stdout.split() == ["1", "1"] and "OMP_NUM_THREADS=1" in two.stderr
+    one = run()
+    assert one.stdout.split() == ["unset"] and "OMP_NUM_THREADS" not in one.stderr
+    mine = run("--nproc-per-node", 2, OMP_NUM_THREADS="4")
+    assert mine.stdout.split() == ["4", "4"] and "OMP_NUM_THREADS" not in mine.stderr
+
+
 def test_defaults_and_tee_prefix(tmp_path):
     script = tmp_path / "env.py"
     script.write_text(PRINT_ENV)
