@@ -80,7 +80,7 @@ class _StaticStep:
         stream.synchronize()
         gc.collect()  # free warm-up temporaries now, not inside the recording
         # The shared conv workspaces are used by pointer; one that grows later must outlive the recording.
-        self._workspaces = list(_common._workspaces.values())
+        self._workspaces = _common.stream_workspaces()
         with optimize_for(self._objective):
             self._record(stream)
         for a, s in zip(self.preserve, snapshot):  # undo the warm-up steps' updates

@@ -17,7 +17,7 @@ import re
 from ._lib import cublas, cudart, cudnn, hooks
 from ._lib.cfunc import Library, intercept
 from ._lib.hooks import RECORDING, TRACING
-from .kernels.launch import _drv_call
+from .kernels.driver import driver_call
 from .runtime.memory import D2D, Hold
 from .trace import session as _traced
 
@@ -125,7 +125,7 @@ class CallRecording:
     def launch(self, name, fn, args, holders, device: int = 0) -> None:
         self._keep.append(holders)
         self._note_context()
-        self._calls.append((functools.partial(_drv_call, "cuLaunchKernel"), args, None))
+        self._calls.append((functools.partial(driver_call, "cuLaunchKernel"), args, None))
         self.calls.append(name)
         self._libs.append(("kernel", name, device))  # a traced replay records it as the kernel it is
         self._paths.append(self._path())

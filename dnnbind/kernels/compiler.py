@@ -34,7 +34,7 @@ from dnnbind._lib.errors import NvrtcError
 
 from .launch import (
     Kernel,
-    _drv_call,
+    driver_call,
     compute_capability,
     current_device_or_none,
 )
@@ -331,11 +331,11 @@ class Module:
                 cudart.call("cudaFree", 0)
                 # NOTE: modules are never unloaded: kernels live as long as the process, and unloading at
                 # interpreter exit races the context's own teardown.
-                cumodule = self._loaded[device] = _drv_call(
+                cumodule = self._loaded[device] = driver_call(
                     "cuModuleLoadData", self.code, context=f"loading {self.kind} for {self.arch} on device {device}")
         hint = "" if name in self.lowered_names else (
             "; declare the kernel extern \"C\" or pass its name in name_expressions")
-        return _drv_call("cuModuleGetFunction", cumodule, lowered.encode(),
+        return driver_call("cuModuleGetFunction", cumodule, lowered.encode(),
                          context=f"kernel '{name}' (symbol {lowered}) on device {device}{hint}")
 
 

@@ -1,6 +1,6 @@
 """Layer kernels: the CUDA driver API (cuda.bindings.driver), imported on first use, and its errors.
 
-Imports dnnbind._lib.errors only. ``_drv_call`` turns a non-success CUresult into CudaDriverError with the
+Imports dnnbind._lib.errors only. ``driver_call`` turns a non-success CUresult into CudaDriverError with the
 driver's name for the code and, for the codes a kernel user meets, what to do about it.
 """
 
@@ -50,7 +50,7 @@ def _driver_error_text(status: int) -> str:
     return f"{text} ({hint})" if hint else text
 
 
-def _drv_call(function: str, *args: Any, context: str = "") -> Any:
+def driver_call(function: str, *args: Any, context: str = "") -> Any:
     """Call cuda.bindings.driver.<function>, raising CudaDriverError; returns the value(s) after status."""
     result = getattr(_driver(), function)(*args)
     status = int(result[0])

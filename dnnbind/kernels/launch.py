@@ -45,7 +45,7 @@ from .driver import (
     CUDA_SUCCESS,
     _driver,
     _driver_error_text,
-    _drv_call,
+    driver_call,
 )
 
 __all__ = [
@@ -184,7 +184,7 @@ class Kernel:
             if fn is None:
                 handle = self.module._get_function(self.lowered_name, device, self.name)
                 attr = _driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
-                max_threads = int(_drv_call("cuFuncGetAttribute", attr, handle))
+                max_threads = int(driver_call("cuFuncGetAttribute", attr, handle))
                 fn = self._functions[device] = _Function(handle, max_threads, _param_sizes(handle))
             return fn
 
@@ -274,6 +274,6 @@ class Kernel:
 
     def _opt_in_shared_mem(self, fn: _Function, shared_mem: int, grid: Dim3, block: Dim3) -> None:
         attr = _driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        _drv_call("cuFuncSetAttribute", fn.handle, attr, int(shared_mem),
+        driver_call("cuFuncSetAttribute", fn.handle, attr, int(shared_mem),
                   context=f"kernel '{self.name}', grid {grid}, block {block}, shared_mem {shared_mem}")
         fn.smem_optin = shared_mem

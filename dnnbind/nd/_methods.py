@@ -137,10 +137,10 @@ def install(ns: dict) -> None:
     NDArray.flatten = lambda self: _shape.flatten(self)
     NDArray.T = property(lambda self: invoke(REGISTRY["transpose"], (self,), _NO_PARAMS))
     NDArray.astype = _astype
-    from ..runtime.array import _cast_into
+    from ..runtime.array import register_cast_into
     from . import _lower
-    _cast_into[:] = [lambda src, out: _lower.copy_strided(src, _lower.contiguous_strides(src.shape), 0, src.shape,
-                                                          out=out)]
+    register_cast_into(lambda src, out: _lower.copy_strided(src, _lower.contiguous_strides(src.shape), 0, src.shape,
+                                                            out=out))
     NDArray.as_in_ctx = NDArray.as_in_context
     NDArray.wait_to_read = _wait_to_read
     NDArray.wait_to_write = _wait_to_read

@@ -70,6 +70,11 @@ def workspace(device, nbytes: int, stream=None) -> tuple[int, int]:
     return buf.ptr, buf.nbytes
 
 
+def stream_workspaces() -> list:
+    """Every stream's shared workspace buffer now (a recording that calls with their pointers keeps them alive)."""
+    return list(_workspaces.values())
+
+
 SHARED_WORKSPACE_MAX = 32 << 20  # larger scratch is borrowed from the pool for the one call (see scratch)
 
 

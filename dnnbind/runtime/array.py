@@ -315,6 +315,12 @@ def _order_for_consumer(device: Device, consumer_stream: int) -> None:
 _cast_into: list = []  # nd's converting device copy, fn(src, out): copy_ between dtypes in one pass
 
 
+def register_cast_into(fn) -> None:
+    """nd's converting device copy ``fn(src, out)`` (one kernel between dtypes), which copy_ uses when the dtypes
+    differ; the runtime cannot import nd (a layer above), so nd registers it."""
+    _cast_into[:] = [fn]
+
+
 def contiguous_strides(shape: tuple) -> tuple:
     """Element strides of a C-contiguous array of ``shape``."""
     strides, acc = [], 1
