@@ -64,7 +64,7 @@ def _name(call: ast.Call) -> str | None:
 
 
 def _partial_target(call: ast.Call) -> str | None:
-    """``functools.partial(cudart.call, "name")`` / ``partial(_drv_call, "cuLaunchKernel")``: the function bound."""
+    """``functools.partial(cudart.call, "name")`` / ``partial(driver_call, "cuLaunchKernel")``: the function bound."""
     f = call.func
     is_partial = (isinstance(f, ast.Attribute) and f.attr == "partial") or (isinstance(f, ast.Name) and f.id == "partial")
     if is_partial and len(call.args) >= 2 and isinstance(call.args[1], ast.Constant):
