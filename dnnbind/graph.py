@@ -36,7 +36,7 @@ import numpy as np
 
 from . import autograd
 from ._lib import cudart
-from .ops import _common
+from .ops import stream_workspaces
 from .ops.algos import optimize_for
 from .recording import CAPTURE_MODE_THREAD_LOCAL, CallRecording, CaptureError
 from .runtime.array import NDArray, empty
@@ -80,7 +80,7 @@ class _StaticStep:
         stream.synchronize()
         gc.collect()  # free warm-up temporaries now, not inside the recording
         # The shared conv workspaces are used by pointer; one that grows later must outlive the recording.
-        self._workspaces = _common.stream_workspaces()
+        self._workspaces = stream_workspaces()
         with optimize_for(self._objective):
             self._record(stream)
         for a, s in zip(self.preserve, snapshot):  # undo the warm-up steps' updates

@@ -19,6 +19,7 @@ from .dropout import dropout_backward, dropout_forward
 from .loss import nll_loss, nll_loss_backward, softmax_cross_entropy, softmax_cross_entropy_backward
 from .pointwise import activation_backward, activation_forward, add_tensor, softmax_backward, softmax_forward
 from .pooling import pooling_backward, pooling_forward
+from ._common import stream_workspaces  # noqa: F401  (for graph.RecordedStep; not an op, so not in __all__)
 
 __all__ = ["reference", "set_conv_algo_policy", "set_batchnorm_mode", "batchnorm_add_relu_backward",
            "batchnorm_add_relu_forward_training", "batchnorm_nhwc_backward", "batchnorm_nhwc_forward_training",
