@@ -125,8 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     n, first = args.nproc_per_node, args.node_rank * args.nproc_per_node
 
+    # NOTE: the handler only notes the signal; the watch loop raises _Stop between its calls. Raising from the handler
+    # itself could interrupt subprocess's poll() after it took its waitpid lock and before its try block released
+    # it, and the stop's wait() then blocked on that lock forever (seen once under load in CI).
+    received: list[int] = []
+
     def on_signal(signum, _frame):
-        raise _Stop(signum)
+        received.append(signum)
+
+    def check_stop() -> None:
+        if received:
+            raise _Stop(received[0])
 
     if n > 1 and "OMP_NUM_THREADS" not in os.environ:
         print(f"dnnbind.launch: setting OMP_NUM_THREADS=1 for each of the {n} workers of this node (as torchrun does) "
@@ -141,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 p = subprocess.Popen([sys.executable, args.script, *args.script_args], env=worker_env(args, lr),
                                      stdout=pipe, stderr=pipe, start_new_session=True)
                 procs.append(p)
+                check_stop()
                 if args.tee:
                     prefix = f"[rank {first + lr}] ".encode()
                     for stream, out in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
@@ -149,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                         pumps.append(t)
             # Watch: the first worker to fail stops the rest.
             while True:
+                check_stop()
                 failed = [(lr, p.returncode) for lr, p in enumerate(procs) if p.poll() not in (None, 0)]
                 if failed:
                     lr, code = failed[0]
