@@ -658,9 +658,6 @@ def _lib_backward(name: str, low, c, saved, args, gpu: bool, outputs: tuple | No
     def backward(dy):
         if gpu:
             grads = Grads(needs, tuple(autograd.grad_buffer(k) for k in keys), autograd.frees_graph(), c.device)
-        else:
-            grads = Grads(needs, (None,) * len(needs), autograd.frees_graph())
-        if gpu:
             # dy is handed over, no reference kept in this frame: a lowering done with it early (a fused conv's
             # ReLU part) frees it before allocating the rest, as autograd's loop does (autograd._run)
             box, dy = [dy], None
@@ -668,6 +665,7 @@ def _lib_backward(name: str, low, c, saved, args, gpu: bool, outputs: tuple | No
                 with _scope(name):
                     return low.backward(c, saved, grads, box.pop())
             return low.backward(c, saved, grads, box.pop())
+        grads = Grads(needs, (None,) * len(needs), autograd.frees_graph())
         dxs = low.backward(c, saved, grads, tuple(g._data for g in dy) if isinstance(dy, tuple) else dy._data)
         return tuple(_host_array(g) for g in dxs)
     return backward

@@ -73,14 +73,11 @@ def set_conv_algo_policy(mode: str = "time", deterministic: bool = False, backen
         raise DnnbindValueError(f"set_conv_algo_policy: workspace_limit_mb must be an int >= 0, got {workspace_limit_mb!r}")
     backend = _policy["backend"] if backend is None else bool(backend)
     limit = _policy["workspace_limit"] if workspace_limit_mb is None else workspace_limit_mb << 20
-    if (mode, deterministic, backend, limit) != (_policy["mode"], _policy["deterministic"], _policy["backend"],
-                                                 _policy["workspace_limit"]):
-        with _chosen_lock:
-            for table in _chosen.values():
-                table.clear()
+    changed = (mode, deterministic, backend, limit) != (_policy["mode"], _policy["deterministic"], _policy["backend"],
+                                                        _policy["workspace_limit"])
     _policy.update(mode=mode, deterministic=bool(deterministic), backend=backend, workspace_limit=limit)
-    for forget in _on_policy_change:  # callers' caches of choices made under the old policy (ops.conv's plans)
-        forget()
+    if changed:  # choices made under the old policy, and callers' caches of them (ops.conv's plans), are dropped
+        forget_choices()
 
 
 _on_policy_change: list = []

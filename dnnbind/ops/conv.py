@@ -23,15 +23,14 @@ import threading
 import numpy as np
 
 from .._lib import cudnn, hooks
-from .._lib.errors import CudnnError, DnnbindTypeError, DnnbindValueError
+from .._lib.errors import CudnnError, DnnbindValueError
 from .._lib.hooks import TRACING
 from ..runtime import config
-from ..runtime.array import NDArray
 from ..runtime.exec_context import exec_context
 from . import _check, algos, conv_backend, reference
 from . import _wgrad_kernels as KW
 from . import descriptors as D
-from ._common import borrow_workspace, cache_insert, dnn, float_dtype, out_like, with_context
+from ._common import borrow_workspace, cache_insert, dnn, float_dtype, out_like, out_or_new, with_context
 from ._dispatch import op
 from .blas import ones_vector, row_sums_into, sum_rows_into
 from .reference.conv import conv3d_bias_params, conv3d_grad_params, conv3d_params
@@ -397,14 +396,8 @@ def conv_backward_bias(dy, layout="NCHW"):
 
 
 def _target(out, shape, dtype, device, opname):
-    if out is None:
-        return out_like(shape, dtype, device)
-    if not isinstance(out, NDArray):
-        raise DnnbindTypeError(f"{opname}: out must be a dnnbind NDArray (written in place), got {type(out).__name__}")
-    if out._shape != tuple(shape) or out._dtype != dtype or out._device is not device:
-        raise DnnbindValueError(f"{opname}: out has shape {out._shape}, {out._dtype} on {out._device}; expected "
-                         f"{tuple(shape)}, {dtype} on {device}")
-    return out
+    """``out`` checked as the result's buffer (ops._common.out_or_new), else a new array."""
+    return out_or_new(opname, "out", out, tuple(shape), dtype, device)
 
 
 def conv_backward_bias_gemv(dy, out=None, layout="NCHW"):
