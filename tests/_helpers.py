@@ -6,6 +6,7 @@ their results straight in.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import numpy as np
@@ -132,3 +133,24 @@ def ctypes_arg_kind(t) -> str:
         return kinds[t]
     assert t._type_ in "LQ" and ctypes.sizeof(t) == 8, t
     return "u64"
+
+
+@contextlib.contextmanager
+def gluoncv_through_alias():
+    """``with gluoncv_through_alias() as (mx, model_zoo):`` the mxnet alias installed and GluonCV's model_zoo imported
+    through it (torch hidden while it loads: gluoncv_values.import_model_zoo). Skips the test without GluonCV. The
+    alias is uninstalled after: it made cpu(0) the process default, as MXNet does, and later tests expect dnnbind's."""
+    import pytest
+
+    import dnnbind
+    import gluoncv_values
+    from dnnbind.mxnet import uninstall_mxnet_alias
+    mx = dnnbind.install_mxnet_alias()
+    try:
+        try:
+            model_zoo = gluoncv_values.import_model_zoo()
+        except ImportError as exc:
+            pytest.skip(f"gluoncv is not installed ({exc})")
+        yield mx, model_zoo
+    finally:
+        uninstall_mxnet_alias()

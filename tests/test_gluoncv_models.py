@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import gluoncv_values
-from _helpers import assert_close
+from _helpers import assert_close, gluoncv_through_alias
 
 HERE = pathlib.Path(__file__).resolve().parent / "fixtures" / "mxnet_gluoncv"
 NAMES = sorted(p.stem for p in HERE.glob("*.npz"))
@@ -25,16 +25,8 @@ TOL = {"default": (2e-3, 2e-4)}
 
 @pytest.fixture(scope="module")
 def gcv():
-    import dnnbind
-    from dnnbind.mxnet import uninstall_mxnet_alias
-    mx = dnnbind.install_mxnet_alias()
-    try:
-        model_zoo = gluoncv_values.import_model_zoo()
-    except ImportError as exc:
-        uninstall_mxnet_alias()
-        pytest.skip(f"gluoncv is not installed ({exc})")
-    yield mx, model_zoo
-    uninstall_mxnet_alias()  # the alias made cpu(0) the process default (as MXNet): later tests expect dnnbind's
+    with gluoncv_through_alias() as (mx, model_zoo):
+        yield mx, model_zoo
 
 
 def _outputs(out) -> list:

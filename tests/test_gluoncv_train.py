@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import gluoncv_values
-from _helpers import assert_close
+from _helpers import assert_close, gluoncv_through_alias
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 HERE = FIXTURES / "mxnet_gluoncv_train"
@@ -48,16 +48,8 @@ def _load_steps():
 
 @pytest.fixture(scope="module")
 def gcv():
-    import dnnbind
-    from dnnbind.mxnet import uninstall_mxnet_alias
-    mx = dnnbind.install_mxnet_alias()
-    try:
-        model_zoo = gluoncv_values.import_model_zoo()
-    except ImportError as exc:
-        uninstall_mxnet_alias()
-        pytest.skip(f"gluoncv is not installed ({exc})")
-    yield mx, model_zoo, _load_steps()
-    uninstall_mxnet_alias()  # the alias made cpu(0) the process default (as MXNet): later tests expect dnnbind's
+    with gluoncv_through_alias() as (mx, model_zoo):
+        yield mx, model_zoo, _load_steps()
 
 
 def _compare(got: dict, want, name: str, dtype: str) -> None:
