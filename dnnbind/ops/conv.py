@@ -396,7 +396,9 @@ def conv_backward_bias(dy, layout="NCHW"):
 
 
 def _target(out, shape, dtype, device, opname):
-    """``out`` checked as the result's buffer (ops._common.out_or_new), else a new array."""
+    """``out`` checked as the result's buffer (ops._common.out_or_new), else a new array (out_like)."""
+    if out is None:
+        return out_like(shape, dtype, device)
     return out_or_new(opname, "out", out, tuple(shape), dtype, device)
 
 
