@@ -3,6 +3,7 @@
     python scripts/profile_step.py --steps 300                       # SimpleCNN, cProfile (tottime order)
     python scripts/profile_step.py --model resnet18 --per-op         # d2l's ResNet-18 at batch 256: per op kind
     python scripts/profile_step.py --device cpu --steps 3 --per-op   # the same on the cpu backend
+    python scripts/profile_step.py --model resnet18 --per-op --math fp16-nhwc   # its mixed-precision NHWC twin
 
 ``--per-op`` times every operator call of the step with ``time.perf_counter`` around it (no profiler, so the numbers
 are the real host cost, the timer's ~0.1 us aside): the forward calls by op name (the registry's dispatch of lib,
@@ -31,8 +32,12 @@ from dnnbind.nd import _registry  # noqa: E402  (measurement: the dispatch funct
 from models.simple_cnn import SimpleCNN  # noqa: E402
 
 
-def build(model: str, dev, batch: int):
-    """(net, x, y, batch) for ``model`` on ``dev``: SimpleCNN on 1x28x28, or d2l's ResNet-18 on 1x96x96."""
+def build(model: str, dev, batch: int, math: str = "tf32"):
+    """(net, x, y) for ``model`` on ``dev``: SimpleCNN on 1x28x28, or d2l's ResNet-18 on 1x96x96. ``math``
+    "fp16-nhwc": ResNet-18's channels-last twin with BatchNormAddRelu (bench_nhwc, as bench_models.py's
+    dnnbind-amp-nhwc mode), cast to float16, its input float16."""
+    if math == "fp16-nhwc" and model != "resnet18":
+        raise SystemExit("profile_step: --math fp16-nhwc needs --model resnet18 (the model with an NHWC twin)")
     rng = np.random.default_rng(0)
     if model == "simplecnn":
         net, size = SimpleCNN(fuse_relu=True), 28
@@ -44,6 +49,12 @@ def build(model: str, dev, batch: int):
     net(mx.zeros((2, 1, size, size), device=dev))
     x = mx.array(rng.random((batch, 1, size, size), dtype=np.float32), device=dev)
     y = mx.array(rng.integers(0, 10, batch).astype(np.float32), device=dev)
+    if math == "fp16-nhwc":
+        import d2l_compare as d2l
+        import bench_nhwc
+        net, x = bench_nhwc.build(d2l.SPECS["resnet"], net, dev), bench_nhwc.to_nhwc(x)
+        net.cast("float16")
+        x = x.astype("float16")
     return net, x, y
 
 
@@ -100,15 +111,18 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--per-op", action="store_true", help="host time per op kind instead of cProfile")
-    p.add_argument("--math", choices=("fp32", "tf32"), default="tf32")
+    p.add_argument("--math", choices=("fp32", "tf32", "fp16-nhwc"), default="tf32",
+                   help="fp16-nhwc: mixed precision, channels-last (ResNet-18 only; float32 master weights)")
     p.add_argument("--device", choices=("gpu", "cpu"), default=None, help="default: the default device")
     p.add_argument("--top", type=int, default=35)
     args = p.parse_args(argv)
     dev = mx.default_device() if args.device is None else (mx.gpu(0) if args.device == "gpu" else mx.cpu())
-    mx.set_math_mode(args.math)
+    half = args.math == "fp16-nhwc"
+    mx.set_math_mode("tf32" if half else args.math)  # fp16: what stays float32 (BatchNorm's statistics) in TF32
     batch = args.batch or (64 if args.model == "simplecnn" else 256)
-    net, x, y = build(args.model, dev, batch)
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
+    net, x, y = build(args.model, dev, batch, args.math)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9,
+                                                          "multi_precision": half})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     phases = np.zeros(3)
 

@@ -341,7 +341,9 @@ def test_conv_ops_through_backend_plans_match_reference(case, monkeypatch):
         for k, (name, _) in algos.chosen("eager").items():
             if k[1:3] != (tuple(xs), tuple(ws)):
                 continue
-            plans = [v for kk, v in conv_mod._engines.items() if kk[0] == k[0] and kk[1] == k[1:]]
+            # the choice's key is (direction, *plan key, alignment); the plan lists are kept per alignment too
+            plans = [v for kk, v in conv_mod._engines.items()
+                     if kk[0] == k[0] and kk[1] == k[1:-1] and kk[-1] == k[-1]]
             if plans and plans[0]:
                 assert name.startswith("backend eng"), (k, name)
             else:
@@ -418,3 +420,46 @@ def test_workspace_limit_keeps_the_search_within_it(fresh_algo_choices):
         assert chosen and all(ws_bytes == 0 for _, ws_bytes in chosen.values()), chosen
     finally:
         d.set_conv_algo_policy("time", workspace_limit_mb=before)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_conv_choice_follows_pointer_alignment(fresh_algo_choices, dtype):
+    """Calls whose pointers are all 16-byte aligned choose among backend plans built for that alignment; a call on
+    a view at an odd element offset (aligned to its element size only) gets its own choice among plans built for
+    the element size. Both are right, forward, backward data and backward filter."""
+    from dnnbind.ops import conv as conv_mod
+    algos = fresh_algo_choices
+    xs, ws = (3, 5, 7, 7), (4, 5, 3, 3)
+    n = int(np.prod(xs))
+    flat = rnd((n + 1,), 70, dtype)
+    x_aligned = g(flat[:n].reshape(xs))
+    x_odd = g(flat)[1:].reshape(xs)  # a view one element in: 4 (float32) or 2 (float16) bytes past the 256
+    assert x_odd.ptr % 16 and not x_aligned.ptr % 16
+    w, dy = rnd(ws, 71, dtype), rnd((3, 4, 7, 7), 72, dtype)
+    dy_odd = g(np.concatenate([rnd((1,), 73, dtype), dy.ravel()]))[1:].reshape(dy.shape)
+    for x, x_host in ((x_aligned, flat[:n]), (x_odd, flat[1:])):
+        x_host = f64(x_host.reshape(xs))
+        y_ref = R.conv_forward(x_host, f64(w), None, 1, 1, 1, 1)
+        assert_close(d.conv_forward(x, g(w), None, 1, 1).numpy(), y_ref, *_tol(y_ref, dtype))
+    dx_ref = R.conv_backward_data(f64(w), f64(dy), xs, 1, 1, 1, 1)
+    dw_ref = R.conv_backward_filter(f64(flat[1:].reshape(xs)), f64(dy), ws, 1, 1, 1, 1)
+    for dyg in (g(dy), dy_odd):
+        assert_close(d.conv_backward_data(g(w), dyg, xs, 1, 1).numpy(), dx_ref, *_tol(dx_ref, dtype))
+    assert_close(d.conv_backward_filter(x_odd, dy_odd, ws, 1, 1).numpy(), dw_ref, *_tol(dw_ref, dtype))
+    itemsize = np.dtype(dtype).itemsize
+    keys = [k for k in algos.chosen() if k[1] == xs and k[7] == np.dtype(dtype).str]
+    by_direction = {}
+    for k in keys:
+        by_direction.setdefault(k[0], set()).add(k[-1])
+    assert by_direction["fwd"] == {conv_mod.ALIGNED, itemsize}, keys
+    assert by_direction["bwd_data"] == {conv_mod.ALIGNED, itemsize}, keys
+    assert by_direction["bwd_filter"] == {itemsize}, keys
+    plan_lists = {kk[-1] for kk in conv_mod._engines if kk[1][:2] == (xs, ws) and kk[1][6] == np.dtype(dtype).str}
+    assert plan_lists <= {conv_mod.ALIGNED, itemsize}, plan_lists
+
+
+def _tol(expected, dtype):
+    """float32 as tol_for; float16 results (float accumulation, one rounding to half) within 1e-2 relative."""
+    if np.dtype(dtype) == np.float16:
+        return 1e-2, 1e-2 * max(1.0, float(np.abs(expected).max()))
+    return tol_for(expected)

@@ -7,10 +7,14 @@ next run reuses it. ``set_conv_algo_policy("heuristic")`` takes the heuristics' 
 timing); ``deterministic=True`` keeps only deterministic algorithms (bitwise-reproducible training).
 
 What "fastest" means depends on how the call will run. In a captured CUDA graph only GPU time counts. Run
-eagerly, each legacy conv call also costs 30-120 us of cuDNN's own CPU work, which differs by algorithm and
-often exceeds the kernel (FACTS.md), so eager calls pick the algorithm with the least wall time per call,
-host work included. ``optimize_for("graph")`` (used by dnnbind.graph.CapturedStep while it warms up) selects
-the GPU-time objective; the default is ``"eager"``. Each objective has its own cache.
+eagerly, each legacy conv call also costs 30-270 us of cuDNN's own CPU work, which differs by algorithm and
+often exceeds the kernel (FACTS.md), so eager calls pick the algorithm with the least host work plus GPU time
+per call. The sum, not the larger of the two: one call in isolation overlaps its host work with its kernel,
+but a step of many ops is bound by the sum of all host work or the sum of all GPU work, and a call timed alone
+cannot tell which. Taking the larger per call chose, for fp16 NHWC ResNet-18, legacy calls of 80-100 us host
+over plans of 40 us whose kernels were a little slower, in a step that was all host (docs/benchmarks.md).
+``optimize_for("graph")`` (used by dnnbind.graph.CapturedStep while it warms up) selects the GPU-time
+objective; the default is ``"eager"``. Each objective has its own cache.
 
 Timed calls also consider the execution plans of cuDNN's backend (graph) API (ops.conv_backend): built once
 per shape, a plan runs with one ``cudnnBackendExecute`` whose host cost is 7-15 us where the legacy call pays
@@ -28,6 +32,7 @@ from .._lib.errors import DnnbindValueError
 import contextlib
 import ctypes
 import os
+import sys
 import threading
 import time
 
@@ -45,6 +50,9 @@ _policy = {"mode": "time", "deterministic": False, "workspace_limit": WORKSPACE_
 BACKEND = 1000  # algorithm ids >= BACKEND name backend execution plans (see module docstring)
 _plan_names: dict = {}  # (key, algo >= BACKEND) -> the plan's name, for chosen()
 _chosen = {"eager": {}, "graph": {}}  # objective -> {key -> (algo, workspace bytes)}
+# the objectives' names in the on-disk cache; "eager-sum" since the eager objective became host plus GPU time
+# (choices stored under "eager" were made by the larger of the two and are not reused)
+_DISK_OBJECTIVE = {"eager": "eager-sum", "graph": "graph"}
 _chosen_lock = threading.Lock()  # insertions and clears (lookups are plain dict gets); one entry per conv shape
 _tls = threading.local()
 _identity: dict = {}  # device index -> "GPU name sm_XY cudnn N", the on-disk cache's scope
@@ -123,7 +131,7 @@ def deterministic() -> bool:
 @contextlib.contextmanager
 def optimize_for(target: str):
     """``with optimize_for("graph"):`` conv algorithms chosen inside minimize GPU time alone (for a step that
-    will be captured); ``"eager"`` (the default) minimizes wall time per call, cuDNN's host work included."""
+    will be captured); ``"eager"`` (the default) minimizes host work plus GPU time per call."""
     if target not in _chosen:
         raise DnnbindValueError(f"optimize_for: target must be 'eager' or 'graph', got {target!r}")
     prev = getattr(_tls, "objective", "eager")
@@ -188,7 +196,7 @@ def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device, o
         return hit
     timed = _policy["mode"] == "time"
     backend = plans is not None and use_backend()
-    disk_key = key + (target, _policy["deterministic"], _policy["workspace_limit"] >> 20) + \
+    disk_key = key + (_DISK_OBJECTIVE[target], _policy["deterministic"], _policy["workspace_limit"] >> 20) + \
         (("backend",) if backend else ())
     if timed:
         hit = algo_cache.lookup(_device_identity(device), disk_key)
@@ -213,7 +221,11 @@ def choose(key: tuple, direction: str, handle: int, descs: tuple, run, device, o
     if not timed or len(cands) == 1:
         best = cands[0][:2]
     else:
+        if _TRACE:
+            _trace(f"dnnbind conv algo [{target}] timing {key}")
         best = _time_candidates(cands, run, device, target)
+        if _TRACE:
+            _trace(f"dnnbind conv algo [{target}] chose {best[0]} ({algo_name(direction, best[0], key)})")
         algo_cache.store(_device_identity(device), disk_key, best)
     return _remember(table, key, best)
 
@@ -233,12 +245,13 @@ def _device_identity(device) -> str:
 
 
 def _time_candidates(cands, run, device, target: str = "graph") -> tuple[int, int]:
-    """The fastest candidate: by GPU time alone for "graph", by wall time per back-to-back call for "eager".
+    """The fastest candidate: by GPU time alone for "graph", by host work plus GPU time per call for "eager".
 
     NOTE: an event pair around one eager call measures cuDNN's host work too (26-150 us per conv call,
     FACTS.md), which swamps 10-40 us kernels. So each candidate is captured into a small CUDA graph of
     REPEAT launches and the graph's replay is timed: kernel time only, as it will run in a captured step.
-    A candidate that cannot be captured is timed eagerly instead.
+    A candidate that cannot be captured is timed eagerly instead. The eager objective adds the host time of
+    REPEAT calls queued back to back (``_host_time``).
     """
     stream = current_stream(device)
     start, end = Event(device), Event(device)
@@ -256,25 +269,18 @@ def _time_candidates(cands, run, device, target: str = "graph") -> tuple[int, in
         ptr, size = scratch.ptr, scratch.nbytes
         try:
             run(algo, ptr, size)  # warm-up: the first launch may load kernels
-            if target == "eager":
-                results.append((_wall_time(run, algo, ptr, size, stream), ws_bytes, algo))
-                continue
             best_ms = _graph_time(run, algo, ptr, size, stream, start, end)
-            if best_ms is None and algo >= BACKEND:
+            if best_ms is None and algo >= BACKEND and target == "graph":
                 continue  # a plan that does not capture cannot run inside a captured step
             if best_ms is None:
-                best_ms = float("inf")
-                for _ in range(3):
-                    start.record(stream)
-                    run(algo, ptr, size)
-                    end.record(stream)
-                    end.synchronize()
-                    best_ms = min(best_ms, end.elapsed_ms(start))
+                best_ms = _event_time(run, algo, ptr, size, stream, start, end)
+            host_ms = _host_time(run, algo, ptr, size, stream) if target == "eager" else 0.0
         except CudnnError:
             continue
         finally:
             del scratch
-        results.append((best_ms, ws_bytes, algo))
+        _trace_candidate(target, algo, host_ms, best_ms)
+        results.append((best_ms + host_ms, ws_bytes, algo))
     if not results:
         return fitting[0][:2]
     results.sort()
@@ -288,18 +294,43 @@ TIE = 0.03  # timing differences below 3% are within run-to-run noise (FACTS.md:
 
 
 REPEAT = 5
+_TRACE = os.environ.get("DNNBIND_CONV_ALGO_TRACE", "") not in ("", "0")
 
 
-def _wall_time(run, algo, ptr, size, stream) -> float:
-    """Best ms per call of REPEAT back-to-back eager calls: max(host work, GPU time), as a host-bound step sees."""
+def _trace_candidate(target: str, algo: int, host_ms: float, gpu_ms: float) -> None:
+    if _TRACE:
+        _trace(f"dnnbind conv algo [{target}] {algo}: host {host_ms * 1e3:.1f} us, gpu {gpu_ms * 1e3:.1f} us")
+
+
+def _trace(line: str) -> None:
+    """DNNBIND_CONV_ALGO_TRACE=1: how each choice is made, on stderr (the key, each candidate's host and GPU time,
+    the winner)."""
+    print(line, file=sys.stderr)
+
+
+def _host_time(run, algo, ptr, size, stream) -> float:
+    """Best host ms per call of REPEAT calls queued back to back, the GPU free to lag behind (its queue holds
+    far more than REPEAT launches, so the host never waits)."""
     best = float("inf")
     for _ in range(3):
         stream.synchronize()
         t0 = time.perf_counter()
         for _ in range(REPEAT):
             run(algo, ptr, size)
-        stream.synchronize()
         best = min(best, (time.perf_counter() - t0) * 1e3 / REPEAT)
+    stream.synchronize()
+    return best
+
+
+def _event_time(run, algo, ptr, size, stream, start, end) -> float:
+    """Best ms of one eager call between two events: the kernel, plus host work the GPU waited for."""
+    best = float("inf")
+    for _ in range(3):
+        start.record(stream)
+        run(algo, ptr, size)
+        end.record(stream)
+        end.synchronize()
+        best = min(best, end.elapsed_ms(start))
     return best
 
 

@@ -45,29 +45,30 @@ class _Plan:
     __slots__ = ("bd", "bound", "cdesc", "dtype", "key", "one", "params", "small", "wd", "xd", "y_shape", "yd",
                  "zero")
 
-    def backend_plans(self, direction: str, handle) -> list:
-        """This shape's backend-API execution plans (ops.conv_backend), built on first use; [] if none.
-        Kept per (direction, shape key, determinism, handle): a plan is built for its handle, and the index the
-        algorithm cache stores means "the i-th plan of this list"."""
-        k = (direction, self.key, algos.deterministic(), handle)
+    def backend_plans(self, direction: str, handle, alignment: int) -> list:
+        """This shape's backend-API execution plans (ops.conv_backend) for pointers ``alignment``-byte aligned,
+        built on first use; [] if none. Kept per (direction, shape key, determinism, handle, alignment): a plan is
+        built for its handle, and the index the algorithm cache stores means "the i-th plan of this list"."""
+        k = (direction, self.key, algos.deterministic(), handle, alignment)
         found = _engines.get(k)
         if found is None:
-            found = cache_insert(_engines, k, lambda: self._build_plans(direction, handle), _engines_lock, PLAN_LIMIT)
+            found = cache_insert(_engines, k, lambda: self._build_plans(direction, handle, alignment), _engines_lock,
+                                 PLAN_LIMIT)
         return found
 
-    def _build_plans(self, direction: str, handle) -> list:
+    def _build_plans(self, direction: str, handle, alignment: int) -> list:
         x_shape, w_shape, stride, padding, dilation, groups, dtype, math, layout = self.params
         if dtype not in conv_backend.DTYPES or len(x_shape) != 4:  # conv_backend builds 4-D graphs only; 3-D
             return []  # convolutions take the legacy algorithms
         try:
             return conv_backend.candidates(handle, direction, x_shape, w_shape, self.y_shape, stride, padding,
                                            dilation, dtype, math, algos.deterministic(), groups=groups,
-                                           layout=layout)
+                                           layout=layout, alignment=alignment)
         except CudnnError:
             return []  # the legacy algorithms remain
 
 
-# Per argument set (_setup) and per (direction, shape, determinism, handle) (backend_plans); lookups without a
+# Per argument set (_setup) and per (direction, shape, determinism, handle, alignment) (backend_plans); lookups without a
 # lock, insertions under one, at most PLAN_LIMIT entries each (the oldest dropped first).
 PLAN_LIMIT = 1024
 _plans: dict = {}
@@ -75,15 +76,66 @@ _engines: dict = {}  # see _Plan.backend_plans
 _plans_lock, _engines_lock = threading.Lock(), threading.Lock()
 
 
-def _chosen(plan: _Plan, direction: str, h, device, descs: tuple, run, only=None) -> tuple:
+ALIGNED = 16  # bytes: the pointer alignment backend plans are built for when a call's pointers all have it
+
+
+def _launch(ctx, plan: _Plan, direction: str, ptrs: tuple, legacy, only=None, shapes=None) -> None:
+    """Run one conv call of ``direction`` on ``plan``'s shapes: the chosen backend-API plan on ``ptrs`` (its role
+    order, see ops.conv_backend), or ``legacy(handle, algo, workspace, workspace_bytes)``, the legacy cuDNN call.
+
+    NOTE: a backend plan promises cuDNN an alignment for every pointer it will be given
+    (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT). Promised only the element size (2 bytes for float16), cuDNN offers
+    engines without vector loads, which lose to the legacy calls on the GPU; those then cost 80-230 us of host
+    time each in an eager step (docs/benchmarks.md). dnnbind's buffers are 256-byte aligned, so a call whose
+    pointers are all 16-byte aligned (nearly every call) chooses among plans built for 16; another (a view at
+    an odd element offset) among plans built for the element size. Each has its own choice, in memory and on
+    disk (the alignment ends the algorithm-cache key)."""
+    h = ctx.dnn()
+    aligned = ALIGNED if not _or(ptrs) % ALIGNED else plan.dtype.itemsize
+    chosen = plan.bound.get((direction, h, algos.objective(), aligned))
+    if chosen is None:
+        chosen = _chosen(plan, direction, h, ctx.device, ptrs, legacy, only, aligned)
+    algo, ws_bytes, backend = chosen
+    if TRACING and shapes is not None:
+        _annotate(direction, algo, plan.key + (aligned,), ws_bytes, plan.dtype, **shapes)
+    ws, ws_size, held = borrow_workspace(ctx, ws_bytes)
+    if backend is not None:
+        backend.execute(h, ptrs, ws)
+    else:
+        legacy(h, algo, ws, ws_size)
+    del held
+
+
+def _or(ptrs: tuple) -> int:
+    bits = 0
+    for p in ptrs:
+        bits |= p
+    return bits
+
+
+def _chosen(plan: _Plan, direction: str, h, device, ptrs: tuple, legacy, only, alignment: int) -> tuple:
     """(algorithm, workspace bytes, backend plan or None) for one call of ``direction`` on ``plan``'s shapes:
-    algos.choose's answer, kept on the plan per (direction, handle, objective) so a warm call skips choose() and
-    the plan list lookup (the hot path reads ``plan.bound`` itself and calls this only on a miss)."""
+    algos.choose's answer, kept on the plan per (direction, handle, objective, alignment) so a warm call skips
+    choose() and the plan list lookup (_launch reads ``plan.bound`` itself and calls this only on a miss)."""
     target = algos.objective()
-    algo, ws = algos.choose((direction,) + plan.key, "fwd" if direction == "fwd_bias_relu" else direction, h, descs,
-                            run, device, only=only, plans=lambda: plan.backend_plans(direction, h))
-    chosen = (algo, ws, plan.backend_plans(direction, h)[algo - BACKEND] if algo >= BACKEND else None)
-    plan.bound[(direction, h, target)] = chosen
+
+    def run(algo, ws, ws_size):
+        if algo >= BACKEND:
+            plan.backend_plans(direction, h, alignment)[algo - BACKEND].execute(h, ptrs, ws)
+        else:
+            legacy(h, algo, ws, ws_size)
+
+    if direction == "bwd_data":
+        descs = (plan.wd, plan.yd, plan.cdesc, plan.xd)
+    elif direction == "bwd_filter":
+        descs = (plan.xd, plan.yd, plan.cdesc, plan.wd)
+    else:
+        descs = (plan.xd, plan.wd, plan.cdesc, plan.yd)
+    algo, ws = algos.choose((direction,) + plan.key + (alignment,), "fwd" if direction == "fwd_bias_relu"
+                            else direction, h, descs, run, device, only=only,
+                            plans=lambda: plan.backend_plans(direction, h, alignment))
+    chosen = (algo, ws, plan.backend_plans(direction, h, alignment)[algo - BACKEND] if algo >= BACKEND else None)
+    plan.bound[(direction, h, target, alignment)] = chosen
     return chosen
 
 
@@ -187,30 +239,14 @@ def forward_on(ctx, plan: _Plan, x, w, b=None):
     """conv_forward on arrays its checks (or the Convolution operator's) accepted, ``plan`` from conv_plan for
     them, on ExecContext ``ctx`` (their device, made current): no check or lookup is repeated."""
     y = ctx.empty(plan.y_shape, plan.dtype)
-    h = ctx.dnn()
-    one, zero = plan.one, plan.zero
+    xp, wp, yp = x._ptr, w._ptr, y._ptr
+    xd, wd, yd, cdesc, one, zero = plan.xd, plan.wd, plan.yd, plan.cdesc, plan.one, plan.zero
     try:
-        chosen = plan.bound.get(("fwd", h, algos.objective()))
-        if chosen is None:
-            def run(algo, ws, ws_size):
-                if algo >= BACKEND:
-                    plan.backend_plans("fwd", h)[algo - BACKEND].execute(h, (x._ptr, w._ptr, y._ptr), ws)
-                else:
-                    L.cudnnConvolutionForward(h, one, plan.xd, x._ptr, plan.wd, w._ptr, plan.cdesc, algo, ws,
-                                              ws_size, zero, plan.yd, y._ptr)
-            chosen = _chosen(plan, "fwd", h, ctx.device, (plan.xd, plan.wd, plan.cdesc, plan.yd), run)
-        algo, ws_bytes, backend = chosen
-        if TRACING:
-            _annotate("fwd", algo, plan.key, ws_bytes, plan.dtype, x=x._shape, w=w._shape)
-        ws, ws_size, held = borrow_workspace(ctx, ws_bytes)
-        if backend is not None:
-            backend.execute(h, (x._ptr, w._ptr, y._ptr), ws)
-        else:
-            L.cudnnConvolutionForward(h, one, plan.xd, x._ptr, plan.wd, w._ptr, plan.cdesc, algo, ws, ws_size, zero,
-                                      plan.yd, y._ptr)
-        del held
+        _launch(ctx, plan, "fwd", (xp, wp, yp), lambda h, algo, ws, ws_size: L.cudnnConvolutionForward(
+                    h, one, xd, xp, wd, wp, cdesc, algo, ws, ws_size, zero, yd, yp),
+                shapes=dict(x=x._shape, w=w._shape) if TRACING else None)
         if b is not None:
-            L.cudnnAddTensor(h, one, plan.bd, b._ptr, one, plan.yd, y._ptr)
+            L.cudnnAddTensor(ctx.dnn(), one, plan.bd, b._ptr, one, yd, yp)
     except CudnnError as exc:
         raise _conv_error(exc, "conv_forward", plan, x=x._shape, w=w._shape) from None
     return y
@@ -261,33 +297,18 @@ def bias_relu_forward_on(ctx, plan: _Plan, x, w, b):
         name, grid, geom = plan.small
         KW.kernel(name).launch(grid, KW.BLOCK, (x, w, b, y, geom), stream=ctx.stream)
         return y
-    h = ctx.dnn()
     act = D.activation("relu", 0.0)
-    one, zero = plan.one, plan.zero
+    xp, wp, bp, yp = x._ptr, w._ptr, b._ptr, y._ptr
+    xd, wd, yd, bd, cdesc, one, zero = plan.xd, plan.wd, plan.yd, plan.bd, plan.cdesc, plan.one, plan.zero
+
+    def legacy(h, algo, ws, ws_size):
+        L.cudnnConvolutionBiasActivationForward(h, one, xd, xp, wd, wp, cdesc, algo, ws, ws_size, zero, yd, yp, bd,
+                                                bp, act, yd, yp)
     try:
-        chosen = plan.bound.get(("fwd_bias_relu", h, algos.objective()))
-        if chosen is None:
-            def run(algo, ws, ws_size):
-                if algo >= BACKEND:  # one backend graph: conv -> + bias -> relu, fused by cuDNN's runtime fusion
-                    plan.backend_plans("fwd_bias_relu", h)[algo - BACKEND].execute(
-                        h, (x._ptr, w._ptr, b._ptr, y._ptr), ws)
-                else:
-                    L.cudnnConvolutionBiasActivationForward(h, one, plan.xd, x._ptr, plan.wd, w._ptr, plan.cdesc,
-                                                            algo, ws, ws_size, zero, plan.yd, y._ptr, plan.bd,
-                                                            b._ptr, act, plan.yd, y._ptr)
-            chosen = _chosen(plan, "fwd_bias_relu", h, ctx.device, (plan.xd, plan.wd, plan.cdesc, plan.yd), run,
-                             only=(1,))  # CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
-        algo, ws_bytes, backend = chosen
-        if TRACING:
-            _annotate("fwd_bias_relu", algo, plan.key, ws_bytes, plan.dtype, x=x._shape, w=w._shape)
-        ws, ws_size, held = borrow_workspace(ctx, ws_bytes)
-        if backend is not None:
-            backend.execute(h, (x._ptr, w._ptr, b._ptr, y._ptr), ws)
-        else:
-            L.cudnnConvolutionBiasActivationForward(h, one, plan.xd, x._ptr, plan.wd, w._ptr, plan.cdesc, algo, ws,
-                                                    ws_size, zero, plan.yd, y._ptr, plan.bd, b._ptr, act, plan.yd,
-                                                    y._ptr)
-        del held
+        # one backend graph: conv -> + bias -> relu, fused by cuDNN's runtime fusion; of the legacy algorithms,
+        # only CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM (1) is documented for it
+        _launch(ctx, plan, "fwd_bias_relu", (xp, wp, bp, yp), legacy, only=(1,),
+                shapes=dict(x=x._shape, w=w._shape) if TRACING else None)
     except CudnnError as exc:
         raise _conv_error(exc, "conv_bias_relu_forward", plan, x=x._shape, w=w._shape) from None
     return y
@@ -306,29 +327,12 @@ def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1
 def backward_data_on(ctx, plan: _Plan, w, dy):
     """conv_backward_data on checked arrays (see forward_on); dx has the plan's x shape."""
     dx = ctx.empty(plan.params[0], plan.dtype)
-    h = ctx.dnn()
-    one, zero = plan.one, plan.zero
-    wd, dyd, dxd, cdesc = plan.wd, plan.yd, plan.xd, plan.cdesc
+    wp, dyp, dxp = w._ptr, dy._ptr, dx._ptr
+    wd, dyd, dxd, cdesc, one, zero = plan.wd, plan.yd, plan.xd, plan.cdesc, plan.one, plan.zero
     try:
-        chosen = plan.bound.get(("bwd_data", h, algos.objective()))
-        if chosen is None:
-            def run(algo, ws, ws_size):
-                if algo >= BACKEND:
-                    plan.backend_plans("bwd_data", h)[algo - BACKEND].execute(h, (w._ptr, dy._ptr, dx._ptr), ws)
-                else:
-                    L.cudnnConvolutionBackwardData(h, one, wd, w._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero,
-                                                   dxd, dx._ptr)
-            chosen = _chosen(plan, "bwd_data", h, ctx.device, (wd, dyd, cdesc, dxd), run)
-        algo, ws_bytes, backend = chosen
-        if TRACING:
-            _annotate("bwd_data", algo, plan.key, ws_bytes, plan.dtype, w=w._shape, dy=dy._shape)
-        ws, ws_size, held = borrow_workspace(ctx, ws_bytes)
-        if backend is not None:
-            backend.execute(h, (w._ptr, dy._ptr, dx._ptr), ws)
-        else:
-            L.cudnnConvolutionBackwardData(h, one, wd, w._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero, dxd,
-                                           dx._ptr)
-        del held
+        _launch(ctx, plan, "bwd_data", (wp, dyp, dxp), lambda h, algo, ws, ws_size: L.cudnnConvolutionBackwardData(
+                    h, one, wd, wp, dyd, dyp, cdesc, algo, ws, ws_size, zero, dxd, dxp),
+                shapes=dict(w=w._shape, dy=dy._shape) if TRACING else None)
     except CudnnError as exc:
         raise _conv_error(exc, "conv_backward_data", plan, w=w._shape, dy=dy._shape, x_shape=plan.params[0]) from None
     return dx
@@ -348,29 +352,13 @@ def backward_filter_on(ctx, plan: _Plan, x, dy, out=None):
     """conv_backward_filter on checked arrays (see forward_on), into ``out`` (checked here) if given."""
     dw = _target(out, plan.params[1], plan.dtype, ctx.device, "conv_backward_filter") if out is not None \
         else ctx.empty(plan.params[1], plan.dtype)
-    h = ctx.dnn()
-    one, zero = plan.one, plan.zero
-    xd, dyd, dwd, cdesc = plan.xd, plan.yd, plan.wd, plan.cdesc
+    xp, dyp, dwp = x._ptr, dy._ptr, dw._ptr
+    xd, dyd, dwd, cdesc, one, zero = plan.xd, plan.yd, plan.wd, plan.cdesc, plan.one, plan.zero
     try:
-        chosen = plan.bound.get(("bwd_filter", h, algos.objective()))
-        if chosen is None:
-            def run(algo, ws, ws_size):
-                if algo >= BACKEND:
-                    plan.backend_plans("bwd_filter", h)[algo - BACKEND].execute(h, (x._ptr, dy._ptr, dw._ptr), ws)
-                else:
-                    L.cudnnConvolutionBackwardFilter(h, one, xd, x._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size,
-                                                     zero, dwd, dw._ptr)
-            chosen = _chosen(plan, "bwd_filter", h, ctx.device, (xd, dyd, cdesc, dwd), run)
-        algo, ws_bytes, backend = chosen
-        if TRACING:
-            _annotate("bwd_filter", algo, plan.key, ws_bytes, plan.dtype, x=x._shape, dy=dy._shape)
-        ws, ws_size, held = borrow_workspace(ctx, ws_bytes)
-        if backend is not None:
-            backend.execute(h, (x._ptr, dy._ptr, dw._ptr), ws)
-        else:
-            L.cudnnConvolutionBackwardFilter(h, one, xd, x._ptr, dyd, dy._ptr, cdesc, algo, ws, ws_size, zero, dwd,
-                                             dw._ptr)
-        del held
+        _launch(ctx, plan, "bwd_filter", (xp, dyp, dwp),
+                lambda h, algo, ws, ws_size: L.cudnnConvolutionBackwardFilter(
+                    h, one, xd, xp, dyd, dyp, cdesc, algo, ws, ws_size, zero, dwd, dwp),
+                shapes=dict(x=x._shape, dy=dy._shape) if TRACING else None)
     except CudnnError as exc:
         raise _conv_error(exc, "conv_backward_filter", plan, x=x._shape, dy=dy._shape,
                           w_shape=plan.params[1]) from None
