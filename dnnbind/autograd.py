@@ -119,14 +119,10 @@ class Node:
 class Released:
     """Stands in, inside a backward closure, for an operand whose values the gradient formula does not read (an
     nd op declared with ``saves``): its shape and dtype, and whether it needs a gradient, without its memory."""
-    __slots__ = ("_shape", "dtype", "needs")
+    __slots__ = ("shape", "dtype", "needs")
 
     def __init__(self, x: NDArray):
-        self._shape, self.dtype, self.needs = x._shape, x._dtype, needs_grad(x)
-
-    @property
-    def shape(self) -> tuple:
-        return self._shape
+        self.shape, self.dtype, self.needs = x.shape, x.dtype, needs_grad(x)
 
 
 def needs_grad(x) -> bool:
@@ -246,8 +242,8 @@ def record_copy(src: NDArray, out: NDArray, backward=None) -> NDArray:
     to src's device and dtype (``backward`` replaces that where the copy also broadcast)."""
     if getattr(_tls, "recording", False) and needs_grad(src):
         if backward is None:
-            dev, dtype = src._device, src._dtype
-            backward = lambda g: (g if g._device is dev and g._dtype == dtype else g.to(dev, dtype),)  # noqa: E731
+            dev, dtype = src.device, src.dtype
+            backward = lambda g: (g if g.device is dev and g.dtype == dtype else g.to(dev, dtype),)  # noqa: E731
         record_op("_copyto", out, (src,), backward)
     return out
 
@@ -570,10 +566,10 @@ def _ones_like(x):
     # A fill kernel, not a host upload: backward() must not synchronize, so it can run inside graph capture.
     from .runtime.array import contiguous_strides, empty
     out = empty(x.shape, x.dtype, x.device)
-    if out._data is not None:  # host: numpy fills any dtype
+    if not out.on_gpu:  # host: numpy fills any dtype
         out._data[...] = 1
         return out
-    if out._dtype in (np.float32, np.float64):
+    if out.dtype in (np.float32, np.float64):
         from .ops.blas import fill
         return fill(out, 1.0)
     from .nd._lower import fill_strided  # float16 and the rest: the generated kernel takes every dtype

@@ -107,7 +107,7 @@ class CapturedStep(_StaticStep):
         cudart.call("cudaStreamBeginCapture", stream.handle, rt.cudaStreamCaptureMode(CAPTURE_MODE_THREAD_LOCAL))
         try:
             out = self.fn()
-            memcpy(self.output._ptr, out._ptr, out.nbytes, D2D, stream)
+            memcpy(self.output.ptr, out.ptr, out.nbytes, D2D, stream)
             del out
             gc.collect()  # every temporary must be freed inside the capture (graph memory-free nodes)
         except BaseException as exc:

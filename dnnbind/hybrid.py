@@ -173,10 +173,10 @@ class CachedBlock:
                     return RUN_EAGERLY
                 break
         for a in args:
-            if a._data is not None:  # a cpu (numpy-backed) array
+            if not a.on_gpu:  # a cpu (numpy-backed) array
                 return RUN_EAGERLY
         recording = autograd.is_recording()
-        key = (tuple((a._shape, a._dtype, a.device, autograd.needs_grad(a)) for a in args), recording,
+        key = (tuple((a.shape, a.dtype, a.device, autograd.needs_grad(a)) for a in args), recording,
                autograd.is_training(), None if layout is None else repr(layout))
         if self._generation != _parameter.generation[0]:
             self._drop_stale()
@@ -234,7 +234,7 @@ class CachedBlock:
         needs = tuple(autograd.needs_grad(a) for a in args)
         inputs = []
         for a, need in zip(args, needs):
-            x = empty(a._shape, a._dtype, a.device)
+            x = empty(a.shape, a.dtype, a.device)
             x.copy_(a)
             if need:
                 autograd.attach_grad(x, "write")
@@ -271,7 +271,7 @@ class CachedBlock:
         sig.binding = _binding(params)
         if recording:
             sig.tape = flat  # its private tape waits for the first backward
-            sig.head = [empty(o._shape, o._dtype, o.device) for o in flat]
+            sig.head = [empty(o.shape, o.dtype, o.device) for o in flat]
             # An output no gradient reaches in a call (an RNN's final state, unused) gets zeros as its head
             sig.zeros = [None] * len(flat)
             # The Parameters this forward used (as eager backward would, it marks only their gradients fresh: an
@@ -420,4 +420,4 @@ _block.set_cached_block_factory(CachedBlock)
 
 
 def _zeros_like(x: NDArray) -> NDArray:
-    return zeros(x._shape, x._dtype, x.device)
+    return zeros(x.shape, x.dtype, x.device)

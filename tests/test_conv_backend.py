@@ -321,15 +321,15 @@ def _run_case(case, direction, dtype=F32, math="fp32", deterministic=False, per_
     rtol = 1e-4 if math == "fp32" and dtype != np.float16 else 2e-2
     atol = rtol * max(1.0, float(np.abs(expected).max()))
     arrays = [d.array(v, device=dev) for v in ins]
-    ptrs = tuple(a._ptr for a in arrays)
+    ptrs = tuple(a.ptr for a in arrays)
     for plan in plans[:per_case]:
         out = d.array(np.full(out_shape, np.nan, dtype), device=dev)  # beta = 0: never read
         ws_ptr, _ = workspace(dev, plan.workspace_size)
-        plan.execute(h, (*ptrs, out._ptr), ws_ptr)
+        plan.execute(h, (*ptrs, out.ptr), ws_ptr)
         assert_close(out, expected, rtol, atol, name=f"{direction} {plan.name}")
         out2 = d.array(np.full(out_shape, np.nan, dtype), device=dev)  # a second pointer set, then the cached one
-        plan.execute(h, (*ptrs, out2._ptr), ws_ptr)
-        plan.prepared(h, (*ptrs, out._ptr), ws_ptr)()
+        plan.execute(h, (*ptrs, out2.ptr), ws_ptr)
+        plan.prepared(h, (*ptrs, out.ptr), ws_ptr)()
         assert_close(out2, expected, rtol, atol, name=f"{direction} {plan.name} (2nd pointers)")
         assert_close(out, expected, rtol, atol, name=f"{direction} {plan.name} (prepared)")
     return plans

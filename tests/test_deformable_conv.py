@@ -515,7 +515,7 @@ class _HostDevice:
 
     def put(self, a):
         x = self.alloc(a.shape, a.dtype)
-        self.view(x._ptr, a.size, a.dtype)[:] = a.ravel()
+        self.view(x.ptr, a.size, a.dtype)[:] = a.ravel()
         return x
 
     def view(self, ptr, count, dtype):
@@ -529,7 +529,7 @@ class _HostDevice:
         raise AssertionError(f"pointer {ptr:#x} is in no allocation")
 
     def get(self, a):
-        return self.view(a._ptr, a.size, a.dtype).reshape(a.shape).copy()
+        return self.view(a.ptr, a.size, a.dtype).reshape(a.shape).copy()
 
     def launch(self, name, total, args, like):
         import ctypes
@@ -537,7 +537,7 @@ class _HostDevice:
         conv = []
         for a in args:
             if isinstance(a, NDArray):
-                conv.append(ctypes.c_void_p(a._ptr))
+                conv.append(ctypes.c_void_p(a.ptr))
             elif a is None:
                 conv.append(ctypes.c_void_p(None))
             elif isinstance(a, ctypes.c_void_p):
@@ -548,7 +548,7 @@ class _HostDevice:
                 assert type(a) is int and -2**31 <= a < 2**31, (name, a)
                 conv.append(ctypes.c_int(a))
         kind = name[len("dn_dcn_"):]
-        getattr(self.lib, f"{kind}_{'float' if like._dtype == np.float32 else 'double'}")(*conv)
+        getattr(self.lib, f"{kind}_{'float' if like.dtype == np.float32 else 'double'}")(*conv)
 
     def gemm_strided_batched(self, dtype):
         """cublas<t>gemmStridedBatched, column-major, as cuBLAS defines it."""

@@ -135,7 +135,7 @@ def test_first_forward_seeds_once_later_ones_reuse_the_states(fake_cudnn):
     assert size_call == ("states_size", 0x1000)
     _, desc, h, p, states, nbytes, seed = set_call
     assert (h, p, nbytes, seed) == (0x1000, 0.5, FakeCudnn.STATES, 11)
-    assert fwd == ("forward", 0x1000, desc, x._ptr, y._ptr, reserve._ptr, DO.reserve_size(20, F32))
+    assert fwd == ("forward", 0x1000, desc, x.ptr, y.ptr, reserve.ptr, DO.reserve_size(20, F32))
     assert y.shape == (4, 5) and y.dtype == F32 and reserve.dtype == np.uint8
     assert reserve.size == DO.reserve_size(20, F32)
     DO.dropout_forward(x, 0.5, lambda: next(seeds), 3)  # same generation: no seeding, no seed drawn
@@ -170,7 +170,7 @@ def test_each_rate_gets_its_own_descriptor_by_restore_and_backward_uses_it(fake_
     # use the 0.7 descriptor although a 0.2 forward ran since.
     dx = DO.dropout_backward(_fake((64,)), r2, 0.7)
     (bwd,) = fake_cudnn.take()
-    assert bwd[0] == "backward" and bwd[2] == f2[2] and bwd[4] == dx._ptr and bwd[5] == r2._ptr
+    assert bwd[0] == "backward" and bwd[2] == f2[2] and bwd[4] == dx.ptr and bwd[5] == r2.ptr
 
 
 def test_rates_per_handle_are_bounded(fake_cudnn, monkeypatch):

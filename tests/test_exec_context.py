@@ -122,7 +122,7 @@ def launch(fn, h, params):
     err, = _cu_launch()(fn, 1, 1, 1, 32, 1, 1, 0, h, params, 0)
 
 def reduce(self, x):
-    nccl.lib.ncclAllReduce(x._ptr, x._ptr, x.size, 7, 0, self.handle, stream)
+    nccl.lib.ncclAllReduce(x.ptr, x.ptr, x.size, 7, 0, self.handle, stream)
 '''
     found = violations(bad, "fake.py")
     assert [f.split()[3] for f in found] == ["cudaMemcpyAsync", "cuLaunchKernel", "ncclAllReduce"], found

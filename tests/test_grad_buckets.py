@@ -200,7 +200,7 @@ def world(monkeypatch):
 
 
 def _address(x) -> int:
-    return x._data.__array_interface__["data"][0] if x._data is not None else x._ptr
+    return x._data.__array_interface__["data"][0] if not x.on_gpu else x.ptr
 
 
 class SlicedWorld:

@@ -507,7 +507,7 @@ def faked_gpu(monkeypatch):
 
     def addressed(cls, data):
         a = from_numpy(cls, data)
-        a._ptr = data.ctypes.data if data.flags.c_contiguous and data.size else 0
+        a.ptr = data.ctypes.data if data.flags.c_contiguous and data.size else 0
         return a
 
     def gemm(a, b, ta=False, tb=False, alpha=1.0, beta=0.0, out=None):
@@ -516,7 +516,7 @@ def faked_gpu(monkeypatch):
         if out is not None:
             out._data[...] = r + beta * out._data
             return out
-        return NDArray._from_numpy(np.ascontiguousarray(r.astype(a._dtype)))
+        return NDArray._from_numpy(np.ascontiguousarray(r.astype(a.dtype)))
 
     monkeypatch.setattr(NDArray, "_from_numpy", classmethod(addressed))
     monkeypatch.setattr(cublas, "lib", _FakeCublas())

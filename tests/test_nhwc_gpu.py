@@ -119,7 +119,7 @@ def test_gpu_backend_plans_for_nhwc_shapes(direction, dtype):
         arrays, h = [g(v) for v in ins], cudnn_handle(mx.gpu(0))
         for plan in plans:
             out = g(np.full(ref.shape, np.nan, dtype))
-            plan.execute(h, tuple(a._ptr for a in arrays) + (out._ptr,), workspace(mx.gpu(0), plan.workspace_size)[0])
+            plan.execute(h, tuple(a.ptr for a in arrays) + (out.ptr,), workspace(mx.gpu(0), plan.workspace_size)[0])
             assert_close(out, ref, k, k * max(1.0, float(np.abs(ref).max())), name=f"{direction} {math} {plan.name}")
     assert found, f"no backend plan for NHWC {direction} {dtype} (skipped: {skipped})"
 

@@ -55,14 +55,14 @@ class FakeDevice:
 
     def put(self, a, offset=0):
         out = self.empty(a.shape, a.dtype, offset=offset)
-        self.mem[out._ptr][:] = a.ravel()
+        self.mem[out.ptr][:] = a.ravel()
         return out
 
     def get(self, a):
-        return self.mem[a._ptr].reshape(a.shape).copy()
+        return self.mem[a.ptr].reshape(a.shape).copy()
 
     def written_once(self, a):
-        return bool((self.writes[a._ptr] == 1).all())
+        return bool((self.writes[a.ptr] == 1).all())
 
 
 class _Launcher:
@@ -83,16 +83,16 @@ class _Launcher:
         getattr(self, kind)(grid, block, params, *args)
 
     def buf(self, a):
-        return None if a is None else self.fake.mem[a._ptr]
+        return None if a is None else self.fake.mem[a.ptr]
 
     def store(self, a, index, values):
-        self.fake.mem[a._ptr][index] = values
-        np.add.at(self.fake.writes[a._ptr], index, 1)
+        self.fake.mem[a.ptr][index] = values
+        np.add.at(self.fake.writes[a.ptr], index, 1)
 
     def _check_packs(self, width, *arrays):
         for a in arrays:
             if a is not None:
-                assert a._ptr % (width * a.dtype.itemsize) == 0, f"{self.name}: pointer not aligned to its packs"
+                assert a.ptr % (width * a.dtype.itemsize) == 0, f"{self.name}: pointer not aligned to its packs"
 
     def _put(self, part, db, s_total, c, s, total):
         if s_total == 1:

@@ -111,7 +111,7 @@ class Communicator:
         nccl = _nccl()
         dtype = self._check("all_reduce", x)
         out = self._out("all_reduce", out, x.shape, x)
-        nccl.lib.ncclAllReduce(x._ptr, out._ptr, x.size, dtype, nccl.nccl_op(op, x.dtype), self.handle,
+        nccl.lib.ncclAllReduce(x.ptr, out.ptr, x.size, dtype, nccl.nccl_op(op, x.dtype), self.handle,
                                self._stream())
         return out
 
@@ -122,7 +122,7 @@ class Communicator:
         if not 0 <= int(root) < self.size:
             raise DnnbindValueError(f"broadcast: root {root} must be in [0, size={self.size})")
         out = self._out("broadcast", out, x.shape, x)
-        nccl.lib.ncclBroadcast(x._ptr, out._ptr, x.size, dtype, int(root), self.handle, self._stream())
+        nccl.lib.ncclBroadcast(x.ptr, out.ptr, x.size, dtype, int(root), self.handle, self._stream())
         return out
 
     def all_gather(self, x: NDArray, out: NDArray | None = None) -> NDArray:
@@ -131,7 +131,7 @@ class Communicator:
         dtype = self._check("all_gather", x)
         shape = (self.size * x.shape[0],) + tuple(x.shape[1:]) if x.ndim else (self.size,)
         out = self._out("all_gather", out, shape, x)
-        nccl.lib.ncclAllGather(x._ptr, out._ptr, x.size, dtype, self.handle, self._stream())
+        nccl.lib.ncclAllGather(x.ptr, out.ptr, x.size, dtype, self.handle, self._stream())
         return out
 
     def reduce_scatter(self, x: NDArray, out: NDArray | None = None, op: str = "sum") -> NDArray:
@@ -141,7 +141,7 @@ class Communicator:
         if x.ndim == 0 or x.shape[0] % self.size:
             raise DnnbindValueError(f"reduce_scatter: x's first axis must divide by size={self.size}, got shape {x.shape}")
         out = self._out("reduce_scatter", out, (x.shape[0] // self.size,) + tuple(x.shape[1:]), x)
-        nccl.lib.ncclReduceScatter(x._ptr, out._ptr, out.size, dtype, nccl.nccl_op(op, x.dtype), self.handle,
+        nccl.lib.ncclReduceScatter(x.ptr, out.ptr, out.size, dtype, nccl.nccl_op(op, x.dtype), self.handle,
                                    self._stream())
         return out
 

@@ -61,7 +61,14 @@ def _null(a: None) -> ctypes.c_void_p:
 
 
 def _ptr_attr(a: Any) -> ctypes.c_void_p:
-    return ctypes.c_void_p(a.ptr)  # dnnbind NDArray (its .ptr raises, clearly, on a cpu array)
+    return ctypes.c_void_p(a.ptr)  # an array object of another library with an int .ptr
+
+
+def _nd_array(a: Any) -> ctypes.c_void_p:
+    if a.on_gpu:  # a dnnbind NDArray: its .ptr is 0 on the cpu, which must not become a NULL argument
+        return ctypes.c_void_p(a.ptr)
+    raise DnnbindTypeError(f"an NDArray {a.shape} on the cpu lives in host memory; move it to the GPU first"
+                           " (.to('gpu'))")
 
 
 def _cai(a: Any) -> ctypes.c_void_p:
@@ -93,6 +100,8 @@ def _converter(a: Any) -> Callable[[Any], Any]:
         conv = ctype
     elif issubclass(t, np.ndarray):
         conv = _host_array
+    elif type(getattr(a, "on_gpu", None)) is bool:  # a dnnbind NDArray
+        conv = _nd_array
     elif type(getattr(a, "ptr", None)) is int:
         conv = _ptr_attr
     elif getattr(a, "__cuda_array_interface__", None) is not None:

@@ -38,7 +38,7 @@ _UNFUSED: set = set()  # (shape, dtype) cuDNN refused to fuse: composed from the
 
 def _fusable(data: NDArray, param_dtype) -> bool:
     """The fused path's device and data rule (a function, so a cpu test can route the fused path to the twin)."""
-    return data._device.kind == "gpu" and _fused.fusable(data._shape, data._dtype, param_dtype)
+    return data.device.kind == "gpu" and _fused.fusable(data.shape, data.dtype, param_dtype)
 
 
 def _check(data, addend, gamma, beta, moving_mean, moving_var, axis, act_type) -> tuple:
@@ -132,7 +132,7 @@ def _fused_forward(data, addend, gamma, beta, moving_mean, moving_var, eps, mome
             # on a GPU, dgamma and dbeta go into the Parameters' grad buffers where autograd offers them (no copy
             # after); the numpy twin takes no such arguments
             into = {}
-            if x._device.kind == "gpu":
+            if x.device.kind == "gpu":
                 into = {"out_dgamma": None if fix_gamma else grad_out(gamma), "out_dbeta": grad_out(beta)}
             dx, dz, dgamma, dbeta = _fused.batchnorm_add_relu_backward(x, y, dy, gamma, beta, mean, inv_std,
                                                                        reserve, eps, **into)

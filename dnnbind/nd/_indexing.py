@@ -169,10 +169,10 @@ def _view_index(x: NDArray, k) -> NDArray:
         stop = max(stop, start)
         shape = (stop - start,) + x.shape[1:]
     row = math.prod(x.shape[1:])
-    if x._data is not None:  # a view (x._data[i] of a 1-d array would be a numpy scalar, not a view)
+    if not x.on_gpu:  # a view (x._data[i] of a 1-d array would be a numpy scalar, not a view)
         out = NDArray._from_numpy(x._data[start:stop].reshape(shape))
     else:
-        out = NDArray._from_ptr(x._ptr + start * row * x.dtype.itemsize, shape, x.dtype, x.device, x._owner)
+        out = NDArray._from_ptr(x.ptr + start * row * x.dtype.itemsize, shape, x.dtype, x.device, x._owner)
     if autograd.is_recording():
         if autograd.needs_grad(x):
             xshape = x.shape
@@ -207,7 +207,7 @@ def _advanced(x: NDArray, key):
         if idx.dtype.kind == "b":
             raise DnnbindTypeError("getitem: boolean masks are not supported (MXNet 1.x has none); use nd.where or "
                             "contrib.boolean_mask")
-        return call("take", x, idx, axis=0, mode="raise" if x._data is not None else "clip")
+        return call("take", x, idx, axis=0, mode="raise" if not x.on_gpu else "clip")
     host_key = _index_arrays(key)
     try:
         positions = np.arange(x.size, dtype=np.int64).reshape(x.shape)[host_key]
@@ -271,7 +271,7 @@ def _record_assign(x: NDArray, value: NDArray) -> None:
 def _write(x: NDArray, key, value) -> None:
     if x.dtype.kind in "iu":
         check_int_scalar("setitem", "value", value, x.dtype)
-    if x._data is not None:
+    if not x.on_gpu:
         k = key if is_basic(key) else _index_arrays(key)
         v = value._data if isinstance(value, NDArray) else value
         try:

@@ -75,7 +75,7 @@ def _dot_gpu(meta, a, b, transpose_a=False, transpose_b=False, **_):
         return zeros(shape, a.dtype, a.device)
     out = empty(shape, a.dtype, a.device)
     if out.size:
-        gemm_into(blas(a), a._ptr, b._ptr, out._ptr, m, n, k, bool(transpose_a), bool(transpose_b), 1.0, 0.0,
+        gemm_into(blas(a), a.ptr, b.ptr, out.ptr, m, n, k, bool(transpose_a), bool(transpose_b), 1.0, 0.0,
                   a.dtype)
     return out
 

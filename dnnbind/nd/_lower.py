@@ -39,7 +39,7 @@ def broadcast_strides(shape: tuple, out_shape: tuple) -> tuple:
 
 
 def ref(x: NDArray, strides=None, offset: int = 0):
-    return strided().Ref(x._ptr, x._dtype, contiguous_strides(x._shape) if strides is None else tuple(strides),
+    return strided().Ref(x.ptr, x.dtype, contiguous_strides(x.shape) if strides is None else tuple(strides),
                          offset)
 
 
@@ -79,11 +79,11 @@ def map_kernel(op, args, params, shape, out_dtype, dev) -> NDArray:
         if is_scalar:
             scalars.append(("s_" + name, _scalar_value(a, out_dtype if out_dtype.kind == "f" else None)))
         else:  # an NDArray is contiguous at its own shape; a broadcast one is read with stride 0
-            refs.append(Ref(a._ptr, a._dtype, strides if a._shape == shape else broadcast_strides(a._shape, shape)))
+            refs.append(Ref(a.ptr, a.dtype, strides if a.shape == shape else broadcast_strides(a.shape, shape)))
     if params:
         scalars.extend(params.items())
     # the stream as a handle with its device, already current: strided_map resolves neither
-    st.strided_map(expr, Ref(out._ptr, out_dtype, strides), refs, shape, scalars, stream=ctx.stream_handle,
+    st.strided_map(expr, Ref(out.ptr, out_dtype, strides), refs, shape, scalars, stream=ctx.stream_handle,
                    device=dev.index, current=True)
     return out
 
@@ -100,13 +100,13 @@ def copy_strided(src: NDArray, strides, offset, shape, out: NDArray | None = Non
                  out_offset: int = 0, dtype=None) -> NDArray:
     """out[I] = src[offset + I . strides] for every index I of ``shape`` (a gather through strides)."""
     if out is None:
-        out = empty(shape, dtype or src._dtype, src._device)
+        out = empty(shape, dtype or src.dtype, src.device)
     if math.prod(shape) == 0:
         return out
     st = strided()
-    st.strided_map("a", st.Ref(out._ptr, out._dtype, out_strides or contiguous_strides(shape), out_offset),
-                   [st.Ref(src._ptr, src._dtype, tuple(strides), offset)], tuple(shape),
-                   stream=current_stream(src._device), device=src._device.index)
+    st.strided_map("a", st.Ref(out.ptr, out.dtype, out_strides or contiguous_strides(shape), out_offset),
+                   [st.Ref(src.ptr, src.dtype, tuple(strides), offset)], tuple(shape),
+                   stream=current_stream(src.device), device=src.device.index)
     return out
 
 
@@ -115,9 +115,9 @@ def fill_strided(out: NDArray, value, strides, offset, shape) -> None:
     if math.prod(shape) == 0:
         return
     st = strided()
-    v = float(value) if out._dtype.kind == "f" else int(value)
-    st.strided_map("s_v", st.Ref(out._ptr, out._dtype, tuple(strides), offset), [], tuple(shape), [("s_v", v)],
-                   stream=current_stream(out._device), device=out._device.index)
+    v = float(value) if out.dtype.kind == "f" else int(value)
+    st.strided_map("s_v", st.Ref(out.ptr, out.dtype, tuple(strides), offset), [], tuple(shape), [("s_v", v)],
+                   stream=current_stream(out.device), device=out.device.index)
 
 
 # -- reductions -------------------------------------------------------------------------------------------------
@@ -134,23 +134,23 @@ def reduce_kernel(op, x: NDArray, axes, out_shape, out_dtype, params) -> NDArray
     lib_op = _CUDNN_REDUCE.get(kind) if op.map_expr == "a" and op.post_expr == "acc" else None
     if kind == "mean":
         lib_op = "mean"
-    if USE_CUDNN_REDUCE and lib_op is not None and x._dtype in _FLOAT_LIB and out_dtype == x._dtype \
+    if USE_CUDNN_REDUCE and lib_op is not None and x.dtype in _FLOAT_LIB and out_dtype == x.dtype \
             and x.ndim <= 8:
         from ..ops import tensor_ops
-        if tensor_ops.can_reduce(lib_op, x._shape, axes, x._dtype):
+        if tensor_ops.can_reduce(lib_op, x.shape, axes, x.dtype):
             y = tensor_ops.reduce_tensor(lib_op, x, axes)
-            return NDArray._from_ptr(y._ptr, out_shape, y._dtype, y._device, y._owner)
+            return NDArray._from_ptr(y.ptr, out_shape, y.dtype, y.device, y._owner)
     st = strided()
-    out = empty(out_shape, out_dtype, x._device)
+    out = empty(out_shape, out_dtype, x.device)
     scalars = []
     post = op.post_expr
     red = kind
     if kind == "mean":
         red, post = "sum", "acc * inv_n"
-        scalars.append(("inv_n", 1.0 / math.prod(x._shape[a] for a in axes)))
-    st.strided_reduce(red, ref(x), x._shape, tuple(axes), st.Ref(out._ptr, out_dtype, contiguous_strides(out_shape)),
-                      map_expr=op.map_expr, post_expr=post, scalars=scalars, stream=current_stream(x._device),
-                      device=x._device.index)
+        scalars.append(("inv_n", 1.0 / math.prod(x.shape[a] for a in axes)))
+    st.strided_reduce(red, ref(x), x.shape, tuple(axes), st.Ref(out.ptr, out_dtype, contiguous_strides(out_shape)),
+                      map_expr=op.map_expr, post_expr=post, scalars=scalars, stream=current_stream(x.device),
+                      device=x.device.index)
     del n_out
     return out
 
@@ -158,15 +158,15 @@ def reduce_kernel(op, x: NDArray, axes, out_shape, out_dtype, params) -> NDArray
 def _reduce_trivial(op, x, axes, out_shape, out_dtype):
     """Reductions over nothing (no axes: the identity, or a size-0 input: the op's identity value)."""
     if not axes and x.size:
-        y = copy_strided(x, contiguous_strides(x._shape), 0, x._shape, dtype=out_dtype) if op.map_expr == "a" \
+        y = copy_strided(x, contiguous_strides(x.shape), 0, x.shape, dtype=out_dtype) if op.map_expr == "a" \
             and op.post_expr == "acc" and op.reduce in ("sum", "prod", "max", "min", "mean") else None
         if y is not None:
-            return NDArray._from_ptr(y._ptr, out_shape, y._dtype, y._device, y._owner)
+            return NDArray._from_ptr(y.ptr, out_shape, y.dtype, y.device, y._owner)
     # Fall back to the numpy twin on the host for these degenerate shapes (no work on the GPU to speak of).
     host = x.numpy()
     r = np.asarray(op.numpy(host, tuple(axes))).reshape(out_shape).astype(out_dtype)
     from ..runtime.array import array
-    return array(r, device=x._device)
+    return array(r, device=x.device)
 
 
 # -- cudnnOpTensor for the binary ops cuDNN has (add, mul, min, max) ---------------------------------------------
@@ -189,17 +189,17 @@ def optensor(cudnn_op: str):
         if not USE_CUDNN_OPTENSOR or len(args) != 2:
             return None
         a, b = args
-        if not (isinstance(a, NDArray) and isinstance(b, NDArray)) or a._dtype not in _OPTENSOR_DTYPES:
+        if not (isinstance(a, NDArray) and isinstance(b, NDArray)) or a.dtype not in _OPTENSOR_DTYPES:
             return None
-        if a._shape != shape:
+        if a.shape != shape:
             a, b = b, a
-        if a._shape != shape or a.size == 0:
+        if a.shape != shape or a.size == 0:
             return None
-        bshape = (1,) * (len(shape) - b.ndim) + b._shape
+        bshape = (1,) * (len(shape) - b.ndim) + b.shape
         from ..ops import tensor_ops
-        if not tensor_ops.can_op_tensor(cudnn_op, shape, bshape, a._dtype):
+        if not tensor_ops.can_op_tensor(cudnn_op, shape, bshape, a.dtype):
             return None
-        bv = b if bshape == b._shape else NDArray._from_ptr(b._ptr, bshape, b._dtype, b._device, b._owner)
+        bv = b if bshape == b.shape else NDArray._from_ptr(b.ptr, bshape, b.dtype, b.device, b._owner)
         return tensor_ops.op_tensor(cudnn_op, a, bv)
     lower.__name__ = f"cudnnOpTensor_{cudnn_op}"
     return lower
@@ -211,7 +211,7 @@ def activation(mode: str):
     """relu/sigmoid/tanh on cuDNN (float32/64; any rank: cuDNN sees the array as one N-d tensor)."""
     def lower(args, params, shape, out_dtype, dev):
         x = args[0]
-        if not USE_CUDNN_OPTENSOR or not isinstance(x, NDArray) or x._dtype not in _OPTENSOR_DTYPES or x.size == 0:
+        if not USE_CUDNN_OPTENSOR or not isinstance(x, NDArray) or x.dtype not in _OPTENSOR_DTYPES or x.size == 0:
             return None
         from ..ops import activation_forward
         return activation_forward(x, mode)
@@ -222,8 +222,8 @@ def activation(mode: str):
 def relu_backward(args, params, shape, out_dtype, dev):
     """dx = dy where y > 0 (cudnnActivationBackward with y standing in for x: relu'(x) is y > 0)."""
     g, y = args
-    if not USE_CUDNN_OPTENSOR or not (isinstance(g, NDArray) and isinstance(y, NDArray)) or g._shape != y._shape \
-            or g._dtype not in _OPTENSOR_DTYPES or g.size == 0:
+    if not USE_CUDNN_OPTENSOR or not (isinstance(g, NDArray) and isinstance(y, NDArray)) or g.shape != y.shape \
+            or g.dtype not in _OPTENSOR_DTYPES or g.size == 0:
         return None
     from ..ops import activation_backward
     return activation_backward(y, g, y, "relu")

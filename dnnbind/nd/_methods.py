@@ -80,9 +80,9 @@ def _astype(self, dtype, copy: bool = True):
 
 
 def _wait_to_read(self):
-    if self._data is None:
+    if self.on_gpu:
         from ..runtime.stream import current_stream
-        current_stream(self._device).synchronize()
+        current_stream(self.device).synchronize()
 
 
 def _iter(self):

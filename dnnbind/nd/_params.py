@@ -92,7 +92,7 @@ def array_arg(op: str, name: str, value, like: NDArray | None = None, numpy_ok: 
     if numpy_ok and isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
         from ..runtime.array import array
         from ..runtime.device import default_device
-        return array(value, device=like._device if like is not None else default_device())
+        return array(value, device=like.device if like is not None else default_device())
     raise DnnbindTypeError(f"{op}: argument {name} must be an NDArray, got {type(value).__name__}"
                            + (f" {value!r}" if isinstance(value, (str, numbers.Number)) else ""))
 

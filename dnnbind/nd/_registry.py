@@ -104,8 +104,8 @@ def as_array(op: str, name: str, v, like: NDArray | None = None) -> NDArray:
         return v
     if isinstance(v, (np.ndarray, list, tuple)) or _is_scalar(v):
         from ..runtime.array import array
-        dev = like._device if like is not None else default_device()
-        dtype = like._dtype if like is not None and not isinstance(v, np.ndarray) else None
+        dev = like.device if like is not None else default_device()
+        dtype = like.dtype if like is not None and not isinstance(v, np.ndarray) else None
         try:
             return array(v, device=dev, dtype=dtype)
         except (ValueError, TypeError) as exc:
@@ -118,9 +118,9 @@ def same_device(op: str, arrays, names) -> Device:
     for a, n in zip(arrays, names):
         if isinstance(a, NDArray):
             if dev is None:
-                dev = a._device
-            elif a._device is not dev:
-                where = ", ".join(f"{m} on {x._device!r}" for x, m in zip(arrays, names) if isinstance(x, NDArray))
+                dev = a.device
+            elif a.device is not dev:
+                where = ", ".join(f"{m} on {x.device!r}" for x, m in zip(arrays, names) if isinstance(x, NDArray))
                 raise DnnbindValueError(f"{op}: all arrays must be on one device, got {where}; move them with "
                                  ".as_in_context(ctx)")
     return dev
@@ -165,8 +165,8 @@ def norm_axes(op: str, ndim: int, axis, exclude: bool = False) -> tuple:
 
 
 def check_dtype(op: str, x: NDArray, name: str, floats_only: bool) -> None:
-    if floats_only and x._dtype.kind != "f":
-        raise DnnbindTypeError(f"{op}: {name} must be a floating-point array, got {x._dtype}; use .astype('float32')")
+    if floats_only and x.dtype.kind != "f":
+        raise DnnbindTypeError(f"{op}: {name} must be a floating-point array, got {x.dtype}; use .astype('float32')")
 
 
 # -- dispatch -------------------------------------------------------------------------------------------------
@@ -224,13 +224,13 @@ def unbroadcast(g, shape: tuple):
     """Sum ``g`` back to ``shape`` (the gradient of a broadcast): the one place broadcasting is undone."""
     if not isinstance(g, NDArray):
         return g
-    if g._shape == shape:
+    if g.shape == shape:
         return g
     lead = g.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and g._shape[lead + i] != 1)
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1)
     if axes:
         g = invoke(REGISTRY["sum"], (g,), {"axis": axes, "keepdims": False, "exclude": False})
-    return g.reshape(shape) if g._shape != shape else g
+    return g.reshape(shape) if g.shape != shape else g
 
 
 def _func(op: Op, args, params):
@@ -291,18 +291,18 @@ def _map(op: Op, args, params):
         if t is NDArray:
             if a0 is None:
                 a0 = a
-            elif a._device is not a0._device or a._dtype != a0._dtype or a._shape != a0._shape:
+            elif a.device is not a0.device or a.dtype != a0.dtype or a.shape != a0.shape:
                 a0 = None
                 break
         elif t is not float and t is not int:
             a0 = None
             break
     if a0 is not None:
-        dtype = a0._dtype
+        dtype = a0.dtype
         if not op.ints and dtype.kind != "f":
             check_dtype(op.name, a0, "the input", True)
         out_dtype = dtype if op.out_dtype is None else np.dtype(op.out_dtype(dtype))
-        return _map_run(op, args, params, a0._shape, out_dtype, a0._device), args
+        return _map_run(op, args, params, a0.shape, out_dtype, a0.device), args
     return _map_general(op, args, params)
 
 
@@ -323,13 +323,13 @@ def _map_general(op: Op, args, params):
     arrays = [a for a in norm if isinstance(a, NDArray)]
     dev = same_device(op.name, norm, names)
     same = [i for i in (range(len(norm)) if op.same is None else op.same) if isinstance(norm[i], NDArray)]
-    dtype = norm[same[0]]._dtype if same else first._dtype
-    if any(norm[i]._dtype != dtype for i in same):
-        found = ", ".join(f"{names[i]} {norm[i]._dtype}" for i in same)
+    dtype = norm[same[0]].dtype if same else first.dtype
+    if any(norm[i].dtype != dtype for i in same):
+        found = ", ".join(f"{names[i]} {norm[i].dtype}" for i in same)
         raise DnnbindTypeError(f"{op.name}: operands must share a dtype, got {found}; convert one with .astype()")
     if not op.ints:
         check_dtype(op.name, norm[same[0]] if same else first, "the input", True)
-    shape = broadcast_shape(op.name, [a._shape for a in arrays], [n for a, n in zip(norm, names)
+    shape = broadcast_shape(op.name, [a.shape for a in arrays], [n for a, n in zip(norm, names)
                                                                    if isinstance(a, NDArray)])
     out_dtype = dtype if op.out_dtype is None else np.dtype(op.out_dtype(dtype))
     return _map_run(op, tuple(norm), params, shape, out_dtype, dev), tuple(norm)
@@ -403,14 +403,14 @@ def _reduce(op: Op, x, params):
     axes = norm_axes(op.name, x.ndim, axis, exclude)
     if not op.ints:
         check_dtype(op.name, x, "data", True)
-    if op.reduce in ("max", "min", "argmax", "argmin") and any(x._shape[a] == 0 for a in axes):
-        raise DnnbindValueError(f"{op.name}: cannot reduce over a size-0 axis (shape {x._shape}, axes {axes})")
-    out_shape = tuple(1 if i in axes else d for i, d in enumerate(x._shape)) if keepdims else \
-        tuple(d for i, d in enumerate(x._shape) if i not in axes)
+    if op.reduce in ("max", "min", "argmax", "argmin") and any(x.shape[a] == 0 for a in axes):
+        raise DnnbindValueError(f"{op.name}: cannot reduce over a size-0 axis (shape {x.shape}, axes {axes})")
+    out_shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keepdims else \
+        tuple(d for i, d in enumerate(x.shape) if i not in axes)
     if not out_shape and x.ndim:
         out_shape = (1,)  # MXNet 1.x: a full reduction is a shape-(1,) array, never 0-d
-    out_dtype = x._dtype if op.out_dtype is None else np.dtype(op.out_dtype(x._dtype))
-    if x._device.kind == "cpu":
+    out_dtype = x.dtype if op.out_dtype is None else np.dtype(op.out_dtype(x.dtype))
+    if x.device.kind == "cpu":
         def run():
             with np.errstate(all="ignore"):
                 r = np.asarray(op.numpy(x._data, axes, **{k: v for k, v in params.items()
@@ -566,16 +566,16 @@ def _lib_call(op: Op, args: tuple, params: dict):
                 if args[i] is None:
                     args = _lib_arrays(op, args)
                     break
-    dev = args[0]._device
+    dev = args[0].device
     sig = []
     for a in args:
         if a is None:
             sig.append(None)
         else:
-            if a._device is not dev:
+            if a.device is not dev:
                 _lib_arrays(op, args)  # raises, naming the devices
-            sig.append(a._shape)
-            sig.append(a._dtype)
+            sig.append(a.shape)
+            sig.append(a.dtype)
     values = tuple(params.values())
     key = (op, tuple(sig), dev, tuple(params), tuple(map(id, values)))
     hit = _PREPARED.get(key)
@@ -642,7 +642,7 @@ def _lib_backward(name: str, low, c, saved, args, gpu: bool, outputs: tuple | No
     whose every output takes a gradient) ``dy`` is a tuple; an output no gradient reached gets zeros."""
     needs = tuple(autograd.needs_grad(a) for a in args)
     if outputs is not None:
-        metas = tuple((o._shape, o._dtype, o._device) for o in outputs)
+        metas = tuple((o.shape, o.dtype, o.device) for o in outputs)
         inner = _lib_backward(name, low, c, saved, args, gpu)
 
         def backward_outputs(dys):

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from .. import autograd
+from ..runtime.array import NDArray
 from ._lower import activation, optensor, relu_backward
 from .._lib.errors import DnnbindValueError
 from ..ops.opdef import typed
@@ -56,12 +57,12 @@ def _zero(g, out, *inputs, **_):
 
 def _nd(x):
     """x if it is an array operand, else None (scalar operands get no gradient)."""
-    return x if hasattr(x, "_shape") else None
+    return x if isinstance(x, (NDArray, autograd.Released)) else None
 
 
 def _b(x, term):
     """The gradient term ``term()`` for operand x, computed only when x is an array that needs a gradient."""
-    return term() if hasattr(x, "_shape") and autograd.needs_grad(x) else None
+    return term() if isinstance(x, (NDArray, autograd.Released)) and autograd.needs_grad(x) else None
 
 
 # -- unary math ------------------------------------------------------------------------------------------------
@@ -215,7 +216,7 @@ register(Op("smooth_l1", "map", lambda x, scalar=1.0: np.where(np.abs(x) < np.fl
 
 def _log_of(a):
     """log(a) for an array operand or a Python scalar (the base of ``2.0 ** x``): NaN/-inf as the array op gives."""
-    if hasattr(a, "_shape"):
+    if isinstance(a, (NDArray, autograd.Released)):
         return log(a)
     with np.errstate(all="ignore"):
         return float(np.log(np.float64(a)))

@@ -92,7 +92,7 @@ def _draw(dist: str, p0, p1, shape, dtype, ctx, out) -> NDArray:
             RECORDING[-1].refuse(f"nd.random.{dist} draws from a host-side counter that a replay cannot advance")
         s, off = _take(r.size)
         if r.size:
-            strided.random_fill(strided.Ref(r._ptr, dtype, contiguous_strides(shape)), r.size, dist, s, off,
+            strided.random_fill(strided.Ref(r.ptr, dtype, contiguous_strides(shape)), r.size, dist, s, off,
                                 float(p0), float(p1), stream=current_stream(dev), device=dev.index)
     if out is not None:
         out[:] = r

@@ -37,18 +37,18 @@ def out_or_new(op: str, arg: str, out, shape: tuple, dtype, device) -> NDArray:
         return empty(shape, dtype, device)
     if not isinstance(out, NDArray):
         raise DnnbindTypeError(f"{op}: {arg} must be a dnnbind NDArray (written in place), got {type(out).__name__}")
-    if out._shape != shape or out._dtype != dtype or out._device is not device:
-        raise DnnbindValueError(f"{op}: {arg} has shape {out._shape}, {out._dtype} on {out._device}; expected "
+    if out.shape != shape or out.dtype != dtype or out.device is not device:
+        raise DnnbindValueError(f"{op}: {arg} has shape {out.shape}, {out.dtype} on {out.device}; expected "
                                 f"{shape}, {np.dtype(dtype)} on {device}")
     return out
 
 
 def dnn(x: NDArray) -> int:
-    return cudnn_handle(x._device)
+    return cudnn_handle(x.device)
 
 
 def blas(x: NDArray) -> int:
-    return cublas_handle(x._device)
+    return cublas_handle(x.device)
 
 
 _workspaces: dict = {}

@@ -43,12 +43,12 @@ def op(reference, *array_names: str):
                     if name in required:  # before any work: the GPU path would fail on None's attributes
                         raise _not_an_array(op_name, name, a)
                     continue
-                if type(a) is not NDArray or a._data is not None:
+                if type(a) is not NDArray or not a.on_gpu:
                     fast = False
                     break
                 if device is None:
-                    device = a._device
-                elif a._device is not device:
+                    device = a.device
+                elif a.device is not device:
                     fast = False
                     break
             if TRACING:  # dnnbind.trace() is recording: name the op around its library calls

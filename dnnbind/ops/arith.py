@@ -20,7 +20,7 @@ def _launch(name, n, args, device):
 
 def adam_update(w, g, m, v, lr_t, beta1, beta2, eps, rescale, wd) -> None:
     """In place over flat buffers: gi = g*rescale + wd*w; m, v moments; w -= lr_t m / (sqrt(v) + eps)."""
-    if w._data is not None:
+    if not w.on_gpu:
         gi = g._data * rescale + wd * w._data
         m._data[...] = beta1 * m._data + (1 - beta1) * gi
         v._data[...] = beta2 * v._data + (1 - beta2) * gi * gi
@@ -30,7 +30,7 @@ def adam_update(w, g, m, v, lr_t, beta1, beta2, eps, rescale, wd) -> None:
         raise DnnbindTypeError(f"adam_update: GPU Adam supports float32, got {w.dtype}")
     f = np.float32
     _launch("adam_f32", w.size, (w, g, m, v, f(lr_t), f(beta1), f(beta2), f(eps), f(rescale), f(wd),
-                                 np.int64(w.size)), w._device)
+                                 np.int64(w.size)), w.device)
 
 
 def sgd_update(w, g, mom, lr, momentum, wd, rescale, w16=None) -> None:
@@ -44,7 +44,7 @@ def sgd_update(w, g, mom, lr, momentum, wd, rescale, w16=None) -> None:
     half = g.dtype == np.float16
     if half and (w16 is None or w16.dtype != np.float16 or w16.shape != w.shape):
         raise DnnbindTypeError(f"sgd_update: float16 gradients need w16, the float16 weights of shape {w.shape}")
-    if w._data is not None:
+    if not w.on_gpu:
         gd = g._data.astype(f) if half else g._data
         if mom is None:
             w._data[...] = f(1.0 - lr * wd) * w._data + a_g * gd
@@ -64,4 +64,4 @@ def sgd_update(w, g, mom, lr, momentum, wd, rescale, w16=None) -> None:
     else:
         name, args = ("sgd_mom_f32_h16", (w, g, mom, w16, f(momentum), a_g, f(-lr * wd), n)) if half else \
             ("sgd_mom_f32", (w, g, mom, f(momentum), a_g, f(-lr * wd), n))
-    _launch(name, w.size, args, w._device)
+    _launch(name, w.size, args, w.device)

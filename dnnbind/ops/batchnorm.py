@@ -86,11 +86,11 @@ def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, moment
     name = "batchnorm_forward_training"
     dtype, pdtype = bn_dtypes(name, {"x": x}, {"gamma": gamma, "beta": beta, "running_mean": running_mean,
                                                "running_var": running_var})
-    bn_shapes(name, x._shape, layout, gamma=gamma._shape, beta=beta._shape, running_mean=running_mean._shape,
-              running_var=running_var._shape)
+    bn_shapes(name, x.shape, layout, gamma=gamma.shape, beta=beta.shape, running_mean=running_mean.shape,
+              running_var=running_var.shape)
     eps, momentum = bn_scalars(name, eps, momentum)
-    items_per_channel(name, x._shape, layout)
-    return forward_training_on(exec_context(x._device), x, gamma, beta, running_mean, running_var, momentum, eps,
+    items_per_channel(name, x.shape, layout)
+    return forward_training_on(exec_context(x.device), x, gamma, beta, running_mean, running_var, momentum, eps,
                                layout)
 
 
@@ -99,7 +99,7 @@ def forward_training_on(ctx, x, gamma, beta, running_mean, running_var, momentum
     """batchnorm_forward_training on arrays its checks (or the BatchNorm operator's) accepted, on ExecContext ``ctx``
     (their device, made current): no check or lookup is repeated."""
     name = "batchnorm_forward_training"
-    dtype, pdtype, shape = x._dtype, gamma._dtype, x._shape
+    dtype, pdtype, shape = x.dtype, gamma.dtype, x.shape
     c = shape[3] if layout == "NHWC" else shape[1]
     m = math.prod(shape) // c
     y = ctx.empty(shape, dtype)
@@ -118,13 +118,13 @@ def forward_training_on(ctx, x, gamma, beta, running_mean, running_var, momentum
     up, down = D.scalar_ptr(m / (m - 1), pdtype), D.scalar_ptr((m - 1) / m, pdtype)
     try:
         # scratch = running_var * m / (m - 1): cuDNN's unbiased average into it is the biased one scaled.
-        L.cudnnTransformTensor(h, up, bnd, running_var._ptr, zero, bnd, scratch_ptr)
-        L.cudnnBatchNormalizationForwardTraining(h, TRAIN_MODE, one, zero, xd, x._ptr, xd, y._ptr, bnd, gamma._ptr,
-                                                 beta._ptr, 1.0 - momentum, running_mean._ptr, scratch_ptr, eps,
-                                                 save_mean._ptr, save_inv_std._ptr)
-        L.cudnnTransformTensor(h, down, bnd, scratch_ptr, zero, bnd, running_var._ptr)
+        L.cudnnTransformTensor(h, up, bnd, running_var.ptr, zero, bnd, scratch_ptr)
+        L.cudnnBatchNormalizationForwardTraining(h, TRAIN_MODE, one, zero, xd, x.ptr, xd, y.ptr, bnd, gamma.ptr,
+                                                 beta.ptr, 1.0 - momentum, running_mean.ptr, scratch_ptr, eps,
+                                                 save_mean.ptr, save_inv_std.ptr)
+        L.cudnnTransformTensor(h, down, bnd, scratch_ptr, zero, bnd, running_var.ptr)
     except CudnnError as exc:
-        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name, layout=layout) from None
+        raise with_context(exc, op=name, x=x.shape, dtype=dtype.name, layout=layout) from None
     return y, save_mean, save_inv_std
 
 
@@ -138,17 +138,17 @@ def _forward_training_one_value(h, x, gamma, beta, running_mean, running_var, y,
     flat = D.tensor((1, c, 1, 1), dtype)  # x's C values (NCHW or NHWC: the same order) as the parameters' shape
     zero_p = D.scalar_ptr(0, pdtype)
     try:
-        L.cudnnTransformTensor(h, D.scalar_ptr(1, dtype), flat, x._ptr, D.scalar_ptr(0, dtype), bnd, save_mean._ptr)
+        L.cudnnTransformTensor(h, D.scalar_ptr(1, dtype), flat, x.ptr, D.scalar_ptr(0, dtype), bnd, save_mean.ptr)
         L.cudnnSetTensor(h, bnd, scratch_ptr, zero_p)
         L.cudnnBatchNormalizationForwardInference(h, SPATIAL, D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype), xd,
-                                                  x._ptr, xd, y._ptr, bnd, gamma._ptr, beta._ptr, save_mean._ptr,
+                                                  x.ptr, xd, y.ptr, bnd, gamma.ptr, beta.ptr, save_mean.ptr,
                                                   scratch_ptr, eps)
-        L.cudnnAddTensor(h, D.scalar_ptr(1.0 - momentum, pdtype), bnd, save_mean._ptr, D.scalar_ptr(momentum, pdtype),
-                         bnd, running_mean._ptr)
-        L.cudnnScaleTensor(h, bnd, running_var._ptr, D.scalar_ptr(momentum, pdtype))
-        L.cudnnSetTensor(h, bnd, save_inv_std._ptr, D.scalar_ptr(1.0 / math.sqrt(eps), pdtype))
+        L.cudnnAddTensor(h, D.scalar_ptr(1.0 - momentum, pdtype), bnd, save_mean.ptr, D.scalar_ptr(momentum, pdtype),
+                         bnd, running_mean.ptr)
+        L.cudnnScaleTensor(h, bnd, running_var.ptr, D.scalar_ptr(momentum, pdtype))
+        L.cudnnSetTensor(h, bnd, save_inv_std.ptr, D.scalar_ptr(1.0 / math.sqrt(eps), pdtype))
     except CudnnError as exc:
-        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
+        raise with_context(exc, op=name, x=x.shape, dtype=dtype.name) from None
 
 
 @op(reference.batchnorm_forward_inference, "x", "gamma", "beta", "mean", "var")
@@ -156,18 +156,18 @@ def batchnorm_forward_inference(x, gamma, beta, mean, var, eps=1e-5, layout="NCH
     """Given statistics: ``cudnnBatchNormalizationForwardInference`` (spatial)."""
     name = "batchnorm_forward_inference"
     dtype, _ = bn_dtypes(name, {"x": x}, {"gamma": gamma, "beta": beta, "mean": mean, "var": var})
-    bn_shapes(name, x._shape, layout, gamma=gamma._shape, beta=beta._shape, mean=mean._shape, var=var._shape)
+    bn_shapes(name, x.shape, layout, gamma=gamma.shape, beta=beta.shape, mean=mean.shape, var=var.shape)
     eps, _ = bn_scalars(name, eps)
-    y = out_like(x._shape, dtype, x._device)
+    y = out_like(x.shape, dtype, x.device)
     if not x.size:
         return y
-    xd, bnd = _descs(x._shape, dtype, layout)
+    xd, bnd = _descs(x.shape, dtype, layout)
     try:
         L.cudnnBatchNormalizationForwardInference(dnn(x), SPATIAL, D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype),
-                                                  xd, x._ptr, xd, y._ptr, bnd, gamma._ptr, beta._ptr, mean._ptr,
-                                                  var._ptr, eps)
+                                                  xd, x.ptr, xd, y.ptr, bnd, gamma.ptr, beta.ptr, mean.ptr,
+                                                  var.ptr, eps)
     except CudnnError as exc:
-        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name, layout=layout) from None
+        raise with_context(exc, op=name, x=x.shape, dtype=dtype.name, layout=layout) from None
     return y
 
 
@@ -181,14 +181,14 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_inv_std, eps=1e-5, layout="
     dtype, pdtype = bn_dtypes(name, {"x": x, "dy": dy}, {"gamma": gamma, "save_mean": save_mean,
                                                          "save_inv_std": save_inv_std})
     _check.check_same_shape(name, x=x, dy=dy)
-    c = bn_shapes(name, x._shape, layout, gamma=gamma._shape, save_mean=save_mean._shape,
-                  save_inv_std=save_inv_std._shape)
+    c = bn_shapes(name, x.shape, layout, gamma=gamma.shape, save_mean=save_mean.shape,
+                  save_inv_std=save_inv_std.shape)
     eps, _ = bn_scalars(name, eps)
-    items_per_channel(name, x._shape, layout)
+    items_per_channel(name, x.shape, layout)
     for arg, out in (("out_dgamma", out_dgamma), ("out_dbeta", out_dbeta)):
         if out is not None:  # checked here: backward_on writes into them as given
-            out_or_new(name, arg, out, (c,), pdtype, x._device)
-    return backward_on(exec_context(x._device), x, dy, gamma, save_mean, save_inv_std, eps, layout, out_dgamma,
+            out_or_new(name, arg, out, (c,), pdtype, x.device)
+    return backward_on(exec_context(x.device), x, dy, gamma, save_mean, save_inv_std, eps, layout, out_dgamma,
                        out_dbeta)
 
 
@@ -197,7 +197,7 @@ def backward_on(ctx, x, dy, gamma, save_mean, save_inv_std, eps: float, layout: 
     """batchnorm_backward on checked arrays (see forward_training_on); ``out_dgamma``/``out_dbeta``, when given,
     are (C,) arrays of the parameters' dtype on ctx's device (checked by the caller)."""
     name = "batchnorm_backward"
-    dtype, pdtype, shape = x._dtype, gamma._dtype, x._shape
+    dtype, pdtype, shape = x.dtype, gamma.dtype, x.shape
     c = shape[3] if layout == "NHWC" else shape[1]
     m = math.prod(shape) // c
     dx = ctx.empty(shape, dtype)
@@ -208,16 +208,16 @@ def backward_on(ctx, x, dy, gamma, save_mean, save_inv_std, eps: float, layout: 
     h = ctx.dnn()
     if m == 1:  # one value per channel: xhat is 0, so dx = 0, dgamma = 0 and dbeta = dy (the reference's formula)
         try:
-            L.cudnnSetTensor(h, xd, dx._ptr, D.scalar_ptr(0, np.float32))  # zero bits: 0 in any float type
-            L.cudnnSetTensor(h, bnd, dgamma._ptr, D.scalar_ptr(0, pdtype))
-            L.cudnnTransformTensor(h, one, D.tensor((1, c, 1, 1), dtype), dy._ptr, zero, bnd, dbeta._ptr)
+            L.cudnnSetTensor(h, xd, dx.ptr, D.scalar_ptr(0, np.float32))  # zero bits: 0 in any float type
+            L.cudnnSetTensor(h, bnd, dgamma.ptr, D.scalar_ptr(0, pdtype))
+            L.cudnnTransformTensor(h, one, D.tensor((1, c, 1, 1), dtype), dy.ptr, zero, bnd, dbeta.ptr)
         except CudnnError as exc:
-            raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
+            raise with_context(exc, op=name, x=x.shape, dtype=dtype.name) from None
         return dx, dgamma, dbeta
     try:
-        L.cudnnBatchNormalizationBackward(h, TRAIN_MODE, one, zero, one, zero, xd, x._ptr, xd, dy._ptr, xd,
-                                          dx._ptr, bnd, gamma._ptr, dgamma._ptr, dbeta._ptr, eps, save_mean._ptr,
-                                          save_inv_std._ptr)
+        L.cudnnBatchNormalizationBackward(h, TRAIN_MODE, one, zero, one, zero, xd, x.ptr, xd, dy.ptr, xd,
+                                          dx.ptr, bnd, gamma.ptr, dgamma.ptr, dbeta.ptr, eps, save_mean.ptr,
+                                          save_inv_std.ptr)
     except CudnnError as exc:
-        raise with_context(exc, op=name, x=x._shape, dy=dy._shape, dtype=dtype.name, layout=layout) from None
+        raise with_context(exc, op=name, x=x.shape, dy=dy.shape, dtype=dtype.name, layout=layout) from None
     return dx, dgamma, dbeta

@@ -130,16 +130,16 @@ def _forward(name, x, z, gamma, beta, running_mean, running_var, momentum, eps, 
     same = {"x": x} if z is None else {"x": x, "z": z}
     dtype, pdtype = bn_dtypes(name, same, {"gamma": gamma, "beta": beta, "running_mean": running_mean,
                                            "running_var": running_var})
-    c, m = fused_shapes(name, x._shape, {} if z is None else {"z": z._shape},
-                        {"gamma": gamma._shape, "beta": beta._shape, "running_mean": running_mean._shape,
-                         "running_var": running_var._shape})
+    c, m = fused_shapes(name, x.shape, {} if z is None else {"z": z.shape},
+                        {"gamma": gamma.shape, "beta": beta.shape, "running_mean": running_mean.shape,
+                         "running_var": running_var.shape})
     eps, momentum = bn_scalars(name, eps, momentum)
-    _fused_only(name, x._shape, dtype)
-    dev = x._device
+    _fused_only(name, x.shape, dtype)
+    dev = x.device
     h = dnn(x)
     try:
-        plan = _plan(h, x._shape, dtype, bn_ops)
-        y = out_like(x._shape, dtype, dev)
+        plan = _plan(h, x.shape, dtype, bn_ops)
+        y = out_like(x.shape, dtype, dev)
         # one allocation for the three (var, the running variance's unbiased stand-in, lives as long as the
         # statistics: C values)
         save_mean, save_inv_std, var = empty_parts(((c,), (c,), (c,)), pdtype, dev)
@@ -150,20 +150,20 @@ def _forward(name, x, z, gamma, beta, running_mean, running_var, momentum, eps, 
         # calls with these addresses after the function returned.
         up, down = D.scalar_ptr(m / (m - 1), pdtype), D.scalar_ptr((m - 1) / m, pdtype)
         # var = running_var * m / (m - 1): cuDNN's unbiased average into it is the biased one scaled.
-        L.cudnnTransformTensor(h, up, bnd, running_var._ptr, zero, bnd, var._ptr)
+        L.cudnnTransformTensor(h, up, bnd, running_var.ptr, zero, bnd, var.ptr)
         # NOTE: never a NULL workspace: given NULL and size 0, cuDNN documents that the call "will function
         # exactly like the non-extended function cudnnBatchNormalizationForwardTraining()" (no add, no ReLU).
         with scratch(dev, max(plan.fwd_ws, 1)) as (ws, ws_size):
             if TRACING:
-                hooks.annotate(x=x._shape, dtype=dtype.name, workspace_bytes=plan.fwd_ws, reserve_bytes=plan.reserve)
-            L.cudnnBatchNormalizationForwardTrainingEx(h, MODE, bn_ops, one, zero, xd, x._ptr, plan.zd,
-                                                       None if z is None else z._ptr, xd, y._ptr, bnd, gamma._ptr,
-                                                       beta._ptr, 1.0 - momentum, running_mean._ptr, var._ptr, eps,
-                                                       save_mean._ptr, save_inv_std._ptr, plan.act, ws, ws_size,
-                                                       reserve._ptr, reserve.nbytes)
-        L.cudnnTransformTensor(h, down, bnd, var._ptr, zero, bnd, running_var._ptr)
+                hooks.annotate(x=x.shape, dtype=dtype.name, workspace_bytes=plan.fwd_ws, reserve_bytes=plan.reserve)
+            L.cudnnBatchNormalizationForwardTrainingEx(h, MODE, bn_ops, one, zero, xd, x.ptr, plan.zd,
+                                                       None if z is None else z.ptr, xd, y.ptr, bnd, gamma.ptr,
+                                                       beta.ptr, 1.0 - momentum, running_mean.ptr, var.ptr, eps,
+                                                       save_mean.ptr, save_inv_std.ptr, plan.act, ws, ws_size,
+                                                       reserve.ptr, reserve.nbytes)
+        L.cudnnTransformTensor(h, down, bnd, var.ptr, zero, bnd, running_var.ptr)
     except CudnnError as exc:
-        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name) from None
+        raise with_context(exc, op=name, x=x.shape, dtype=dtype.name) from None
     return y, save_mean, save_inv_std, reserve
 
 
@@ -192,36 +192,36 @@ def _backward(name, x, y, dy, gamma, beta, save_mean, save_inv_std, reserve, eps
     same = {"x": x, "dy": dy} if y is None else {"x": x, "y": y, "dy": dy}
     dtype, pdtype = bn_dtypes(name, same, {"gamma": gamma, "beta": beta, "save_mean": save_mean,
                                            "save_inv_std": save_inv_std})
-    c, _ = fused_shapes(name, x._shape, {k: a._shape for k, a in same.items() if k != "x"},
-                        {"gamma": gamma._shape, "beta": beta._shape, "save_mean": save_mean._shape,
-                         "save_inv_std": save_inv_std._shape})
+    c, _ = fused_shapes(name, x.shape, {k: a.shape for k, a in same.items() if k != "x"},
+                        {"gamma": gamma.shape, "beta": beta.shape, "save_mean": save_mean.shape,
+                         "save_inv_std": save_inv_std.shape})
     eps, _ = bn_scalars(name, eps)
-    _fused_only(name, x._shape, dtype)
-    if reserve._dtype != np.uint8 or len(reserve._shape) != 1:
+    _fused_only(name, x.shape, dtype)
+    if reserve.dtype != np.uint8 or len(reserve.shape) != 1:
         raise DnnbindTypeError(f"{name}: reserve must be the 1-D uint8 array the forward returned, got dtype "
-                        f"{reserve._dtype.name} and shape {reserve._shape}")
-    dev = x._device
+                        f"{reserve.dtype.name} and shape {reserve.shape}")
+    dev = x.device
     h = dnn(x)
     try:
-        plan = _plan(h, x._shape, dtype, bn_ops)
+        plan = _plan(h, x.shape, dtype, bn_ops)
         if reserve.nbytes < plan.reserve:
             raise DnnbindValueError(f"{name}: reserve has {reserve.nbytes} bytes but cuDNN needs {plan.reserve} for x of "
-                             f"shape {x._shape}; pass the reserve its forward returned")
-        dx = out_like(x._shape, dtype, dev)
-        dz = out_like(x._shape, dtype, dev) if bn_ops == OPS else None
+                             f"shape {x.shape}; pass the reserve its forward returned")
+        dx = out_like(x.shape, dtype, dev)
+        dz = out_like(x.shape, dtype, dev) if bn_ops == OPS else None
         dgamma = out_or_new(name, "out_dgamma", out_dgamma, (c,), pdtype, dev)
         dbeta = out_or_new(name, "out_dbeta", out_dbeta, (c,), pdtype, dev)
         xd = plan.xd
         one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
         with scratch(dev, max(plan.bwd_ws, 1)) as (ws, ws_size):
             if TRACING:
-                hooks.annotate(x=x._shape, dtype=dtype.name, workspace_bytes=plan.bwd_ws, reserve_bytes=plan.reserve)
-            yd, y_ptr = (None, None) if y is None else (xd, y._ptr)  # y and dz: only with the add and ReLU
-            L.cudnnBatchNormalizationBackwardEx(h, MODE, bn_ops, one, zero, one, zero, xd, x._ptr, yd, y_ptr, xd,
-                                                dy._ptr, plan.zd, None if dz is None else dz._ptr, xd, dx._ptr,
-                                                plan.bnd, gamma._ptr, beta._ptr, dgamma._ptr, dbeta._ptr, eps,
-                                                save_mean._ptr, save_inv_std._ptr, plan.act, ws, ws_size,
-                                                reserve._ptr, reserve.nbytes)
+                hooks.annotate(x=x.shape, dtype=dtype.name, workspace_bytes=plan.bwd_ws, reserve_bytes=plan.reserve)
+            yd, y_ptr = (None, None) if y is None else (xd, y.ptr)  # y and dz: only with the add and ReLU
+            L.cudnnBatchNormalizationBackwardEx(h, MODE, bn_ops, one, zero, one, zero, xd, x.ptr, yd, y_ptr, xd,
+                                                dy.ptr, plan.zd, None if dz is None else dz.ptr, xd, dx.ptr,
+                                                plan.bnd, gamma.ptr, beta.ptr, dgamma.ptr, dbeta.ptr, eps,
+                                                save_mean.ptr, save_inv_std.ptr, plan.act, ws, ws_size,
+                                                reserve.ptr, reserve.nbytes)
     except CudnnError as exc:
-        raise with_context(exc, op=name, x=x._shape, dy=dy._shape, dtype=dtype.name) from None
+        raise with_context(exc, op=name, x=x.shape, dy=dy.shape, dtype=dtype.name) from None
     return dx, dz, dgamma, dbeta

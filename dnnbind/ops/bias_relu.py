@@ -39,27 +39,27 @@ OP = "bias_relu_backward"
 
 def _kernel_ok(dy) -> bool:
     """The kernels take float32/float16 and index with 32-bit integers."""
-    return dy._dtype in K.DTYPES and dy.size < K.INT_LIMIT
+    return dy.dtype in K.DTYPES and dy.size < K.INT_LIMIT
 
 
 def _channel_sums(y, dy, dz, db, layout: str) -> None:
     """db[c] = the sum over n, h, w of (y > 0 ? dy : 0), also written to dz; with y None, the sum of dy."""
-    dtype, relu = dy._dtype, y is not None
-    ptrs = (dy._ptr, y._ptr, dz._ptr) if relu else (dy._ptr,)
+    dtype, relu = dy.dtype, y is not None
+    ptrs = (dy.ptr, y.ptr, dz.ptr) if relu else (dy.ptr,)
     if layout == "NCHW":
-        n, c, h, w = dy._shape
+        n, c, h, w = dy.shape
         v = K.pack_width(dtype, h * w, ptrs)
         grid, block, hwv, chunk, s = K.nchw_geometry(n, c, h * w, v)
         sizes = (c, hwv, n * hwv, chunk)
     else:
-        n, h, w, c = dy._shape
+        n, h, w, c = dy.shape
         v = K.pack_width(dtype, c, ptrs)
         grid, block, chunk, s = K.nhwc_geometry(n * h * w, c, v)
         sizes = (c, n * h * w, chunk)
-    stream = current_stream(dy._device)
+    stream = current_stream(dy.device)
     # One slice per channel: the block writes db itself. Else the slots come from the pool for this call (a
     # recording holds them; the final kernel is queued before their stream-ordered free).
-    part = empty((c * s,), np.float32, dy._device) if s > 1 else None
+    part = empty((c * s,), np.float32, dy.device) if s > 1 else None
     K.kernel(K.chan_name(layout, dtype, v, relu)).launch(grid, block, (y, dy, dz, part, db, *sizes), stream=stream)
     if part is not None:
         K.kernel(K.final_name(dtype)).launch(K.final_grid(c), K.BLOCK, (part, db, c, s), stream=stream)
@@ -69,13 +69,13 @@ def _channel_sums(y, dy, dz, db, layout: str) -> None:
 def bias_relu_backward(y, dy, layout="NCHW", out=None):
     """(dz, db) of y = relu(z + b): one kernel pass over y and dy (db into ``out`` if given, GPU only)."""
     dtype = float_dtype(OP, y=y, dy=dy)
-    c = _check.conv_bias_params(OP, dy._shape, layout)
+    c = _check.conv_bias_params(OP, dy.shape, layout)
     _check.check_same_shape(OP, y=y, dy=dy)
-    db = _target(out, (c,), dtype, dy._device, OP)
+    db = _target(out, (c,), dtype, dy.device, OP)
     if not _kernel_ok(dy):
         dz = activation_backward(y, dy, y, "relu")
         return dz, conv_backward_bias_gemv(dz, out=db, layout=layout)
-    dz = out_like(dy._shape, dtype, dy._device)
+    dz = out_like(dy.shape, dtype, dy.device)
     _channel_sums(y, dy, dz, db, layout)
     return dz, db
 
@@ -83,10 +83,10 @@ def bias_relu_backward(y, dy, layout="NCHW", out=None):
 def conv_backward_bias_kernel(dy, out=None, layout="NCHW"):
     """conv_backward_bias's db on GPU NDArrays, by the channel-sum kernel (into ``out`` if given)."""
     float_dtype("conv_backward_bias", _check.FLOAT_DTYPES, dy=dy)
-    k = _check.conv_bias_params("conv_backward_bias", dy._shape, layout)
+    k = _check.conv_bias_params("conv_backward_bias", dy.shape, layout)
     if not _kernel_ok(dy):
         return conv_backward_bias_gemv(dy, out=out, layout=layout)
-    db = _target(out, (k,), dy._dtype, dy._device, "conv_backward_bias")
+    db = _target(out, (k,), dy.dtype, dy.device, "conv_backward_bias")
     _channel_sums(None, dy, None, db, layout)
     return db
 
@@ -102,7 +102,7 @@ def wgrad_fits(x, y, w_shape, layout: str = "NCHW") -> bool:
     """Whether bias_relu_wgrad takes a convolution's (already valid) arrays: float32/float16, at most KW.MAX_TAPS
     filter taps C*R*S, fewer than 2**31 elements in x and y (the kernels index with 32-bit integers)."""
     _, c, r, s = _check.to_nchw(w_shape, layout)
-    return x._dtype in K.DTYPES and c * r * s <= KW.MAX_TAPS and x.size < K.INT_LIMIT and y.size < K.INT_LIMIT
+    return x.dtype in K.DTYPES and c * r * s <= KW.MAX_TAPS and x.size < K.INT_LIMIT and y.size < K.INT_LIMIT
 
 
 def _wgrad_plan(x_shape, w_shape, y_shape, dy_shape, stride, padding, dilation, layout):
@@ -135,8 +135,8 @@ def _check_out(out, name: str, shape, dtype, device) -> None:
         return
     if not isinstance(out, NDArray):
         raise DnnbindTypeError(f"{OPW}: {name} must be a dnnbind NDArray (written in place), got {type(out).__name__}")
-    if out._shape != tuple(shape) or out._dtype != dtype or out._device is not device:
-        raise DnnbindValueError(f"{OPW}: {name} has shape {out._shape}, {out._dtype} on {out._device}; expected "
+    if out.shape != tuple(shape) or out.dtype != dtype or out.device is not device:
+        raise DnnbindValueError(f"{OPW}: {name} has shape {out.shape}, {out.dtype} on {out.device}; expected "
                          f"{tuple(shape)}, {dtype} on {device}")
 
 
@@ -145,17 +145,17 @@ def bias_relu_wgrad(x, y, dy, w_shape, stride=1, padding=0, dilation=1, layout="
     """(dw, db) of y = relu(conv(x, w) + b), groups 1, at most 32 filter taps: one kernel pass over x, y and dy
     (plus a small fixed-order sum of the per-block slots), into ``out_dw``/``out_db`` if given (GPU only)."""
     dtype = float_dtype(OPW, K.DTYPES, x=x, y=y, dy=dy)
-    w_shape, taps, geom, grid, block, s, final_grid = _wgrad_plan(x._shape, w_shape, y._shape, dy._shape, stride,
+    w_shape, taps, geom, grid, block, s, final_grid = _wgrad_plan(x.shape, w_shape, y.shape, dy.shape, stride,
                                                                   padding, dilation, layout)
     k = w_shape[0]
-    _check_out(out_dw, "out_dw", w_shape, dtype, x._device)
-    _check_out(out_db, "out_db", (k,), dtype, x._device)
-    dw = out_like(w_shape, dtype, x._device) if out_dw is None else out_dw
-    db = out_like((k,), dtype, x._device) if out_db is None else out_db
-    stream = current_stream(x._device)
+    _check_out(out_dw, "out_dw", w_shape, dtype, x.device)
+    _check_out(out_db, "out_db", (k,), dtype, x.device)
+    dw = out_like(w_shape, dtype, x.device) if out_dw is None else out_dw
+    db = out_like((k,), dtype, x.device) if out_db is None else out_db
+    stream = current_stream(x.device)
     # One slice per block column: the blocks write dw and db themselves. Else per-(channel, tap, slice) slots from
     # the pool for this call (a recording holds them; the final kernel is queued before their stream-ordered free).
-    part = empty((k * (taps + 1) * s,), np.float32, x._device) if s > 1 else None
+    part = empty((k * (taps + 1) * s,), np.float32, x.device) if s > 1 else None
     KW.kernel(KW.wgrad_name(dtype, taps, layout)).launch(grid, block, (x, y, dy, part, dw, db, geom), stream=stream)
     if part is not None:
         KW.kernel(KW.final_name(dtype)).launch(final_grid, K.BLOCK, (part, dw, db, k, taps, s), stream=stream)

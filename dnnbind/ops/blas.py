@@ -78,10 +78,10 @@ def ones_vector(device, n: int, dtype) -> NDArray:
 def gemm(a, b, c=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
     """alpha op(a) @ op(b) + beta c: ``cublasSgemm_v2`` (``cublasDgemm_v2`` for float64)."""
     dtype = float_dtype("gemm", _check.FLOAT32_64, a=a, b=b, c=c)
-    m, n, k = _check.gemm_params("gemm", a._shape, b._shape, None if c is None else c._shape, trans_a, trans_b,
+    m, n, k = _check.gemm_params("gemm", a.shape, b.shape, None if c is None else c.shape, trans_a, trans_b,
                                beta=beta)
-    out = c.copy() if (c is not None and beta != 0) else out_like((m, n), dtype, a._device)
-    gemm_into(blas(a), a._ptr, b._ptr, out._ptr, m, n, k, trans_a, trans_b, alpha,
+    out = c.copy() if (c is not None and beta != 0) else out_like((m, n), dtype, a.device)
+    gemm_into(blas(a), a.ptr, b.ptr, out.ptr, m, n, k, trans_a, trans_b, alpha,
               beta if c is not None else 0.0, dtype)
     return out
 
@@ -90,17 +90,17 @@ def gemm(a, b, c=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
 def linear_forward(x, w, b=None):
     """y = x w^T + b (Dense): the bias written as y's rows (a one-line kernel), then one Sgemm adding x w^T."""
     dtype = float_dtype("linear_forward", _check.FLOAT_DTYPES, x=x, w=w, b=b)
-    n, units = _check.linear_params("linear_forward", x._shape, w._shape, None if b is None else b._shape)
-    k = x._shape[1]
-    y = out_like((n, units), dtype, x._device)
+    n, units = _check.linear_params("linear_forward", x.shape, w.shape, None if b is None else b.shape)
+    k = x.shape[1]
+    y = out_like((n, units), dtype, x.device)
     h = blas(x)
     beta = 0.0
     if b is not None and n * units:
         _kernels.kernel(f"bias_rows_{np.dtype(dtype).itemsize}").launch(
             _kernels.grid_for(n * units), 256, (y, b, np.int64(n * units), np.int32(units)),
-            stream=current_stream(x._device))
+            stream=current_stream(x.device))
         beta = 1.0
-    gemm_into(h, x._ptr, w._ptr, y._ptr, n, units, k, False, True, 1.0, beta, dtype)
+    gemm_into(h, x.ptr, w.ptr, y.ptr, n, units, k, False, True, 1.0, beta, dtype)
     return y
 
 
@@ -108,18 +108,18 @@ def linear_forward(x, w, b=None):
 def linear_backward(x, w, dy, bias=True):
     """(dx, dw, db): dx = dy w, dw = dy^T x (two Sgemm), db = column sums of dy (Sgemv with ones)."""
     dtype = float_dtype("linear_backward", _check.FLOAT_DTYPES, x=x, w=w, dy=dy)
-    _check.linear_grad_params("linear_backward", x._shape, w._shape, dy._shape)
-    n, k = x._shape
-    units = w._shape[0]
+    _check.linear_grad_params("linear_backward", x.shape, w.shape, dy.shape)
+    n, k = x.shape
+    units = w.shape[0]
     h = blas(x)
-    dx = out_like((n, k), dtype, x._device)
-    dw = out_like((units, k), dtype, x._device)
-    gemm_into(h, dy._ptr, w._ptr, dx._ptr, n, k, units, False, False, 1.0, 0.0, dtype)
-    gemm_into(h, dy._ptr, x._ptr, dw._ptr, units, k, n, True, False, 1.0, 0.0, dtype)
+    dx = out_like((n, k), dtype, x.device)
+    dw = out_like((units, k), dtype, x.device)
+    gemm_into(h, dy.ptr, w.ptr, dx.ptr, n, k, units, False, False, 1.0, 0.0, dtype)
+    gemm_into(h, dy.ptr, x.ptr, dw.ptr, units, k, n, True, False, 1.0, 0.0, dtype)
     db = None
     if bias:
-        db = out_like((units,), dtype, x._device)
-        sum_rows_into(h, dy._ptr, ones_vector(x._device, n, dtype)._ptr, db._ptr, n, units, 1.0, 0.0, dtype)
+        db = out_like((units,), dtype, x.device)
+        sum_rows_into(h, dy.ptr, ones_vector(x.device, n, dtype).ptr, db.ptr, n, units, 1.0, 0.0, dtype)
     return dx, dw, db
 
 
@@ -130,10 +130,10 @@ def _inplace_check(opname, **arrays):
     for name, a in items:
         if not isinstance(a, NDArray):
             raise DnnbindTypeError(f"{opname}: {name} must be a dnnbind NDArray (updated in place), got {type(a).__name__}")
-    devices = {a._device for _, a in items}
+    devices = {a.device for _, a in items}
     if len(devices) > 1:
         raise DnnbindValueError(f"{opname}: all arrays must be on one device, got "
-                         + ", ".join(f"{k} on {a._device}" for k, a in items))
+                         + ", ".join(f"{k} on {a.device}" for k, a in items))
     return items[0][1]
 
 
@@ -142,10 +142,10 @@ def axpy(alpha, x, y):
     _inplace_check("axpy", x=x, y=y)
     _check.check_same_shape("axpy", x=x, y=y)
     dtype = float_dtype("axpy", _check.FLOAT32_64, x=x, y=y)
-    if y._data is not None:
+    if not y.on_gpu:
         reference.axpy(alpha, x._data, y._data)
     elif y.size:
-        getattr(C, _AXPY[dtype])(blas(y), y.size, D.scalar_ptr(alpha, dtype), x._ptr, 1, y._ptr, 1)
+        getattr(C, _AXPY[dtype])(blas(y), y.size, D.scalar_ptr(alpha, dtype), x.ptr, 1, y.ptr, 1)
     return y
 
 
@@ -153,17 +153,17 @@ def scal(alpha, x):
     """x *= alpha in place: ``cublasSscal_v2``."""
     _inplace_check("scal", x=x)
     dtype = float_dtype("scal", _check.FLOAT32_64, x=x)
-    if x._data is not None:
+    if not x.on_gpu:
         reference.scal(alpha, x._data)
     elif x.size:
-        getattr(C, _SCAL[dtype])(blas(x), x.size, D.scalar_ptr(alpha, dtype), x._ptr, 1)
+        getattr(C, _SCAL[dtype])(blas(x), x.size, D.scalar_ptr(alpha, dtype), x.ptr, 1)
     return x
 
 
 def fill(x, value):
     """x[...] = value in place: ``cudaMemsetAsync`` for 0, a one-line kernel otherwise."""
     _inplace_check("fill", x=x)
-    if x._data is not None:
+    if not x.on_gpu:
         reference.fill(x._data, value)
     elif value == 0 or x.size == 0:
         x.zero_()
@@ -172,15 +172,15 @@ def fill(x, value):
         name = "fill_f64" if dtype == np.float64 else "fill_f32"
         val = np.float64(value) if dtype == np.float64 else np.float32(value)
         _kernels.kernel(name).launch(_kernels.grid_for(x.size), 256, (x, val, np.int64(x.size)),
-                                     stream=current_stream(x._device))
+                                     stream=current_stream(x.device))
     return x
 
 
 def copy(src, dst):
     """dst[...] = src in place: ``cudaMemcpyAsync`` (src may be numpy)."""
     _inplace_check("copy", dst=dst)
-    if isinstance(src, NDArray) and src._device is dst._device and dst._data is None:
+    if isinstance(src, NDArray) and src.device is dst.device and dst.on_gpu:
         _check.check_same_shape("copy", src=src, dst=dst)
-        memcpy(dst._ptr, src._ptr, dst.nbytes, D2D, current_stream(dst._device))
+        memcpy(dst.ptr, src.ptr, dst.nbytes, D2D, current_stream(dst.device))
         return dst
     return dst.copy_(src)

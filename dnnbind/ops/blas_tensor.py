@@ -29,8 +29,8 @@ def _ints(op: str, **dims) -> None:
 
 def _matrix(op: str, name: str, a: NDArray, ndim: int, trans: bool) -> tuple:
     if a.ndim != ndim:
-        raise DnnbindValueError(f"{op}: {name} must have {ndim} dims, got shape {a._shape}")
-    return a._shape[:-2] + a._shape[:-3:-1] if trans else a._shape
+        raise DnnbindValueError(f"{op}: {name} must have {ndim} dims, got shape {a.shape}")
+    return a.shape[:-2] + a.shape[:-3:-1] if trans else a.shape
 
 
 def geam(a: NDArray, b: NDArray | None = None, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
@@ -47,21 +47,21 @@ def geam(a: NDArray, b: NDArray | None = None, alpha: float = 1.0, beta: float =
         b, trans_b = a, trans_a  # NOTE: cuBLAS needs a valid B; with beta 0 it contributes nothing
     elif _matrix("geam", "b", b, 2, trans_b) != (m, n):
         raise DnnbindValueError(f"geam: op(a) is {(m, n)} but op(b) is {_matrix('geam', 'b', b, 2, trans_b)} "
-                         f"(a {a._shape}, b {b._shape}, trans_a={trans_a}, trans_b={trans_b})")
+                         f"(a {a.shape}, b {b.shape}, trans_a={trans_a}, trans_b={trans_b})")
     if out is None:
-        out = empty((m, n), dtype, a._device)
-    elif out._shape != (m, n):
-        raise DnnbindValueError(f"geam: out has shape {out._shape}; expected {(m, n)}")
-    if (out._ptr == a._ptr and trans_a) or (out._ptr == b._ptr and trans_b):
+        out = empty((m, n), dtype, a.device)
+    elif out.shape != (m, n):
+        raise DnnbindValueError(f"geam: out has shape {out.shape}; expected {(m, n)}")
+    if (out.ptr == a.ptr and trans_a) or (out.ptr == b.ptr and trans_b):
         raise DnnbindValueError("geam: out may share memory with a or b only where that operand is not transposed")
     if out.size == 0:
         return out
     lda, ldb = (m if trans_a else n), (m if trans_b else n)
     try:
-        getattr(C, _GEAM[dtype])(blas(a), int(trans_a), int(trans_b), n, m, D.scalar_ptr(alpha, dtype), a._ptr,
-                                 lda, D.scalar_ptr(beta, dtype), b._ptr, ldb, out._ptr, n)
+        getattr(C, _GEAM[dtype])(blas(a), int(trans_a), int(trans_b), n, m, D.scalar_ptr(alpha, dtype), a.ptr,
+                                 lda, D.scalar_ptr(beta, dtype), b.ptr, ldb, out.ptr, n)
     except CublasError as exc:
-        raise with_context(exc, op="geam", a=a._shape, b=b._shape, trans_a=trans_a, trans_b=trans_b) from None
+        raise with_context(exc, op="geam", a=a.shape, b=b.shape, trans_a=trans_a, trans_b=trans_b) from None
     return out
 
 
@@ -76,9 +76,9 @@ def gemm_strided_batched(a: NDArray, b: NDArray, trans_a: bool = False, trans_b:
     batch, m, k = _matrix(op, "a", a, 3, trans_a)
     batch_b, kb, n = _matrix(op, "b", b, 3, trans_b)
     if batch_b != batch or kb != k:
-        raise DnnbindValueError(f"{op}: op(a) is {(batch, m, k)} but op(b) is {(batch_b, kb, n)} (a {a._shape}, "
-                         f"b {b._shape}, trans_a={trans_a}, trans_b={trans_b}); batch and inner dims must agree")
-    out = _out(op, out, (batch, m, n), dtype, a._device, beta)
+        raise DnnbindValueError(f"{op}: op(a) is {(batch, m, k)} but op(b) is {(batch_b, kb, n)} (a {a.shape}, "
+                         f"b {b.shape}, trans_a={trans_a}, trans_b={trans_b}); batch and inner dims must agree")
+    out = _out(op, out, (batch, m, n), dtype, a.device, beta)
     _ints(op, m=m, n=n, k=k, batch=batch)
     if out.size == 0:
         return out
@@ -87,10 +87,10 @@ def gemm_strided_batched(a: NDArray, b: NDArray, trans_a: bool = False, trans_b:
     lda, ldb = (m if trans_a else k), (k if trans_b else n)
     try:  # column-major C^T = op(B)^T op(A)^T: operands swap places, each keeps its flag
         getattr(C, _BATCHED[dtype])(blas(a), int(trans_b), int(trans_a), n, m, k, D.scalar_ptr(alpha, dtype),
-                                    b._ptr, ldb, k * n, a._ptr, lda, m * k, D.scalar_ptr(beta, dtype), out._ptr,
+                                    b.ptr, ldb, k * n, a.ptr, lda, m * k, D.scalar_ptr(beta, dtype), out.ptr,
                                     n, m * n, batch)
     except CublasError as exc:
-        raise with_context(exc, op=op, a=a._shape, b=b._shape, trans_a=trans_a, trans_b=trans_b) from None
+        raise with_context(exc, op=op, a=a.shape, b=b.shape, trans_a=trans_a, trans_b=trans_b) from None
     return out
 
 
@@ -99,25 +99,25 @@ def matmul2d(a: NDArray, b: NDArray, trans_a: bool = False, trans_b: bool = Fals
     """out = alpha op(a) @ op(b) + beta out for 2-d row-major arrays: (M, K) x (K, N) -> (M, N) (Sgemm/Dgemm).
     nd.dot of any ranks reshapes to this: (..., K) x (K, ...) is (prod(...), K) x (K, prod(...))."""
     dtype = _arrays("matmul2d", BLAS_FLOATS, a=a, b=b, out=out)
-    m, n, k = _check.gemm_params("matmul2d", a._shape, b._shape, None, trans_a, trans_b)
+    m, n, k = _check.gemm_params("matmul2d", a.shape, b.shape, None, trans_a, trans_b)
     alpha, beta = _real("matmul2d", "alpha", alpha), _real("matmul2d", "beta", beta)
-    out = _out("matmul2d", out, (m, n), dtype, a._device, beta)
+    out = _out("matmul2d", out, (m, n), dtype, a.device, beta)
     _ints("matmul2d", m=m, n=n, k=k)
     if out.size == 0:
         return out
     try:
-        gemm_into(blas(a), a._ptr, b._ptr, out._ptr, m, n, k, bool(trans_a), bool(trans_b), alpha, beta, dtype)
+        gemm_into(blas(a), a.ptr, b.ptr, out.ptr, m, n, k, bool(trans_a), bool(trans_b), alpha, beta, dtype)
     except CublasError as exc:
-        raise with_context(exc, op="matmul2d", a=a._shape, b=b._shape, trans_a=trans_a, trans_b=trans_b) from None
+        raise with_context(exc, op="matmul2d", a=a.shape, b=b.shape, trans_a=trans_a, trans_b=trans_b) from None
     return out
 
 
 def _device_result(op: str, x: NDArray, fn_name: str, args: tuple, out: NDArray | None) -> NDArray:
     """Run a cuBLAS reduction whose result goes to device memory (no host synchronization)."""
     if out is None:
-        out = empty((1,), x._dtype, x._device)
+        out = empty((1,), x.dtype, x.device)
     elif out.size != 1:
-        raise DnnbindValueError(f"{op}: out must have one element, got shape {out._shape}")
+        raise DnnbindValueError(f"{op}: out must have one element, got shape {out.shape}")
     if x.size == 0:
         return out.zero_()
     h = blas(x)
@@ -127,9 +127,9 @@ def _device_result(op: str, x: NDArray, fn_name: str, args: tuple, out: NDArray 
     C.cublasGetPointerMode_v2(h, ctypes.byref(mode))
     C.cublasSetPointerMode_v2(h, cublas.CUBLAS_POINTER_MODE_DEVICE)
     try:
-        getattr(C, fn_name)(h, *args, out._ptr)
+        getattr(C, fn_name)(h, *args, out.ptr)
     except CublasError as exc:
-        raise with_context(exc, op=op, x=x._shape) from None
+        raise with_context(exc, op=op, x=x.shape) from None
     finally:
         C.cublasSetPointerMode_v2(h, mode.value)
     return out
@@ -139,13 +139,13 @@ def dot(x: NDArray, y: NDArray, out: NDArray | None = None) -> NDArray:
     """sum(x * y) over all elements into a 1-element device array (cublasSdot_v2/Ddot_v2, device result)."""
     dtype = _arrays("dot", BLAS_FLOATS, x=x, y=y, out=out)
     if x.size != y.size:
-        raise DnnbindValueError(f"dot: x {x._shape} and y {y._shape} have different sizes")
+        raise DnnbindValueError(f"dot: x {x.shape} and y {y.shape} have different sizes")
     _ints("dot", n=x.size)
-    return _device_result("dot", x, _DOT[dtype], (x.size, x._ptr, 1, y._ptr, 1), out)
+    return _device_result("dot", x, _DOT[dtype], (x.size, x.ptr, 1, y.ptr, 1), out)
 
 
 def nrm2(x: NDArray, out: NDArray | None = None) -> NDArray:
     """sqrt(sum(x**2)) over all elements into a 1-element device array (cublasSnrm2_v2/Dnrm2_v2)."""
     dtype = _arrays("nrm2", BLAS_FLOATS, x=x, out=out)
     _ints("nrm2", n=x.size)
-    return _device_result("nrm2", x, _NRM2[dtype], (x.size, x._ptr, 1), out)
+    return _device_result("nrm2", x, _NRM2[dtype], (x.size, x.ptr, 1), out)

@@ -215,9 +215,9 @@ def _new_plan(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype
 def conv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
     """y = conv(x, w) + b: ``cudnnConvolutionForward`` (+ ``cudnnAddTensor`` for the bias)."""
     dtype = float_dtype("conv_forward", x=x, w=w, b=b)
-    plan = _setup("conv_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,
-                  b_shape=None if b is None else b._shape, layout=layout)
-    return forward_on(exec_context(x._device), plan, x, w, b)
+    plan = _setup("conv_forward", x.shape, w.shape, stride, padding, dilation, groups, dtype,
+                  b_shape=None if b is None else b.shape, layout=layout)
+    return forward_on(exec_context(x.device), plan, x, w, b)
 
 
 def conv_plan(opname: str, x_shape: tuple, w_shape: tuple, stride, padding, dilation, groups: int, dtype,
@@ -239,16 +239,16 @@ def forward_on(ctx, plan: _Plan, x, w, b=None):
     """conv_forward on arrays its checks (or the Convolution operator's) accepted, ``plan`` from conv_plan for
     them, on ExecContext ``ctx`` (their device, made current): no check or lookup is repeated."""
     y = ctx.empty(plan.y_shape, plan.dtype)
-    xp, wp, yp = x._ptr, w._ptr, y._ptr
+    xp, wp, yp = x.ptr, w.ptr, y.ptr
     xd, wd, yd, cdesc, one, zero = plan.xd, plan.wd, plan.yd, plan.cdesc, plan.one, plan.zero
     try:
         _launch(ctx, plan, "fwd", (xp, wp, yp), lambda h, algo, ws, ws_size: L.cudnnConvolutionForward(
                     h, one, xd, xp, wd, wp, cdesc, algo, ws, ws_size, zero, yd, yp),
-                shapes=dict(x=x._shape, w=w._shape) if TRACING else None)
+                shapes=dict(x=x.shape, w=w.shape) if TRACING else None)
         if b is not None:
-            L.cudnnAddTensor(ctx.dnn(), one, plan.bd, b._ptr, one, yd, yp)
+            L.cudnnAddTensor(ctx.dnn(), one, plan.bd, b.ptr, one, yd, yp)
     except CudnnError as exc:
-        raise _conv_error(exc, "conv_forward", plan, x=x._shape, w=w._shape) from None
+        raise _conv_error(exc, "conv_forward", plan, x=x.shape, w=w.shape) from None
     return y
 
 
@@ -285,9 +285,9 @@ def conv_bias_relu_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups
     dtype = float_dtype("conv_bias_relu_forward", (np.dtype(np.float32), np.dtype(np.float16)), x=x, w=w, b=b)
     if b is None:
         raise DnnbindValueError("conv_bias_relu_forward: needs a bias b (use conv_forward + activation_forward without)")
-    plan = _setup("conv_bias_relu_forward", x._shape, w._shape, stride, padding, dilation, groups, dtype,
-                  b_shape=b._shape, layout=layout)
-    return bias_relu_forward_on(exec_context(x._device), plan, x, w, b)
+    plan = _setup("conv_bias_relu_forward", x.shape, w.shape, stride, padding, dilation, groups, dtype,
+                  b_shape=b.shape, layout=layout)
+    return bias_relu_forward_on(exec_context(x.device), plan, x, w, b)
 
 
 def bias_relu_forward_on(ctx, plan: _Plan, x, w, b):
@@ -298,7 +298,7 @@ def bias_relu_forward_on(ctx, plan: _Plan, x, w, b):
         KW.kernel(name).launch(grid, KW.BLOCK, (x, w, b, y, geom), stream=ctx.stream)
         return y
     act = D.activation("relu", 0.0)
-    xp, wp, bp, yp = x._ptr, w._ptr, b._ptr, y._ptr
+    xp, wp, bp, yp = x.ptr, w.ptr, b.ptr, y.ptr
     xd, wd, yd, bd, cdesc, one, zero = plan.xd, plan.wd, plan.yd, plan.bd, plan.cdesc, plan.one, plan.zero
 
     def legacy(h, algo, ws, ws_size):
@@ -308,9 +308,9 @@ def bias_relu_forward_on(ctx, plan: _Plan, x, w, b):
         # one backend graph: conv -> + bias -> relu, fused by cuDNN's runtime fusion; of the legacy algorithms,
         # only CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM (1) is documented for it
         _launch(ctx, plan, "fwd_bias_relu", (xp, wp, bp, yp), legacy, only=(1,),
-                shapes=dict(x=x._shape, w=w._shape) if TRACING else None)
+                shapes=dict(x=x.shape, w=w.shape) if TRACING else None)
     except CudnnError as exc:
-        raise _conv_error(exc, "conv_bias_relu_forward", plan, x=x._shape, w=w._shape) from None
+        raise _conv_error(exc, "conv_bias_relu_forward", plan, x=x.shape, w=w.shape) from None
     return y
 
 
@@ -319,22 +319,22 @@ def conv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups=1
     """dx = conv_transpose(dy, w): ``cudnnConvolutionBackwardData``."""
     dtype = float_dtype("conv_backward_data", w=w, dy=dy)
     x_shape = _check.check_shape_arg("conv_backward_data", "x_shape", x_shape)
-    plan = _setup("conv_backward_data", x_shape, w._shape, stride, padding, dilation, groups, dtype,
-                  dy_shape=dy._shape, layout=layout)
-    return backward_data_on(exec_context(w._device), plan, w, dy)
+    plan = _setup("conv_backward_data", x_shape, w.shape, stride, padding, dilation, groups, dtype,
+                  dy_shape=dy.shape, layout=layout)
+    return backward_data_on(exec_context(w.device), plan, w, dy)
 
 
 def backward_data_on(ctx, plan: _Plan, w, dy):
     """conv_backward_data on checked arrays (see forward_on); dx has the plan's x shape."""
     dx = ctx.empty(plan.params[0], plan.dtype)
-    wp, dyp, dxp = w._ptr, dy._ptr, dx._ptr
+    wp, dyp, dxp = w.ptr, dy.ptr, dx.ptr
     wd, dyd, dxd, cdesc, one, zero = plan.wd, plan.yd, plan.xd, plan.cdesc, plan.one, plan.zero
     try:
         _launch(ctx, plan, "bwd_data", (wp, dyp, dxp), lambda h, algo, ws, ws_size: L.cudnnConvolutionBackwardData(
                     h, one, wd, wp, dyd, dyp, cdesc, algo, ws, ws_size, zero, dxd, dxp),
-                shapes=dict(w=w._shape, dy=dy._shape) if TRACING else None)
+                shapes=dict(w=w.shape, dy=dy.shape) if TRACING else None)
     except CudnnError as exc:
-        raise _conv_error(exc, "conv_backward_data", plan, w=w._shape, dy=dy._shape, x_shape=plan.params[0]) from None
+        raise _conv_error(exc, "conv_backward_data", plan, w=w.shape, dy=dy.shape, x_shape=plan.params[0]) from None
     return dx
 
 
@@ -343,24 +343,24 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
     """dw = correlation of x with dy: ``cudnnConvolutionBackwardFilter`` (into ``out`` if given, GPU only)."""
     dtype = float_dtype("conv_backward_filter", x=x, dy=dy)
     w_shape = _check.check_shape_arg("conv_backward_filter", "w_shape", w_shape)
-    plan = _setup("conv_backward_filter", x._shape, w_shape, stride, padding, dilation, groups, dtype,
-                  dy_shape=dy._shape, layout=layout)
-    return backward_filter_on(exec_context(x._device), plan, x, dy, out)
+    plan = _setup("conv_backward_filter", x.shape, w_shape, stride, padding, dilation, groups, dtype,
+                  dy_shape=dy.shape, layout=layout)
+    return backward_filter_on(exec_context(x.device), plan, x, dy, out)
 
 
 def backward_filter_on(ctx, plan: _Plan, x, dy, out=None):
     """conv_backward_filter on checked arrays (see forward_on), into ``out`` (checked here) if given."""
     dw = _target(out, plan.params[1], plan.dtype, ctx.device, "conv_backward_filter") if out is not None \
         else ctx.empty(plan.params[1], plan.dtype)
-    xp, dyp, dwp = x._ptr, dy._ptr, dw._ptr
+    xp, dyp, dwp = x.ptr, dy.ptr, dw.ptr
     xd, dyd, dwd, cdesc, one, zero = plan.xd, plan.yd, plan.wd, plan.cdesc, plan.one, plan.zero
     try:
         _launch(ctx, plan, "bwd_filter", (xp, dyp, dwp),
                 lambda h, algo, ws, ws_size: L.cudnnConvolutionBackwardFilter(
                     h, one, xd, xp, dyd, dyp, cdesc, algo, ws, ws_size, zero, dwd, dwp),
-                shapes=dict(x=x._shape, dy=dy._shape) if TRACING else None)
+                shapes=dict(x=x.shape, dy=dy.shape) if TRACING else None)
     except CudnnError as exc:
-        raise _conv_error(exc, "conv_backward_filter", plan, x=x._shape, dy=dy._shape,
+        raise _conv_error(exc, "conv_backward_filter", plan, x=x.shape, dy=dy.shape,
                           w_shape=plan.params[1]) from None
     return dw
 
@@ -369,17 +369,17 @@ def backward_filter_on(ctx, plan: _Plan, x, dy, out=None):
 def conv_backward_bias(dy, layout="NCHW"):
     """db[k] = sum of dy over n, h, w: ``cudnnConvolutionBackwardBias``."""
     dtype = float_dtype("conv_backward_bias", dy=dy)
-    if len(dy._shape) == 5:  # 3-D: D.tensor folds (N, K, O, P, Q) into (N, K, O*P, Q), the same per-channel sum
-        k = conv3d_bias_params("conv_backward_bias", dy._shape, layout)
+    if len(dy.shape) == 5:  # 3-D: D.tensor folds (N, K, O, P, Q) into (N, K, O*P, Q), the same per-channel sum
+        k = conv3d_bias_params("conv_backward_bias", dy.shape, layout)
     else:
-        k = _check.conv_bias_params("conv_backward_bias", dy._shape, layout)
-    db = out_like((k,), dtype, dy._device)
+        k = _check.conv_bias_params("conv_backward_bias", dy.shape, layout)
+    db = out_like((k,), dtype, dy.device)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
     if layout == "NHWC":
-        dyd, dbd = D.tensor_nhwc(dy._shape, dtype), D.tensor_nhwc((1, 1, 1, k), dtype)
+        dyd, dbd = D.tensor_nhwc(dy.shape, dtype), D.tensor_nhwc((1, 1, 1, k), dtype)
     else:
-        dyd, dbd = D.tensor(dy._shape, dtype), D.tensor((1, k, 1, 1), dtype)
-    L.cudnnConvolutionBackwardBias(dnn(dy), one, dyd, dy._ptr, zero, dbd, db._ptr)
+        dyd, dbd = D.tensor(dy.shape, dtype), D.tensor((1, k, 1, 1), dtype)
+    L.cudnnConvolutionBackwardBias(dnn(dy), one, dyd, dy.ptr, zero, dbd, db.ptr)
     return db
 
 
@@ -402,23 +402,23 @@ def conv_backward_bias_gemv(dy, out=None, layout="NCHW"):
     recording, which cannot copy from the host, needs no longer one than its eager run made.
     """
     float_dtype("conv_backward_bias", _check.FLOAT_DTYPES, dy=dy)
-    _check.conv_bias_params("conv_backward_bias", dy._shape, layout)
-    return backward_bias_on(exec_context(dy._device), dy, out, layout)
+    _check.conv_bias_params("conv_backward_bias", dy.shape, layout)
+    return backward_bias_on(exec_context(dy.device), dy, out, layout)
 
 
 def backward_bias_on(ctx, dy, out=None, layout="NCHW"):
     """conv_backward_bias_gemv on a checked dy (see forward_on), into ``out`` (checked here) if given."""
-    dtype, shape = dy._dtype, dy._shape
+    dtype, shape = dy.dtype, dy.shape
     n, k = shape[0], shape[-1] if layout == "NHWC" else shape[1]
     hw = math.prod(shape) // (n * k)
     h = ctx.blas()
     # the (K*H*W,) partial sums live only between the two gemvs: the stream's shared scratch, not an allocation
     per_pixel, _, held = borrow_workspace(ctx, k * hw * dtype.itemsize)
-    sum_rows_into(h, dy._ptr, ones_vector(ctx.device, n, dtype)._ptr, per_pixel, n, k * hw, 1.0, 0.0, dtype)
+    sum_rows_into(h, dy.ptr, ones_vector(ctx.device, n, dtype).ptr, per_pixel, n, k * hw, 1.0, 0.0, dtype)
     db = _target(out, (k,), dtype, ctx.device, "conv_backward_bias") if out is not None else ctx.empty((k,), dtype)
     if layout == "NHWC":  # per_pixel is (H*W, K): sum its rows
-        sum_rows_into(h, per_pixel, ones_vector(ctx.device, hw, dtype)._ptr, db._ptr, hw, k, 1.0, 0.0, dtype)
+        sum_rows_into(h, per_pixel, ones_vector(ctx.device, hw, dtype).ptr, db.ptr, hw, k, 1.0, 0.0, dtype)
     else:  # per_pixel is (K, H*W): sum each row
-        row_sums_into(h, per_pixel, ones_vector(ctx.device, hw, dtype)._ptr, db._ptr, k, hw, 1.0, 0.0, dtype)
+        row_sums_into(h, per_pixel, ones_vector(ctx.device, hw, dtype).ptr, db.ptr, k, hw, 1.0, 0.0, dtype)
     del held
     return db

@@ -30,9 +30,9 @@ def deconv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, adj=
     """y = conv_transpose(x, w) + b: ``cudnnConvolutionBackwardData`` (+ ``cudnnAddTensor`` for the bias).
     x (N, C, H, W), w (C, F/groups, R, S), b (F,); y (N, F, (H-1)*sh - 2*ph + dh*(R-1) + 1 + adj_h, ...)."""
     dtype = float_dtype("deconv_forward", x=x, w=w, b=b)
-    check = deconv3d_params if len(x._shape) == 5 else _check.deconv_params
+    check = deconv3d_params if len(x.shape) == 5 else _check.deconv_params
     stride, padding, dilation, groups, _, y_shape = check(
-        "deconv_forward", x._shape, w._shape, None if b is None else b._shape, stride, padding, dilation, groups,
+        "deconv_forward", x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups,
         adj)
     # The convolution being transposed maps y's shape to x's: conv's backward data with dy = x, dx = y.
     y = conv_backward_data.impl(w, x, y_shape, stride, padding, dilation, groups)
@@ -40,10 +40,10 @@ def deconv_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, adj=
         one = D.scalar_ptr(1, dtype)
         try:
             # NOTE: D.tensor folds a 5-D y into (N, F, O*P*Q, 1); the per-channel bias adds the same way
-            L.cudnnAddTensor(dnn(y), one, D.tensor((1, y_shape[1], 1, 1), dtype), b._ptr, one,
-                             D.tensor(y_shape, dtype), y._ptr)
+            L.cudnnAddTensor(dnn(y), one, D.tensor((1, y_shape[1], 1, 1), dtype), b.ptr, one,
+                             D.tensor(y_shape, dtype), y.ptr)
         except CudnnError as exc:
-            raise with_context(exc, op="deconv_forward", y=y_shape, b=b._shape) from None
+            raise with_context(exc, op="deconv_forward", y=y_shape, b=b.shape) from None
     return y
 
 
@@ -54,7 +54,7 @@ def deconv_backward_data(w, dy, x_shape, stride=1, padding=0, dilation=1, groups
     x_shape = _check.check_shape_arg("deconv_backward_data", "x_shape", x_shape)
     check = deconv3d_grad_params if len(x_shape) == 5 else _check.deconv_grad_params
     stride, padding, dilation, groups, _, _ = check(
-        "deconv_backward_data", x_shape, w._shape, dy._shape, stride, padding, dilation, groups)
+        "deconv_backward_data", x_shape, w.shape, dy.shape, stride, padding, dilation, groups)
     return conv_forward.impl(dy, w, None, stride, padding, dilation, groups)
 
 
@@ -64,7 +64,7 @@ def deconv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, grou
     (into ``out`` if given, GPU only)."""
     float_dtype("deconv_backward_filter", x=x, dy=dy)
     w_shape = _check.check_shape_arg("deconv_backward_filter", "w_shape", w_shape)
-    check = deconv3d_grad_params if len(x._shape) == 5 else _check.deconv_grad_params
+    check = deconv3d_grad_params if len(x.shape) == 5 else _check.deconv_grad_params
     stride, padding, dilation, groups, _, _ = check(
-        "deconv_backward_filter", x._shape, w_shape, dy._shape, stride, padding, dilation, groups)
+        "deconv_backward_filter", x.shape, w_shape, dy.shape, stride, padding, dilation, groups)
     return conv_backward_filter.impl(dy, x, w_shape, stride, padding, dilation, groups, out=out)

@@ -175,19 +175,19 @@ def dropout_forward(x, p=0.5, seed=0, generation=None):
         resolve_seed(name, seed)
     n = x.size
     if n == 0:
-        return out_like(x._shape, dtype, x._device), out_like((0,), np.uint8, x._device)
+        return out_like(x.shape, dtype, x.device), out_like((0,), np.uint8, x.device)
     try:
         xd, size = _flat(n, dtype), reserve_size(n, dtype)
     except ValueError as exc:
-        raise DnnbindValueError(f"{name}: x of shape {x._shape}: {exc}") from None
+        raise DnnbindValueError(f"{name}: x of shape {x.shape}: {exc}") from None
     h = dnn(x)
     try:
         # first: a seeding refused inside a capture must not have allocated anything in it
-        desc = rng_state(x._device, h, p, seed, generation).desc(p)
-        y, reserve = out_like(x._shape, dtype, x._device), out_like((size,), np.uint8, x._device)
-        L.cudnnDropoutForward(h, desc, xd, x._ptr, xd, y._ptr, reserve._ptr, size)
+        desc = rng_state(x.device, h, p, seed, generation).desc(p)
+        y, reserve = out_like(x.shape, dtype, x.device), out_like((size,), np.uint8, x.device)
+        L.cudnnDropoutForward(h, desc, xd, x.ptr, xd, y.ptr, reserve.ptr, size)
     except CudnnError as exc:
-        raise with_context(exc, op=name, x=x._shape, dtype=dtype.name, p=p) from None
+        raise with_context(exc, op=name, x=x.shape, dtype=dtype.name, p=p) from None
     return y, reserve
 
 
@@ -200,21 +200,21 @@ def dropout_backward(dy, reserve, p=0.5):
     p = _gpu_p(name, p)
     n = dy.size
     if n == 0:
-        return out_like(dy._shape, dtype, dy._device)
+        return out_like(dy.shape, dtype, dy.device)
     try:
         dyd, size = _flat(n, dtype), reserve_size(n, dtype)
     except ValueError as exc:
-        raise DnnbindValueError(f"{name}: dy of shape {dy._shape}: {exc}") from None
+        raise DnnbindValueError(f"{name}: dy of shape {dy.shape}: {exc}") from None
     if reserve.dtype != np.uint8 or reserve.size != size:
         raise DnnbindValueError(f"{name}: reserve must be the uint8 array of {size} bytes dropout_forward returned for "
                          f"{n} elements, got {reserve.dtype} of {reserve.size}")
     h = dnn(dy)
     try:
-        desc = rng_state(dy._device, h, p).desc(p)  # seeded by the forward (if that ran on another stream: here)
-        dx = out_like(dy._shape, dtype, dy._device)
-        L.cudnnDropoutBackward(h, desc, dyd, dy._ptr, dyd, dx._ptr, reserve._ptr, size)
+        desc = rng_state(dy.device, h, p).desc(p)  # seeded by the forward (if that ran on another stream: here)
+        dx = out_like(dy.shape, dtype, dy.device)
+        L.cudnnDropoutBackward(h, desc, dyd, dy.ptr, dyd, dx.ptr, reserve.ptr, size)
     except CudnnError as exc:
-        raise with_context(exc, op=name, dy=dy._shape, dtype=dtype.name, p=p) from None
+        raise with_context(exc, op=name, dy=dy.shape, dtype=dtype.name, p=p) from None
     return dx
 
 
@@ -225,7 +225,7 @@ def dropout_mask(shape: tuple, dtype, device, p=0.5, seed=0, generation=None) ->
     if device.kind != "cpu":  # seed first: a seeding refused inside a capture must find nothing allocated in it
         rng_state(device, cudnn_handle(device), _gpu_p("dropout_mask", p), seed, generation)
     ones = empty(tuple(shape), dtype, device)
-    if ones._data is not None:
+    if not ones.on_gpu:
         ones._data[...] = 1
     elif ones.size:
         set_tensor(ones, 1.0)

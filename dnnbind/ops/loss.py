@@ -24,11 +24,11 @@ _LABELS = (np.dtype(np.int32), np.dtype(np.int64))
 def _labels(opname, scores, labels, dloss=None, scores_name="logits"):
     dtype = float_dtype(opname, _check.FLOAT32_64, **{scores_name: scores})
     c = _check.loss_params(opname, scores, labels, dloss, scores_name)
-    if labels._dtype not in _LABELS:
-        raise DnnbindTypeError(f"{opname}: labels must be int32 or int64 on the GPU, got {labels._dtype}; "
+    if labels.dtype not in _LABELS:
+        raise DnnbindTypeError(f"{opname}: labels must be int32 or int64 on the GPU, got {labels.dtype}; "
                         "use labels.astype('int32')")
-    if dloss is not None and dloss._dtype != dtype:
-        raise DnnbindTypeError(f"{opname}: dloss has dtype {dloss._dtype} but {scores_name} has {dtype}")
+    if dloss is not None and dloss.dtype != dtype:
+        raise DnnbindTypeError(f"{opname}: dloss has dtype {dloss.dtype} but {scores_name} has {dtype}")
     return dtype, c
 
 
@@ -40,9 +40,9 @@ def _launch(name, n_threads, args, device):
 def nll_loss(logp, labels):
     """loss[i] = -logp[i, labels[i]]."""
     dtype, c = _labels("nll_loss", logp, labels, scores_name="logp")
-    n = logp._shape[0]
-    loss = out_like((n,), dtype, logp._device)
-    _launch("nll_fwd_" + _kernels.suffix(dtype, labels._dtype), n, (logp, labels, loss, n, c), logp._device)
+    n = logp.shape[0]
+    loss = out_like((n,), dtype, logp.device)
+    _launch("nll_fwd_" + _kernels.suffix(dtype, labels.dtype), n, (logp, labels, loss, n, c), logp.device)
     return loss
 
 
@@ -50,10 +50,10 @@ def nll_loss(logp, labels):
 def nll_loss_backward(logp, labels, dloss):
     """dlogp[i, j] = -dloss[i] if j == labels[i] else 0."""
     dtype, c = _labels("nll_loss_backward", logp, labels, dloss, scores_name="logp")
-    n = logp._shape[0]
-    dlogp = out_like(logp._shape, dtype, logp._device)
-    _launch("nll_bwd_" + _kernels.suffix(dtype, labels._dtype), n * c, (labels, dloss, dlogp, n, c),
-            logp._device)
+    n = logp.shape[0]
+    dlogp = out_like(logp.shape, dtype, logp.device)
+    _launch("nll_bwd_" + _kernels.suffix(dtype, labels.dtype), n * c, (labels, dloss, dlogp, n, c),
+            logp.device)
     return dlogp
 
 
@@ -62,9 +62,9 @@ def softmax_cross_entropy(logits, labels):
     """loss[i] = logsumexp(logits[i]) - logits[i, labels[i]]: cuDNN log-softmax, then the label gather."""
     dtype, c = _labels("softmax_cross_entropy", logits, labels)
     logp = softmax_forward.impl(logits, "log", "instance")
-    n = logits._shape[0]
-    loss = out_like((n,), dtype, logits._device)
-    _launch("nll_fwd_" + _kernels.suffix(dtype, labels._dtype), n, (logp, labels, loss, n, c), logits._device)
+    n = logits.shape[0]
+    loss = out_like((n,), dtype, logits.device)
+    _launch("nll_fwd_" + _kernels.suffix(dtype, labels.dtype), n, (logp, labels, loss, n, c), logits.device)
     return loss
 
 
@@ -73,7 +73,7 @@ def softmax_cross_entropy_backward(logits, labels, dloss):
     """dlogits = (softmax(logits) - onehot(labels)) * dloss[:, None]: cuDNN softmax, then one kernel."""
     dtype, c = _labels("softmax_cross_entropy_backward", logits, labels, dloss)
     prob = softmax_forward.impl(logits, "accurate", "instance")
-    n = logits._shape[0]
-    _launch("sce_bwd_" + _kernels.suffix(dtype, labels._dtype), n * c, (prob, labels, dloss, prob, n, c),
-            logits._device)
+    n = logits.shape[0]
+    _launch("sce_bwd_" + _kernels.suffix(dtype, labels.dtype), n * c, (prob, labels, dloss, prob, n, c),
+            logits.device)
     return prob

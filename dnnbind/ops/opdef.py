@@ -87,7 +87,7 @@ class Grads:
     def ctx(self, like=None):
         e = self._exec
         if e is None:
-            e = self._exec = exec_context(self.device if self.device is not None else like._device)
+            e = self._exec = exec_context(self.device if self.device is not None else like.device)
         return e
 
 
@@ -154,9 +154,9 @@ def define(d: OpDef) -> OpDef:
 
 def view(x: NDArray, shape: tuple) -> NDArray:
     """``x`` seen with another shape of the same size, not taped (a lowering's reshapes are inside its op)."""
-    if x._data is not None:
+    if not x.on_gpu:
         return NDArray._from_numpy(x._data.reshape(shape))
-    return NDArray._from_ptr(x._ptr, shape, x._dtype, x._device, x._owner)
+    return NDArray._from_ptr(x.ptr, shape, x.dtype, x.device, x._owner)
 
 
 _table_call: Callable | None = None

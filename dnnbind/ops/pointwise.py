@@ -23,11 +23,11 @@ def activation_forward(x, mode="relu", coef=0.0):
     """y = f(x): ``cudnnActivationForward`` (relu, sigmoid, tanh, clipped_relu, elu)."""
     dtype = float_dtype("activation_forward", x=x)
     mode, coef = _check.activation_mode("activation_forward", mode, coef)
-    y = out_like(x._shape, dtype, x._device)
+    y = out_like(x.shape, dtype, x.device)
     if x.size:
-        xd = D.tensor(x._shape, dtype)
-        L.cudnnActivationForward(dnn(x), D.activation(mode, coef), D.scalar_ptr(1, dtype), xd, x._ptr,
-                                 D.scalar_ptr(0, dtype), xd, y._ptr)
+        xd = D.tensor(x.shape, dtype)
+        L.cudnnActivationForward(dnn(x), D.activation(mode, coef), D.scalar_ptr(1, dtype), xd, x.ptr,
+                                 D.scalar_ptr(0, dtype), xd, y.ptr)
     return y
 
 
@@ -37,11 +37,11 @@ def activation_backward(y, dy, x, mode="relu", coef=0.0):
     dtype = float_dtype("activation_backward", y=y, dy=dy, x=x)
     mode, coef = _check.activation_mode("activation_backward", mode, coef)
     _check.check_same_shape("activation_backward", y=y, dy=dy, x=x)
-    dx = out_like(x._shape, dtype, x._device)
+    dx = out_like(x.shape, dtype, x.device)
     if x.size:
-        d = D.tensor(x._shape, dtype)
-        L.cudnnActivationBackward(dnn(x), D.activation(mode, coef), D.scalar_ptr(1, dtype), d, y._ptr, d,
-                                  dy._ptr, d, x._ptr, D.scalar_ptr(0, dtype), d, dx._ptr)
+        d = D.tensor(x.shape, dtype)
+        L.cudnnActivationBackward(dnn(x), D.activation(mode, coef), D.scalar_ptr(1, dtype), d, y.ptr, d,
+                                  dy.ptr, d, x.ptr, D.scalar_ptr(0, dtype), d, dx.ptr)
     return dx
 
 
@@ -49,22 +49,22 @@ def activation_backward(y, dy, x, mode="relu", coef=0.0):
 def add_tensor(x, b):
     """x + b, b broadcast per channel (or same shape): ``cudnnAddTensor`` into a copy of x."""
     dtype = float_dtype("add_tensor", x=x, b=b)
-    b_shape = _check.add_tensor_params("add_tensor", x._shape, b._shape)
+    b_shape = _check.add_tensor_params("add_tensor", x.shape, b.shape)
     y = x.copy()
     try:
-        L.cudnnAddTensor(dnn(x), D.scalar_ptr(1, dtype), D.tensor(b_shape, dtype), b._ptr,
-                         D.scalar_ptr(1, dtype), D.tensor(x._shape, dtype), y._ptr)
+        L.cudnnAddTensor(dnn(x), D.scalar_ptr(1, dtype), D.tensor(b_shape, dtype), b.ptr,
+                         D.scalar_ptr(1, dtype), D.tensor(x.shape, dtype), y.ptr)
     except CudnnError as exc:
-        raise with_context(exc, op="add_tensor", x=x._shape, b=b._shape) from None
+        raise with_context(exc, op="add_tensor", x=x.shape, b=b.shape) from None
     return y
 
 
 def add_tensor_(y, b, alpha=1.0):
     """In place: y += alpha * b (b broadcast per channel). GPU NDArrays only; used by layers for bias."""
-    dtype = y._dtype
-    b_shape = _check.add_tensor_params("add_tensor", y._shape, b._shape)
-    L.cudnnAddTensor(dnn(y), D.scalar_ptr(alpha, dtype), D.tensor(b_shape, dtype), b._ptr,
-                     D.scalar_ptr(1, dtype), D.tensor(y._shape, dtype), y._ptr)
+    dtype = y.dtype
+    b_shape = _check.add_tensor_params("add_tensor", y.shape, b.shape)
+    L.cudnnAddTensor(dnn(y), D.scalar_ptr(alpha, dtype), D.tensor(b_shape, dtype), b.ptr,
+                     D.scalar_ptr(1, dtype), D.tensor(y.shape, dtype), y.ptr)
     return y
 
 
@@ -72,11 +72,11 @@ def add_tensor_(y, b, alpha=1.0):
 def softmax_forward(x, algorithm="accurate", mode="instance"):
     """softmax or log-softmax: ``cudnnSoftmaxForward``."""
     dtype = float_dtype("softmax_forward", x=x)
-    algorithm, mode = _check.softmax_params("softmax_forward", x._shape, algorithm, mode)
-    y = out_like(x._shape, dtype, x._device)
-    d = D.tensor(x._shape, dtype)
+    algorithm, mode = _check.softmax_params("softmax_forward", x.shape, algorithm, mode)
+    y = out_like(x.shape, dtype, x.device)
+    d = D.tensor(x.shape, dtype)
     L.cudnnSoftmaxForward(dnn(x), _SOFTMAX_ALGO[algorithm], _SOFTMAX_MODE[mode], D.scalar_ptr(1, dtype), d,
-                          x._ptr, D.scalar_ptr(0, dtype), d, y._ptr)
+                          x.ptr, D.scalar_ptr(0, dtype), d, y.ptr)
     return y
 
 
@@ -84,10 +84,10 @@ def softmax_forward(x, algorithm="accurate", mode="instance"):
 def softmax_backward(y, dy, algorithm="accurate", mode="instance"):
     """Gradient of softmax/log-softmax from its output y: ``cudnnSoftmaxBackward``."""
     dtype = float_dtype("softmax_backward", y=y, dy=dy)
-    algorithm, mode = _check.softmax_params("softmax_backward", y._shape, algorithm, mode)
+    algorithm, mode = _check.softmax_params("softmax_backward", y.shape, algorithm, mode)
     _check.check_same_shape("softmax_backward", y=y, dy=dy)
-    dx = out_like(y._shape, dtype, y._device)
-    d = D.tensor(y._shape, dtype)
+    dx = out_like(y.shape, dtype, y.device)
+    d = D.tensor(y.shape, dtype)
     L.cudnnSoftmaxBackward(dnn(y), _SOFTMAX_ALGO[algorithm], _SOFTMAX_MODE[mode], D.scalar_ptr(1, dtype), d,
-                           y._ptr, d, dy._ptr, D.scalar_ptr(0, dtype), d, dx._ptr)
+                           y.ptr, d, dy.ptr, D.scalar_ptr(0, dtype), d, dx.ptr)
     return dx

@@ -46,7 +46,7 @@ def _pool_kernel(direction: str, arrays: tuple, x_shape, y_shape, window, dtype,
     total = math.prod(y_shape)
     K.kernel(K.pool_name(direction, dtype, window, layout)).launch(
         K.pool_grid(total), K.BLOCK, (*arrays, total, c, h, w, p, q, window[0], window[1]),
-        stream=current_stream(arrays[0]._device))
+        stream=current_stream(arrays[0].device))
 
 
 def _desc(shape, dtype, layout):
@@ -57,17 +57,17 @@ def _desc(shape, dtype, layout):
 def pooling_forward(x, mode="max", window=2, stride=None, padding=0, layout="NCHW"):
     """``cudnnPoolingForward``, or the max-pool kernel (window == stride, no padding: see above)."""
     dtype = float_dtype("pooling_forward", x=x)
-    if len(x._shape) == 5:
+    if len(x.shape) == 5:
         return _pooling3d_forward(x, dtype, mode, window, stride, padding, layout)
-    window, stride, padding, y_shape = _check.pool_params("pooling_forward", x._shape, mode, window, stride,
+    window, stride, padding, y_shape = _check.pool_params("pooling_forward", x.shape, mode, window, stride,
                                                           padding, layout)
-    y = out_like(y_shape, dtype, x._device)
+    y = out_like(y_shape, dtype, x.device)
     if _kernel_case(mode, window, stride, padding, dtype, x):
-        _pool_kernel("fwd", (x, y), x._shape, y_shape, window, dtype, layout)
+        _pool_kernel("fwd", (x, y), x.shape, y_shape, window, dtype, layout)
         return y
     L.cudnnPoolingForward(dnn(x), D.pooling(mode.lower(), window, padding, stride), D.scalar_ptr(1, dtype),
-                          _desc(x._shape, dtype, layout), x._ptr, D.scalar_ptr(0, dtype),
-                          _desc(y_shape, dtype, layout), y._ptr)
+                          _desc(x.shape, dtype, layout), x.ptr, D.scalar_ptr(0, dtype),
+                          _desc(y_shape, dtype, layout), y.ptr)
     return y
 
 
@@ -76,17 +76,17 @@ def pooling_backward(y, dy, x, mode="max", window=2, stride=None, padding=0, lay
     """``cudnnPoolingBackward`` (needs the forward's x and y: max routes dy to the arg-max), or the max-pool
     kernel."""
     dtype = float_dtype("pooling_backward", y=y, dy=dy, x=x)
-    if len(x._shape) == 5:
+    if len(x.shape) == 5:
         return _pooling3d_backward(y, dy, x, dtype, mode, window, stride, padding, layout)
-    window, stride, padding, y_shape = _check.pool_grad_params("pooling_backward", x._shape, y._shape, dy._shape,
+    window, stride, padding, y_shape = _check.pool_grad_params("pooling_backward", x.shape, y.shape, dy.shape,
                                                                mode, window, stride, padding, layout)
-    dx = out_like(x._shape, dtype, x._device)
+    dx = out_like(x.shape, dtype, x.device)
     if _kernel_case(mode, window, stride, padding, dtype, x):  # y is not read: the max is recomputed from x
-        _pool_kernel("bwd", (x, dy, dx), x._shape, y_shape, window, dtype, layout)
+        _pool_kernel("bwd", (x, dy, dx), x.shape, y_shape, window, dtype, layout)
         return dx
-    yd, xd = _desc(y_shape, dtype, layout), _desc(x._shape, dtype, layout)
+    yd, xd = _desc(y_shape, dtype, layout), _desc(x.shape, dtype, layout)
     L.cudnnPoolingBackward(dnn(x), D.pooling(mode.lower(), window, padding, stride), D.scalar_ptr(1, dtype),
-                           yd, y._ptr, yd, dy._ptr, xd, x._ptr, D.scalar_ptr(0, dtype), xd, dx._ptr)
+                           yd, y.ptr, yd, dy.ptr, xd, x.ptr, D.scalar_ptr(0, dtype), xd, dx.ptr)
     return dx
 
 
@@ -95,20 +95,20 @@ def _desc3d(shape, dtype, layout):
 
 
 def _pooling3d_forward(x, dtype, mode, window, stride, padding, layout):
-    window, stride, padding, y_shape = pool3d_params("pooling_forward", x._shape, mode, window, stride, padding,
+    window, stride, padding, y_shape = pool3d_params("pooling_forward", x.shape, mode, window, stride, padding,
                                                      layout)
-    y = out_like(y_shape, dtype, x._device)
+    y = out_like(y_shape, dtype, x.device)
     L.cudnnPoolingForward(dnn(x), D.pooling(mode.lower(), window, padding, stride), D.scalar_ptr(1, dtype),
-                          _desc3d(x._shape, dtype, layout), x._ptr, D.scalar_ptr(0, dtype),
-                          _desc3d(y_shape, dtype, layout), y._ptr)
+                          _desc3d(x.shape, dtype, layout), x.ptr, D.scalar_ptr(0, dtype),
+                          _desc3d(y_shape, dtype, layout), y.ptr)
     return y
 
 
 def _pooling3d_backward(y, dy, x, dtype, mode, window, stride, padding, layout):
-    window, stride, padding, y_shape = pool3d_grad_params("pooling_backward", x._shape, y._shape, dy._shape, mode,
+    window, stride, padding, y_shape = pool3d_grad_params("pooling_backward", x.shape, y.shape, dy.shape, mode,
                                                           window, stride, padding, layout)
-    dx = out_like(x._shape, dtype, x._device)
-    yd, xd = _desc3d(y_shape, dtype, layout), _desc3d(x._shape, dtype, layout)
+    dx = out_like(x.shape, dtype, x.device)
+    yd, xd = _desc3d(y_shape, dtype, layout), _desc3d(x.shape, dtype, layout)
     L.cudnnPoolingBackward(dnn(x), D.pooling(mode.lower(), window, padding, stride), D.scalar_ptr(1, dtype),
-                           yd, y._ptr, yd, dy._ptr, xd, x._ptr, D.scalar_ptr(0, dtype), xd, dx._ptr)
+                           yd, y.ptr, yd, dy.ptr, xd, x.ptr, D.scalar_ptr(0, dtype), xd, dx.ptr)
     return dx

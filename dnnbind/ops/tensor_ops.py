@@ -62,13 +62,13 @@ def _arrays(op: str, allowed: tuple, **arrays) -> np.dtype:
             continue
         if not isinstance(a, NDArray):
             raise DnnbindTypeError(f"{op}: {name} must be a dnnbind NDArray on a GPU, got {type(a).__name__}")
-        if a._data is not None:
-            raise DnnbindTypeError(f"{op}: {name} {a._shape} lives on the cpu; {op} takes GPU arrays")
+        if not a.on_gpu:
+            raise DnnbindTypeError(f"{op}: {name} {a.shape} lives on the cpu; {op} takes GPU arrays")
         if device is None:
-            device = a._device
-        elif a._device is not device:
+            device = a.device
+        elif a.device is not device:
             raise DnnbindValueError(f"{op}: arrays on different devices: "
-                             + ", ".join(f"{k} on {v._device}" for k, v in arrays.items() if v is not None))
+                             + ", ".join(f"{k} on {v.device}" for k, v in arrays.items() if v is not None))
     return _check.check_dtype(op, allowed, **arrays)
 
 
@@ -81,9 +81,9 @@ def _out(op: str, out, shape: tuple, dtype, device, beta: float, also=None) -> N
         if beta != 0:
             raise DnnbindValueError(f"{op}: beta={beta} blends into out, so it needs out; pass out or beta=0")
         return empty(shape, dtype, device)
-    if out._shape != shape and out._shape != also:
+    if out.shape != shape and out.shape != also:
         expected = f"{shape}" + (f" or {also}" if also is not None else "")
-        raise DnnbindValueError(f"{op}: out has shape {out._shape}; expected {expected}")
+        raise DnnbindValueError(f"{op}: out has shape {out.shape}; expected {expected}")
     return out
 
 
@@ -160,19 +160,19 @@ def op_tensor(op: str, a: NDArray, b: NDArray | None = None, out: NDArray | None
     alpha1, alpha2, beta = (_real("op_tensor", n, v) for n, v in (("alpha1", alpha1), ("alpha2", alpha2),
                                                                       ("beta", beta)))
     b = a if unary else b
-    _broadcast_check("op_tensor", b._shape, a._shape)
-    out = _out("op_tensor", out, a._shape, dtype, a._device, beta)
+    _broadcast_check("op_tensor", b.shape, a.shape)
+    out = _out("op_tensor", out, a.shape, dtype, a.device, beta)
     if a.size == 0:
         return out
-    a_dims, b_dims = _broadcast_layout(a._shape, b._shape)
-    _fits("op_tensor", a_dims, OP_TENSOR_MAX_DIMS, f"a {a._shape} with b {b._shape}")
+    a_dims, b_dims = _broadcast_layout(a.shape, b.shape)
+    _fits("op_tensor", a_dims, OP_TENSOR_MAX_DIMS, f"a {a.shape} with b {b.shape}")
     ad = tensor_nd(a_dims, dtype)
     try:
-        L.cudnnOpTensor(dnn(a), _op_desc(op, dtype), D.scalar_ptr(alpha1, dtype), ad, a._ptr,
-                        D.scalar_ptr(alpha2, dtype), tensor_nd(b_dims, dtype), b._ptr, D.scalar_ptr(beta, dtype),
-                        ad, out._ptr)
+        L.cudnnOpTensor(dnn(a), _op_desc(op, dtype), D.scalar_ptr(alpha1, dtype), ad, a.ptr,
+                        D.scalar_ptr(alpha2, dtype), tensor_nd(b_dims, dtype), b.ptr, D.scalar_ptr(beta, dtype),
+                        ad, out.ptr)
     except CudnnError as exc:
-        raise with_context(exc, op=f"op_tensor({op})", a=a._shape, b=b._shape, dtype=dtype.name) from None
+        raise with_context(exc, op=f"op_tensor({op})", a=a.shape, b=b.shape, dtype=dtype.name) from None
     return out
 
 
@@ -180,16 +180,16 @@ def add_tensor_nd(b: NDArray, y: NDArray, alpha: float = 1.0, beta: float = 1.0)
     """y = alpha b + beta y in place (cudnnAddTensor), b broadcast to y (same rank, dims equal or 1)."""
     dtype = _arrays("add_tensor_nd", DNN_FLOATS, b=b, y=y)
     alpha, beta = _real("add_tensor_nd", "alpha", alpha), _real("add_tensor_nd", "beta", beta)
-    _broadcast_check("add_tensor_nd", b._shape, y._shape, ("b", "y"))
+    _broadcast_check("add_tensor_nd", b.shape, y.shape, ("b", "y"))
     if y.size == 0:
         return y
-    y_dims, b_dims = _broadcast_layout(y._shape, b._shape)
-    _fits("add_tensor_nd", y_dims, OP_TENSOR_MAX_DIMS, f"y {y._shape} with b {b._shape}")
+    y_dims, b_dims = _broadcast_layout(y.shape, b.shape)
+    _fits("add_tensor_nd", y_dims, OP_TENSOR_MAX_DIMS, f"y {y.shape} with b {b.shape}")
     try:
-        L.cudnnAddTensor(dnn(y), D.scalar_ptr(alpha, dtype), tensor_nd(b_dims, dtype), b._ptr,
-                         D.scalar_ptr(beta, dtype), tensor_nd(y_dims, dtype), y._ptr)
+        L.cudnnAddTensor(dnn(y), D.scalar_ptr(alpha, dtype), tensor_nd(b_dims, dtype), b.ptr,
+                         D.scalar_ptr(beta, dtype), tensor_nd(y_dims, dtype), y.ptr)
     except CudnnError as exc:
-        raise with_context(exc, op="add_tensor_nd", b=b._shape, y=y._shape, dtype=dtype.name) from None
+        raise with_context(exc, op="add_tensor_nd", b=b.shape, y=y.shape, dtype=dtype.name) from None
     return y
 
 
@@ -209,32 +209,32 @@ def reduce_tensor(op: str, x: NDArray, axes=None, out: NDArray | None = None, in
         raise DnnbindValueError(f"reduce_tensor: indices=True needs op 'min' or 'max' (cuDNN's rule), got {op!r}")
     alpha, beta = _real("reduce_tensor", "alpha", alpha), _real("reduce_tensor", "beta", beta)
     axes = _normalize_axes("reduce_tensor", axes, x.ndim)
-    keep = tuple(1 if i in axes else d for i, d in enumerate(x._shape))
-    dropped = tuple(d for i, d in enumerate(x._shape) if i not in axes)
-    out = _out("reduce_tensor", out, keep, dtype, x._device, beta, also=dropped)
-    idx = empty(out._shape, np.int32, x._device) if indices and x.size == 0 else None
+    keep = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    dropped = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    out = _out("reduce_tensor", out, keep, dtype, x.device, beta, also=dropped)
+    idx = empty(out.shape, np.int32, x.device) if indices and x.size == 0 else None
     if x.size == 0:
         return _reduce_empty(op, x, axes, out, alpha, beta, idx)
-    a_dims, c_dims = _reduce_layout(x._shape, axes)
-    _fits("reduce_tensor", a_dims, REDUCE_MAX_DIMS, f"x {x._shape} over axes {axes}")
+    a_dims, c_dims = _reduce_layout(x.shape, axes)
+    _fits("reduce_tensor", a_dims, REDUCE_MAX_DIMS, f"x {x.shape} over axes {axes}")
     if a_dims == c_dims:  # nothing to reduce (axes of size 1): cuDNN refuses equal shapes ("!dims_differ")
         return _reduce_nothing(op, x, out, a_dims, alpha, beta, indices)
     ad, cd, rd = tensor_nd(a_dims, dtype), tensor_nd(c_dims, dtype), _reduce_desc(op, dtype, indices)
     h = dnn(x)
     try:
-        ws_size, idx_size = _cached(("rs", op, dtype, indices, a_dims, c_dims, x._device),
+        ws_size, idx_size = _cached(("rs", op, dtype, indices, a_dims, c_dims, x.device),
                                     lambda: _reduce_sizes(h, rd, ad, cd, indices))
         idx_ptr = idx_bytes = 0
         if indices:
             # NOTE: sized as cuDNN asks, at least one uint32 per output; the int32 view is out-shaped.
-            buf = DeviceBuffer(max(idx_size, 4 * out.size), x._device)
-            idx = NDArray._from_ptr(buf.ptr, out._shape, np.int32, x._device, buf)
+            buf = DeviceBuffer(max(idx_size, 4 * out.size), x.device)
+            idx = NDArray._from_ptr(buf.ptr, out.shape, np.int32, x.device, buf)
             idx_ptr, idx_bytes = buf.ptr, buf.nbytes
-        ws, ws_bytes = workspace(x._device, ws_size)
-        L.cudnnReduceTensor(h, rd, idx_ptr, idx_bytes, ws, ws_bytes, D.scalar_ptr(alpha, dtype), ad, x._ptr,
-                            D.scalar_ptr(beta, dtype), cd, out._ptr)
+        ws, ws_bytes = workspace(x.device, ws_size)
+        L.cudnnReduceTensor(h, rd, idx_ptr, idx_bytes, ws, ws_bytes, D.scalar_ptr(alpha, dtype), ad, x.ptr,
+                            D.scalar_ptr(beta, dtype), cd, out.ptr)
     except CudnnError as exc:
-        raise with_context(exc, op=f"reduce_tensor({op})", x=x._shape, axes=axes, dtype=dtype.name) from None
+        raise with_context(exc, op=f"reduce_tensor({op})", x=x.shape, axes=axes, dtype=dtype.name) from None
     return (out, idx) if indices else out
 
 
@@ -250,16 +250,16 @@ def _reduce_sizes(h, rd, ad, cd, indices: bool) -> tuple[int, int]:
 def _reduce_nothing(op, x, out, dims, alpha, beta, indices):
     """Each output element reduces one input element: out = alpha f(x) + beta out, f = |.| for amax and the
     norms (max(alpha x, -alpha x), min for alpha < 0), identity otherwise; indices are all 0."""
-    dtype, d = x._dtype, tensor_nd(dims, x._dtype)
+    dtype, d = x.dtype, tensor_nd(dims, x.dtype)
     try:
         if op in ("amax", "norm1", "norm2"):
             L.cudnnOpTensor(dnn(x), _op_desc("max" if alpha >= 0 else "min", dtype), D.scalar_ptr(alpha, dtype), d,
-                            x._ptr, D.scalar_ptr(-alpha, dtype), d, x._ptr, D.scalar_ptr(beta, dtype), d, out._ptr)
+                            x.ptr, D.scalar_ptr(-alpha, dtype), d, x.ptr, D.scalar_ptr(beta, dtype), d, out.ptr)
         else:
-            L.cudnnAddTensor(dnn(x), D.scalar_ptr(alpha, dtype), d, x._ptr, D.scalar_ptr(beta, dtype), d, out._ptr)
+            L.cudnnAddTensor(dnn(x), D.scalar_ptr(alpha, dtype), d, x.ptr, D.scalar_ptr(beta, dtype), d, out.ptr)
     except CudnnError as exc:
-        raise with_context(exc, op=f"reduce_tensor({op})", x=x._shape, dtype=dtype.name) from None
-    return (out, empty(out._shape, np.int32, x._device).zero_()) if indices else out
+        raise with_context(exc, op=f"reduce_tensor({op})", x=x.shape, dtype=dtype.name) from None
+    return (out, empty(out.shape, np.int32, x.device).zero_()) if indices else out
 
 
 def _reduce_empty(op, x, axes, out, alpha, beta, idx):
@@ -268,14 +268,14 @@ def _reduce_empty(op, x, axes, out, alpha, beta, idx):
         return (out, idx) if idx is not None else out
     ident = _EMPTY_IDENTITY.get(op)
     if ident is None:
-        raise DnnbindValueError(f"reduce_tensor: {op} over an empty reduction (x {x._shape}, axes {axes}) has no "
+        raise DnnbindValueError(f"reduce_tensor: {op} over an empty reduction (x {x.shape}, axes {axes}) has no "
                          "identity")
     if beta == 0:
         set_tensor(out, alpha * ident)
     elif ident == 0:
         scale_tensor(out, beta)
     else:
-        raise NotImplementedError(f"reduce_tensor: {op} of an empty x {x._shape} with beta={beta}")
+        raise NotImplementedError(f"reduce_tensor: {op} of an empty x {x.shape} with beta={beta}")
     return out
 
 
@@ -286,7 +286,7 @@ def transform_tensor(x: NDArray, out: NDArray, x_strides, alpha: float = 1.0, be
     a flip is a negative stride with the offset at the last element. x and out must not overlap."""
     dtype = _arrays("transform_tensor", DNN_FLOATS, x=x, out=out)
     alpha, beta = _real("transform_tensor", "alpha", alpha), _real("transform_tensor", "beta", beta)
-    shape = out._shape
+    shape = out.shape
     try:
         strides, x_offset = tuple(operator.index(s) for s in x_strides), operator.index(x_offset)
     except TypeError:
@@ -296,8 +296,8 @@ def transform_tensor(x: NDArray, out: NDArray, x_strides, alpha: float = 1.0, be
         raise DnnbindValueError(f"transform_tensor: x_strides {strides} do not match out {shape}")
     if out.size == 0:
         return out
-    if x._ptr == out._ptr:
-        raise DnnbindValueError(f"transform_tensor: x {x._shape} and out {shape} share memory; cuDNN cannot transform "
+    if x.ptr == out.ptr:
+        raise DnnbindValueError(f"transform_tensor: x {x.shape} and out {shape} share memory; cuDNN cannot transform "
                          "in place")
     if any(s == 0 and d > 1 for d, s in zip(shape, strides)):
         raise NotImplementedError(f"transform_tensor: cuDNN reads no zero strides on dims > 1 (broadcast): out "
@@ -306,12 +306,12 @@ def transform_tensor(x: NDArray, out: NDArray, x_strides, alpha: float = 1.0, be
     hi = x_offset + sum((d - 1) * s for d, s in zip(shape, strides) if s > 0)
     if lo < 0 or hi >= x.size:
         raise DnnbindValueError(f"transform_tensor: reading out {shape} with strides {strides} from offset {x_offset} "
-                         f"reaches elements {lo}..{hi}, outside x {x._shape}")
+                         f"reaches elements {lo}..{hi}, outside x {x.shape}")
     dims, st = _strided_layout(shape, strides)
     _fits("transform_tensor", dims, MAX_DIMS, f"out {shape} read with strides {strides}")
-    src = x._ptr + x_offset * x._dtype.itemsize
+    src = x.ptr + x_offset * x.dtype.itemsize
     if st == _contiguous(dims) and alpha == 1 and beta == 0:  # the same order: a plain copy
-        memcpy(out._ptr, src, out.nbytes, D2D, current_stream(out._device))
+        memcpy(out.ptr, src, out.nbytes, D2D, current_stream(out.device))
         return out
     try:
         if len(dims) == 2 and st == (1, dims[0]) and dtype in BLAS_FLOATS and beta == 0:
@@ -320,12 +320,12 @@ def transform_tensor(x: NDArray, out: NDArray, x_strides, alpha: float = 1.0, be
             r, s = dims
             getattr(C, _GEAM[dtype])(blas(x), cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_T, s, r,
                                      D.scalar_ptr(alpha, dtype), src, r, D.scalar_ptr(0.0, dtype), src, r,
-                                     out._ptr, s)
+                                     out.ptr, s)
             return out
         L.cudnnTransformTensor(dnn(x), D.scalar_ptr(alpha, dtype), tensor_nd(dims, dtype, st), src,
-                               D.scalar_ptr(beta, dtype), tensor_nd(dims, dtype), out._ptr)
+                               D.scalar_ptr(beta, dtype), tensor_nd(dims, dtype), out.ptr)
     except (CudnnError, CublasError) as exc:
-        raise with_context(exc, op="transform_tensor", x=x._shape, out=shape, x_strides=strides) from None
+        raise with_context(exc, op="transform_tensor", x=x.shape, out=shape, x_strides=strides) from None
     return out
 
 
@@ -339,10 +339,10 @@ def transpose(x: NDArray, axes=None, out: NDArray | None = None) -> NDArray:
         raise DnnbindTypeError(f"transpose: axes must be a sequence of ints or None, got {axes!r}") from None
     axes = tuple(a + n if -n <= a < 0 else a for a in given)
     if sorted(axes) != list(range(n)):
-        raise DnnbindValueError(f"transpose: axes {given} are not a permutation of the {n} axes of x {x._shape}")
-    shape = tuple(x._shape[a] for a in axes)
-    out = _out("transpose", out, shape, x._dtype, x._device, 0.0)
-    src = _contiguous(x._shape)
+        raise DnnbindValueError(f"transpose: axes {given} are not a permutation of the {n} axes of x {x.shape}")
+    shape = tuple(x.shape[a] for a in axes)
+    out = _out("transpose", out, shape, x.dtype, x.device, 0.0)
+    src = _contiguous(x.shape)
     return transform_tensor(x, out, tuple(src[a] for a in axes))
 
 
@@ -352,9 +352,9 @@ def scale_tensor(x: NDArray, alpha: float) -> NDArray:
     alpha = _real("scale_tensor", "alpha", alpha)
     if x.size:
         try:
-            L.cudnnScaleTensor(dnn(x), tensor_nd((x.size,), dtype), x._ptr, D.scalar_ptr(alpha, dtype))
+            L.cudnnScaleTensor(dnn(x), tensor_nd((x.size,), dtype), x.ptr, D.scalar_ptr(alpha, dtype))
         except CudnnError as exc:
-            raise with_context(exc, op="scale_tensor", x=x._shape, dtype=dtype.name) from None
+            raise with_context(exc, op="scale_tensor", x=x.shape, dtype=dtype.name) from None
     return x
 
 
@@ -378,9 +378,9 @@ def set_tensor(x: NDArray, value: float) -> NDArray:
         raise DnnbindTypeError(f"set_tensor: value must be a real number, got {value!r}")
     if x.size:
         try:
-            L.cudnnSetTensor(dnn(x), tensor_nd((x.size,), dtype), x._ptr, _fill_ptr(float(value), dtype))
+            L.cudnnSetTensor(dnn(x), tensor_nd((x.size,), dtype), x.ptr, _fill_ptr(float(value), dtype))
         except CudnnError as exc:
-            raise with_context(exc, op="set_tensor", x=x._shape, dtype=dtype.name) from None
+            raise with_context(exc, op="set_tensor", x=x.shape, dtype=dtype.name) from None
     return x
 
 

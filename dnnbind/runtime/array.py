@@ -31,7 +31,18 @@ def register_autograd(**hooks) -> None:
 
 
 class NDArray:
-    __slots__ = ("_shape", "_dtype", "_device", "_data", "_ptr", "_owner", "_node", "_grad", "_grad_req",
+    """An n-dimensional array on the cpu (a numpy array) or a GPU (device memory).
+
+    Its public fast fields are plain slots, read without a property call (read them; only the runtime layer
+    assigns them):
+
+    - ``shape``: tuple of ints; ``dtype``: numpy dtype; ``device``: the Device it lives on (``context``/``ctx``
+      are MXNet's spellings of it);
+    - ``ptr``: the device pointer of the first element, 0 on the cpu;
+    - ``on_gpu``: True exactly when the array lives on a GPU (its elements are at ``ptr``; on the cpu they are
+      the numpy array ``data_numpy``).
+    """
+    __slots__ = ("shape", "dtype", "device", "ptr", "on_gpu", "_data", "_owner", "_node", "_grad", "_grad_req",
                  "__weakref__")
     __array_priority__ = 1000  # numpy scalars defer to our operators
 
@@ -39,48 +50,38 @@ class NDArray:
     @classmethod
     def _from_numpy(cls, data: np.ndarray) -> "NDArray":
         a = object.__new__(cls)
-        a._shape, a._dtype, a._device, a._data = data.shape, data.dtype, _CPU, data
-        a._ptr, a._owner, a._node, a._grad, a._grad_req = 0, None, None, None, "null"
+        a.shape, a.dtype, a.device, a.ptr, a.on_gpu, a._data = data.shape, data.dtype, _CPU, 0, False, data
+        a._owner, a._node, a._grad, a._grad_req = None, None, None, "null"
         return a
 
     @classmethod
     def _from_ptr(cls, ptr: int, shape: tuple, dtype, device: Device, owner) -> "NDArray":
         a = object.__new__(cls)
-        a._shape, a._dtype, a._device, a._data = tuple(shape), np.dtype(dtype), device, None
-        a._ptr, a._owner, a._node, a._grad, a._grad_req = ptr, owner, None, None, "null"
+        a.shape, a.dtype, a.device, a.ptr, a.on_gpu, a._data = tuple(shape), np.dtype(dtype), device, ptr, True, None
+        a._owner, a._node, a._grad, a._grad_req = owner, None, None, "null"
         return a
 
-    # -- properties ----------------------------------------------------------------------------------------
-    shape = property(lambda self: self._shape)
-    dtype = property(lambda self: self._dtype)
-    device = property(lambda self: self._device)
-    context = ctx = device  # MXNet spelling
-    ndim = property(lambda self: len(self._shape))
-    size = property(lambda self: math.prod(self._shape))
-    nbytes = property(lambda self: math.prod(self._shape) * self._dtype.itemsize)
-
-    @property
-    def ptr(self) -> int:
-        """Device pointer (int) of the first element; raises on a cpu array."""
-        if self._data is not None:
-            raise DnnbindError("ptr: this NDArray lives on the cpu; use .data_numpy or move it with .to('gpu')")
-        return self._ptr
+    # -- properties (shape, dtype, device, ptr, on_gpu are slots) ------------------------------------------
+    context = ctx = property(lambda self: self.device)  # MXNet spelling
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: math.prod(self.shape))
+    nbytes = property(lambda self: math.prod(self.shape) * self.dtype.itemsize)
 
     @property
     def data_numpy(self) -> np.ndarray:
         """The backing numpy array of a cpu NDArray (no copy)."""
-        if self._data is None:
+        if self.on_gpu:
             raise DnnbindError("data_numpy: this NDArray lives on the gpu; use .numpy() to copy it to the host")
         return self._data
 
     # -- host/device movement ------------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """A numpy copy (waits for the GPU work that produces this array)."""
-        if self._data is not None:
+        if not self.on_gpu:
             return self._data.copy()
-        out = np.empty(self._shape, self._dtype)
-        stream = current_stream(self._device)
-        memcpy(out.ctypes.data, self._ptr, self.nbytes, D2H, stream)
+        out = np.empty(self.shape, self.dtype)
+        stream = current_stream(self.device)
+        memcpy(out.ctypes.data, self.ptr, self.nbytes, D2H, stream)
         stream.synchronize()
         return out
 
@@ -92,7 +93,7 @@ class NDArray:
 
     def item(self):
         if self.size != 1:
-            raise DnnbindValueError(f"item: only size-1 arrays convert to a scalar, this one has shape {self._shape}")
+            raise DnnbindValueError(f"item: only size-1 arrays convert to a scalar, this one has shape {self.shape}")
         return self.numpy().reshape(()).item()
 
     asscalar = item
@@ -115,22 +116,22 @@ class NDArray:
 
     def _to(self, device, dtype) -> "NDArray":
         device = as_device(device)
-        if device is self._device and (dtype is None or np.dtype(dtype) == self._dtype):
+        if device is self.device and (dtype is None or np.dtype(dtype) == self.dtype):
             return self
-        if device.kind == "cpu" or self._data is not None:
-            host = self._data if self._data is not None else self.numpy()
+        if device.kind == "cpu" or not self.on_gpu:
+            host = self.numpy() if self.on_gpu else self._data
             return array(host, device=device, dtype=dtype)
-        if dtype is not None and np.dtype(dtype) != self._dtype:
+        if dtype is not None and np.dtype(dtype) != self.dtype:
             return array(self.numpy(), device=device, dtype=dtype)
-        out = empty(self._shape, self._dtype, device)  # gpu -> another gpu
-        src_stream, dst_stream = current_stream(self._device), current_stream(device)
+        out = empty(self.shape, self.dtype, device)  # gpu -> another gpu
+        src_stream, dst_stream = current_stream(self.device), current_stream(device)
         # The copy is queued on the destination's stream, which knows nothing of the source's: it first waits for
         # the work that writes this array, and the source's stream then waits for the copy, so a later write or a
         # stream-ordered free of this array there cannot overtake the copy's read.
         wait_for(dst_stream, src_stream)
         device.activate()  # queued on the destination's stream: its device must be current
         from .._lib import cudart
-        cudart.call("cudaMemcpyPeerAsync", out._ptr, device.index, self._ptr, self._device.index, self.nbytes,
+        cudart.call("cudaMemcpyPeerAsync", out.ptr, device.index, self.ptr, self.device.index, self.nbytes,
                     dst_stream.handle)
         wait_for(src_stream, dst_stream)
         return out
@@ -144,22 +145,22 @@ class NDArray:
             tape = _autograd["check_write"](other, self, _whole)
             other.copy_(self)
             return _autograd["copied"](self, other) if tape else other
-        return self.to(other).copy() if as_device(other) is self._device else self.to(other)
+        return self.to(other).copy() if as_device(other) is self.device else self.to(other)
 
     def astype(self, dtype, copy: bool = True) -> "NDArray":
         dtype = np.dtype(dtype)
-        if dtype == self._dtype and not copy:
+        if dtype == self.dtype and not copy:
             return self
-        if self._data is not None:
+        if not self.on_gpu:
             return NDArray._from_numpy(self._data.astype(dtype))
-        return array(self.numpy().astype(dtype), device=self._device)
+        return array(self.numpy().astype(dtype), device=self.device)
 
     def copy(self) -> "NDArray":
-        if self._data is not None:
+        if not self.on_gpu:
             out = NDArray._from_numpy(self._data.copy())
         else:
-            out = empty(self._shape, self._dtype, self._device)
-            memcpy(out._ptr, self._ptr, self.nbytes, D2D, current_stream(self._device))
+            out = empty(self.shape, self.dtype, self.device)
+            memcpy(out.ptr, self.ptr, self.nbytes, D2D, current_stream(self.device))
         if self._node is not None or self._grad_req != "null":  # taped while recording (MXNet's copy is an op)
             return _autograd["copied"](self, out)
         return out
@@ -167,37 +168,37 @@ class NDArray:
     def copy_(self, src) -> "NDArray":
         """Write ``src`` (numpy, scalar or NDArray of this shape) into this array in place."""
         if isinstance(src, NDArray):
-            if src._shape != self._shape:
-                raise DnnbindValueError(f"copy_: shape {src._shape} does not match {self._shape}")
-            if src._device is not self._device:
-                src = src.to(self._device)
-            if src._dtype != self._dtype:
-                if self._data is None and _cast_into:  # one kernel that converts as it copies (nd's, registered)
+            if src.shape != self.shape:
+                raise DnnbindValueError(f"copy_: shape {src.shape} does not match {self.shape}")
+            if src.device is not self.device:
+                src = src.to(self.device)
+            if src.dtype != self.dtype:
+                if self.on_gpu and _cast_into:  # one kernel that converts as it copies (nd's, registered)
                     _cast_into[0](src, self)
                     return self
-                src = src.astype(self._dtype)
-            if self._data is not None:
+                src = src.astype(self.dtype)
+            if not self.on_gpu:
                 np.copyto(self._data, src._data)
             else:
-                memcpy(self._ptr, src._ptr, self.nbytes, D2D, current_stream(self._device))
+                memcpy(self.ptr, src.ptr, self.nbytes, D2D, current_stream(self.device))
             return self
-        host = np.ascontiguousarray(np.broadcast_to(np.asarray(src, dtype=self._dtype), self._shape))
-        if self._data is not None:
+        host = np.ascontiguousarray(np.broadcast_to(np.asarray(src, dtype=self.dtype), self.shape))
+        if not self.on_gpu:
             np.copyto(self._data, host)
         else:
-            stream = current_stream(self._device)
+            stream = current_stream(self.device)
             # through a pinned buffer where it pays (runtime.staging): the host then does not wait for the stream
-            if not upload(self._ptr, host, stream):
-                memcpy(self._ptr, host.ctypes.data, self.nbytes, H2D, stream)
+            if not upload(self.ptr, host, stream):
+                memcpy(self.ptr, host.ctypes.data, self.nbytes, H2D, stream)
                 # NOTE: pageable H2D copies are staged, but `host` may be a temporary: wait before it is freed.
                 stream.synchronize()
         return self
 
     def zero_(self) -> "NDArray":
-        if self._data is not None:
+        if not self.on_gpu:
             self._data[...] = 0
         else:
-            memset(self._ptr, 0, self.nbytes, current_stream(self._device))
+            memset(self.ptr, 0, self.nbytes, current_stream(self.device))
         return self
 
     # -- views ---------------------------------------------------------------------------------------------
@@ -205,71 +206,71 @@ class NDArray:
         """A view with a new shape. MXNet codes: 0 keeps that input dim, -1 infers one dim."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        new = _infer_shape(self._shape, shape)
-        if self._data is not None:
+        new = _infer_shape(self.shape, shape)
+        if not self.on_gpu:
             out = NDArray._from_numpy(self._data.reshape(new))
         else:
-            out = NDArray._from_ptr(self._ptr, new, self._dtype, self._device, self._owner)
+            out = NDArray._from_ptr(self.ptr, new, self.dtype, self.device, self._owner)
         if self._node is not None or self._grad is not None or _autograd["held"].get(id(self)) is self:
             return _autograd["view"](self, out)  # taped (a view of a graph array is in the graph too)
         return out
 
     def flatten(self) -> "NDArray":
-        return self.reshape((self._shape[0], -1)) if self.ndim > 1 else self
+        return self.reshape((self.shape[0], -1)) if self.ndim > 1 else self
 
     def __getitem__(self, key):
-        if self._data is not None:
+        if not self.on_gpu:
             if isinstance(key, (int, np.integer, slice)):
                 return NDArray._from_numpy(self._data[key])
             return NDArray._from_numpy(np.ascontiguousarray(self._data[key]))
         if isinstance(key, (int, np.integer)):
-            n = self._shape[0]
+            n = self.shape[0]
             i = int(key) + n if key < 0 else int(key)
             if not 0 <= i < n:
                 raise IndexError(f"index {key} out of range for axis 0 of size {n}")
             start, stop = i, i + 1
-            shape = self._shape[1:]
+            shape = self.shape[1:]
         elif isinstance(key, slice):
-            start, stop, step = key.indices(self._shape[0])
+            start, stop, step = key.indices(self.shape[0])
             if step != 1:
                 raise IndexError("gpu NDArray slices must have step 1 (a contiguous view)")
             stop = max(stop, start)
-            shape = (stop - start,) + self._shape[1:]
+            shape = (stop - start,) + self.shape[1:]
         else:
             raise IndexError("gpu NDArray supports an int or a step-1 slice on the first axis; use .numpy() "
                              "for other indexing")
-        row = math.prod(self._shape[1:]) * self._dtype.itemsize
-        return NDArray._from_ptr(self._ptr + start * row, shape, self._dtype, self._device, self._owner)
+        row = math.prod(self.shape[1:]) * self.dtype.itemsize
+        return NDArray._from_ptr(self.ptr + start * row, shape, self.dtype, self.device, self._owner)
 
     def __setitem__(self, key, value):
-        self[key].copy_(value.numpy() if isinstance(value, NDArray) and value._device is not self._device
+        self[key].copy_(value.numpy() if isinstance(value, NDArray) and value.device is not self.device
                         else value)
 
     def __len__(self):
-        if not self._shape:
+        if not self.shape:
             raise DnnbindTypeError("len() of a 0-d NDArray")
-        return self._shape[0]
+        return self.shape[0]
 
     # -- interchange ---------------------------------------------------------------------------------------
     @property
     def __cuda_array_interface__(self) -> dict:
-        if self._data is not None:
+        if not self.on_gpu:
             raise AttributeError("__cuda_array_interface__: this NDArray lives on the cpu")
-        return {"shape": self._shape, "typestr": self._dtype.str, "data": (self._ptr, False), "version": 3,
-                "strides": None, "stream": current_stream(self._device).handle or 1}
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False), "version": 3,
+                "strides": None, "stream": current_stream(self.device).handle or 1}
 
     def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
-        if self._data is not None:
+        if not self.on_gpu:
             kwargs = {k: v for k, v in (("max_version", max_version), ("dl_device", dl_device), ("copy", copy))
                       if v is not None}
             return self._data.__dlpack__(**kwargs)
         if stream is not None and stream != -1:
-            _order_for_consumer(self._device, stream)
-        return _dlpack.to_capsule(self, self._ptr, self._shape, self._dtype,
-                                  _dlpack.dlpack_device("gpu", self._device.index), max_version=max_version)
+            _order_for_consumer(self.device, stream)
+        return _dlpack.to_capsule(self, self.ptr, self.shape, self.dtype,
+                                  _dlpack.dlpack_device("gpu", self.device.index), max_version=max_version)
 
     def __dlpack_device__(self):
-        return _dlpack.dlpack_device(self._device.kind, self._device.index)
+        return _dlpack.dlpack_device(self.device.kind, self.device.index)
 
     # -- autograd (implemented in dnnbind.autograd) --------------------------------------------------------
     def attach_grad(self, grad_req: str = "write") -> None:
@@ -283,15 +284,15 @@ class NDArray:
         _autograd["backward"](self, out_grad, retain_graph)
 
     def detach(self) -> "NDArray":
-        if self._data is not None:
+        if not self.on_gpu:
             return NDArray._from_numpy(self._data)
-        return NDArray._from_ptr(self._ptr, self._shape, self._dtype, self._device, self._owner)
+        return NDArray._from_ptr(self.ptr, self.shape, self.dtype, self.device, self._owner)
 
     # -- printing ------------------------------------------------------------------------------------------
     def __repr__(self) -> str:
         body = str(self.numpy())  # as MXNet: numpy's print options apply (d2l sets np.set_printoptions(2))
-        shape = "x".join(str(s) for s in self._shape) or "scalar"
-        return f"\n{body}\n<NDArray {shape} @{self._device!r}>"
+        shape = "x".join(str(s) for s in self.shape) or "scalar"
+        return f"\n{body}\n<NDArray {shape} @{self.device!r}>"
 
 
 _CPU = Device("cpu", 0)
@@ -390,8 +391,8 @@ def empty(shape, dtype=np.float32, device=None) -> NDArray:
     buf = DeviceBuffer(math.prod(shape) * dtype.itemsize, device)
     # _from_ptr inlined: shape and dtype are exact already, and every op output comes through here
     a = object.__new__(NDArray)
-    a._shape, a._dtype, a._device, a._data = shape, dtype, device, None
-    a._ptr, a._owner, a._node, a._grad, a._grad_req = buf.ptr, buf, None, None, "null"
+    a.shape, a.dtype, a.device, a.ptr, a.on_gpu, a._data = shape, dtype, device, buf.ptr, True, None
+    a._owner, a._node, a._grad, a._grad_req = buf, None, None, "null"
     return a
 
 
@@ -423,10 +424,10 @@ def ones(shape, dtype=np.float32, device=None) -> NDArray:
 
 def full(shape, value, dtype=np.float32, device=None) -> NDArray:
     out = empty(shape, dtype, device)
-    if out._data is not None:
+    if not out.on_gpu:
         out._data[...] = value
     else:
-        out.copy_(np.full(out._shape, value, out._dtype))
+        out.copy_(np.full(out.shape, value, out.dtype))
     return out
 
 
@@ -441,9 +442,9 @@ def array(obj, device=None, dtype=None) -> NDArray:
     if not isinstance(obj, np.ndarray) and (hasattr(obj, "__cuda_array_interface__")
                                             or _is_cuda_dlpack(obj)):
         out = from_cuda(obj)
-        if (device is not None and as_device(device) is not out._device) or \
-                (dtype is not None and np.dtype(dtype) != out._dtype):
-            return out.to(device if device is not None else out._device, dtype)
+        if (device is not None and as_device(device) is not out.device) or \
+                (dtype is not None and np.dtype(dtype) != out.dtype):
+            return out.to(device if device is not None else out.device, dtype)
         return out
     if isinstance(obj, np.ndarray):
         host = obj

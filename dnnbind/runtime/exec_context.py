@@ -50,8 +50,8 @@ class ExecContext:
         caller's checks made them so), the device already current."""
         buf = allocate_current(math.prod(shape) * dtype.itemsize, self.device, self.stream)
         a = object.__new__(NDArray)
-        a._shape, a._dtype, a._device, a._data = shape, dtype, self.device, None
-        a._ptr, a._owner, a._node, a._grad, a._grad_req = buf.ptr, buf, None, None, "null"
+        a.shape, a.dtype, a.device, a.ptr, a.on_gpu, a._data = shape, dtype, self.device, buf.ptr, True, None
+        a._owner, a._node, a._grad, a._grad_req = buf, None, None, "null"
         return a
 
     def __repr__(self) -> str:

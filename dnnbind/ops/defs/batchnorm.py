@@ -184,8 +184,8 @@ def _nhwc_ex(x, gamma, layout: str) -> bool:
     """Whether training takes cuDNN's Ex call (ops.batchnorm_fused.batchnorm_nhwc_*): channels-last float16 data in
     the persistent mode, where the legacy call's NHWC kernel is 50-100x slower (ResNet-18 float16 on an H100: 16 ms
     of a 21 ms step). Other cases keep the legacy call."""
-    return (layout == "NHWC" and _bn.TRAIN_MODE == _bn_ex.MODE and _bn_ex.fusable(x._shape, x._dtype, gamma._dtype)
-            and (x._shape, x._dtype) not in _NO_EX)
+    return (layout == "NHWC" and _bn.TRAIN_MODE == _bn_ex.MODE and _bn_ex.fusable(x.shape, x.dtype, gamma.dtype)
+            and (x.shape, x.dtype) not in _NO_EX)
 
 
 def _gpu_forward(c, x, gamma, beta, moving_mean, moving_var):
@@ -202,7 +202,7 @@ def _gpu_forward(c, x, gamma, beta, moving_mean, moving_var):
                 y, mean, inv_std, reserve = _bn_ex.batchnorm_nhwc_forward_training.gpu(
                     x, gamma, beta, moving_mean, moving_var, g.momentum, g.eps)
             except (CudnnNotSupported, CudnnBadParam):  # refused before any work: the legacy call from now on
-                _NO_EX.add((x._shape, x._dtype))
+                _NO_EX.add((x.shape, x.dtype))
                 ex = False
         if not ex:
             reserve = None
@@ -217,7 +217,7 @@ def _gpu_forward(c, x, gamma, beta, moving_mean, moving_var):
         y = _bn.batchnorm_forward_inference.gpu(x, gamma, beta, moving_mean, moving_var, g.eps, layout=g.layout)
         mean = inv_std = None
         if c.p["output_mean_var"]:
-            mean = copy(moving_mean, out_like(moving_mean._shape, moving_mean._dtype, moving_mean._device))
+            mean = copy(moving_mean, out_like(moving_mean.shape, moving_mean.dtype, moving_mean.device))
             inv_std = table("rsqrt", table("add", moving_var, g.eps))
         # NOTE: the moving statistics themselves, not copies (the inference call writes none): the backward, if
         # one runs, reads them as they are then, as a graph composed of table ops would
@@ -249,7 +249,7 @@ def _gpu_backward(c, saved, grads, dy):
     else:
         dx, dgamma, dbeta = _affine_backward(c, x, gamma, a, b, dy, need)
     if need[1] and c.p["fix_gamma"]:
-        dgamma = zeros(gamma._shape, gamma._dtype, gamma._device)
+        dgamma = zeros(gamma.shape, gamma.dtype, gamma.device)
     if need[0] and g.perm is not None:
         dx = table("transpose", dx, axes=g.inv)
     return dx if need[0] else None, dgamma if need[1] else None, dbeta if need[2] else None, None, None
@@ -259,21 +259,21 @@ def _affine_backward(c, x, gamma, mean, var, dy, need) -> tuple:
     """The gradients of y = (x - mean) * gamma * inv_std + beta with given statistics, composed of table ops (no
     library call computes them); the per-channel sums in the parameters' dtype (float32 for float16 data)."""
     g = c.geo
-    pdtype = gamma._dtype
+    pdtype = gamma.dtype
     inv_std = table("rsqrt", table("add", var, g.eps))
     dx = dgamma = dbeta = None
     if need[0]:
         scale = table("multiply", gamma, inv_std)
-        if scale._dtype != dy._dtype:
-            scale = table("cast", scale, dtype=dy._dtype)
+        if scale.dtype != dy.dtype:
+            scale = table("cast", scale, dtype=dy.dtype)
         dx = table("multiply", dy, view(scale, g.bshape))
     want_dgamma = need[1] and not c.p["fix_gamma"]
     if need[2] or want_dgamma:
-        dyp = dy if dy._dtype == pdtype else table("cast", dy, dtype=pdtype)
+        dyp = dy if dy.dtype == pdtype else table("cast", dy, dtype=pdtype)
         if need[2]:
             dbeta = table("sum", dyp, axis=g.axes)
         if want_dgamma:
-            xp = x if x._dtype == pdtype else table("cast", x, dtype=pdtype)
+            xp = x if x.dtype == pdtype else table("cast", x, dtype=pdtype)
             xhat = table("multiply", table("subtract", xp, view(mean, g.bshape)), view(inv_std, g.bshape))
             dgamma = table("sum", table("multiply", dyp, xhat), axis=g.axes)
     return dx, dgamma, dbeta

@@ -58,7 +58,7 @@ def _cpu_zero_grads(c, saved, grads, dy):
 
 
 def _metas(*arrays):
-    return tuple((a.shape, a.dtype, getattr(a, "_device", None)) for a in arrays)
+    return tuple((a.shape, a.dtype, a.device if isinstance(a, NDArray) else None) for a in arrays)
 
 
 # -- box_nms -------------------------------------------------------------------------------------------------------
@@ -119,18 +119,18 @@ def _gpu_nms_forward(c, data):
     g, p = c.geo, c.p
     if data.size == 0 or g.topk < 1:  # topk 0: the data unchanged (MXNet), the gradient the identity
         return data.copy(), None
-    t = data._dtype.type
-    out = empty(g.shape, data._dtype, data._device)
-    record = empty((g.batches * g.n,), np.int32, data._device)
-    order = empty((g.batches * g.n,), np.int32, data._device)
-    keep = empty((g.batches * g.n,), np.int32, data._device)
+    t = data.dtype.type
+    out = empty(g.shape, data.dtype, data.device)
+    record = empty((g.batches * g.n,), np.int32, data.device)
+    order = empty((g.batches * g.n,), np.int32, data.device)
+    keep = empty((g.batches * g.n,), np.int32, data.device)
     convert = 0 if p["in_format"] == p["out_format"] else (1 if p["out_format"] == "center" else 2)
-    stream = current_stream(data._device)
-    K.kernel("dn_box_nms_rank", data._dtype).launch(
+    stream = current_stream(data.device)
+    K.kernel("dn_box_nms_rank", data.dtype).launch(
         ((g.n + K.RANK_TILE - 1) // K.RANK_TILE, g.batches, 1), K.RANK_TILE,
         (data, order, np.int32(g.n), np.int32(g.width), np.int32(g.topk), np.int32(p["score_index"]),
          np.int32(p["id_index"]), t(np.float32(p["valid_thresh"])), t(p["background_id"])), stream=stream)
-    K.kernel("dn_box_nms", data._dtype).launch(
+    K.kernel("dn_box_nms", data.dtype).launch(
         g.batches, K.BLOCK,
         (data, out, record, order, keep, np.int32(g.n), np.int32(g.width), np.int32(g.topk),
          np.int32(p["score_index"]), np.int32(p["id_index"]), np.int32(p["coord_start"]),
@@ -144,11 +144,11 @@ def _gpu_nms_backward(c, record, grads, dy):
     if record is None:
         return (dy.copy(),)
     g = c.geo
-    dx = zeros(g.shape, dy._dtype, dy._device)
+    dx = zeros(g.shape, dy.dtype, dy.device)
     rows = g.batches * g.n
-    K.kernel("dn_box_nms_bwd", dy._dtype).launch(K.grid_for(rows), K.BLOCK,
+    K.kernel("dn_box_nms_bwd", dy.dtype).launch(K.grid_for(rows), K.BLOCK,
                                                  (dy, record, dx, np.int32(rows), np.int32(g.width)),
-                                                 stream=current_stream(dy._device))
+                                                 stream=current_stream(dy.device))
     return (dx,)
 
 
@@ -291,7 +291,7 @@ def _gpu_encode_forward(c, samples, matches, anchors, refs, means, stds):
     # refuse an out-of-range match without reading it back)
     idx = table("trunc", table("cast", matches, dtype="float64"))
     idx = table("clip", table("where", valid, idx, 0.0), a_min=0.0, a_max=float(m - 1))
-    rows = table("add", idx, table("multiply", view(_arange(b, samples._device), (b, 1)), float(m)))
+    rows = table("add", idx, table("multiply", view(_arange(b, samples.device), (b, 1)), float(m)))
     ref_rows = table("take", view(refs, (b * m, 4)), view(rows, (b * n,)), axis=0, mode="clip")
     r, a = _columns(ref_rows, (b, n)), _columns(anchors, (b, n))
     mu = [table("slice_axis", means, axis=0, begin=i, end=i + 1) for i in range(4)]
@@ -305,7 +305,7 @@ def _gpu_encode_forward(c, samples, matches, anchors, refs, means, stds):
            table("divide", table("subtract", table("log", table("divide", rw, aw)), mu[2]), sd[2]),
            table("divide", table("subtract", table("log", table("divide", rh, ah)), mu[3]), sd[3])]
     targets = table("where", view(valid, (b, n, 1)), table("stack", *enc, axis=2), 0.0)
-    masks = table("broadcast_to", view(table("cast", valid, dtype=anchors._dtype.name), (b, n, 1)), shape=(b, n, 4))
+    masks = table("broadcast_to", view(table("cast", valid, dtype=anchors.dtype.name), (b, n, 1)), shape=(b, n, 4))
     return (targets, masks), _metas(samples, matches, anchors, refs, means, stds)
 
 
@@ -403,15 +403,15 @@ def _gpu_match_forward(c, data):
     r, cc = shape[-2], shape[-1]
     nb = math.prod(shape[:-2])
     if data.size == 0:  # no score: every marker -1
-        return (full(shape[:-1], -1, data._dtype, data._device),
-                full(shape[:-2] + (cc,), -1, data._dtype, data._device)), _metas(data)
-    rows = empty(shape[:-1], data._dtype, data._device)
-    cols = empty(shape[:-2] + (cc,), data._dtype, data._device)
-    order = empty((nb * r * cc,), np.int32, data._device)
-    t = data._dtype.type
-    K.kernel("dn_bipartite", data._dtype).launch(
+        return (full(shape[:-1], -1, data.dtype, data.device),
+                full(shape[:-2] + (cc,), -1, data.dtype, data.device)), _metas(data)
+    rows = empty(shape[:-1], data.dtype, data.device)
+    cols = empty(shape[:-2] + (cc,), data.dtype, data.device)
+    order = empty((nb * r * cc,), np.int32, data.device)
+    t = data.dtype.type
+    K.kernel("dn_bipartite", data.dtype).launch(
         nb, K.BLOCK, (data, rows, cols, order, np.int32(r), np.int32(cc), t(np.float32(c.p["threshold"])),
-                      np.int32(bool(c.p["is_ascend"])), np.int32(c.p["topk"])), stream=current_stream(data._device))
+                      np.int32(bool(c.p["is_ascend"])), np.int32(c.p["topk"])), stream=current_stream(data.device))
     return (rows, cols), _metas(data)
 
 

@@ -214,16 +214,16 @@ def _gpu_forward(c, x, w, b):
         x, w = view(x, g.x_shape), view(w, g.w_shape)
     ctx = c.ctx()
     y = None
-    if g.fusable and b is not None and x._dtype in _FUSED_DTYPES and g.key not in UNFUSED:
+    if g.fusable and b is not None and x.dtype in _FUSED_DTYPES and g.key not in UNFUSED:
         try:
-            y = _conv.bias_relu_forward_on(ctx, g.plan("conv_bias_relu_forward", x._dtype, b._shape), x, w, b)
+            y = _conv.bias_relu_forward_on(ctx, g.plan("conv_bias_relu_forward", x.dtype, b.shape), x, w, b)
         except CudnnError:  # float16 or NHWC: where cuDNN has no fused engine for the shape, the two calls
             # NOTE: cuDNN documents the legacy fused call for NCHW float32; NHWC float32 may have no engine.
-            if x._dtype != np.float16 and g.layout == "NCHW":
+            if x.dtype != np.float16 and g.layout == "NCHW":
                 raise
             UNFUSED.add(g.key)
     if y is None:
-        y = _conv.forward_on(ctx, g.plan("conv_forward", x._dtype, None if b is None else b._shape), x, w, b)
+        y = _conv.forward_on(ctx, g.plan("conv_forward", x.dtype, None if b is None else b.shape), x, w, b)
         if g.relu:
             y = _pointwise.activation_forward.gpu(y, "relu")
     saved = [x, w, b, y if g.relu else None]
@@ -235,11 +235,11 @@ def _gpu_forward_traced(g, x, w, b):
     if one_d:
         x, w = view(x, g.x_shape), view(w, g.w_shape)
     y = None
-    if g.fusable and b is not None and x._dtype in _FUSED_DTYPES and g.key not in UNFUSED:
+    if g.fusable and b is not None and x.dtype in _FUSED_DTYPES and g.key not in UNFUSED:
         try:
             y = _conv.conv_bias_relu_forward.gpu(x, w, b, *g.conv_args(), layout=g.layout)
         except CudnnError:
-            if x._dtype != np.float16 and g.layout == "NCHW":
+            if x.dtype != np.float16 and g.layout == "NCHW":
                 raise
             UNFUSED.add(g.key)
     if y is None:
@@ -284,8 +284,8 @@ def _gpu_backward(c, saved, grads, dy):
             db = _conv.conv_backward_bias_gemv(dy, out=into_b, layout=g.layout)
     else:
         ctx = grads.ctx(dy)
-        dx = _conv.backward_data_on(ctx, g.plan("conv_backward_data", dy._dtype), w, dy) if needs[0] else None
-        dw = _conv.backward_filter_on(ctx, g.plan("conv_backward_filter", dy._dtype), x, dy, into_w) \
+        dx = _conv.backward_data_on(ctx, g.plan("conv_backward_data", dy.dtype), w, dy) if needs[0] else None
+        dw = _conv.backward_filter_on(ctx, g.plan("conv_backward_filter", dy.dtype), x, dy, into_w) \
             if needs[1] else None
         if bias_grad and db is None:
             db = _conv.backward_bias_on(ctx, dy, into_b, g.layout)

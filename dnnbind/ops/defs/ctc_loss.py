@@ -193,7 +193,7 @@ def _arange(n: int, device) -> NDArray:
 def _rounded(x: NDArray) -> NDArray:
     """float64 on the device, rounded half away from zero (MXNet's lround); NaN counted as 0."""
     v = table("cast", x, dtype="float64")
-    if x._dtype.kind == "f":
+    if x.dtype.kind == "f":
         v = table("round", v)
         v = table("where", table("equal", v, v), v, 0.0)
     return v
@@ -204,7 +204,7 @@ def device_inputs(g: Geometry, p, label, data_lengths, label_lengths, given_only
     packed end to end in cuDNN's classes (N * L,), label lengths (N,), data lengths (N,), fits (N,): 1 where the
     label can be aligned in its steps), all float64 holding whole numbers; the lengths clamped, the labels clamped
     to [1, A - 1]."""
-    dev, n, l_max = label._device, g.n, g.l
+    dev, n, l_max = label.device, g.n, g.l
     lab = _rounded(label)  # (N, L)
     cols = view(_arange(l_max, dev), (1, l_max)) if l_max else None
     if label_lengths is not None:
@@ -265,7 +265,7 @@ def _gpu_forward(c, data, label, data_lengths=None, label_lengths=None):
     dl, ll = _route(p, data_lengths, label_lengths)
     t, n, a = g.t, g.n, g.a
     packed, n_lab, n_data, fits = device_inputs(g, p, label, dl, ll, given_only=True)
-    x = data if data._dtype == np.float32 else table("cast", data, dtype="float32")
+    x = data if data.dtype == np.float32 else table("cast", data, dtype="float32")
     if g.blank != 0:  # rotate the alphabet: class A - 1 (the blank) first, as cuDNN's blank is class 0
         x = table("concat", table("slice_axis", x, axis=2, begin=a - 1, end=a),
                   table("slice_axis", x, axis=2, begin=0, end=a - 1), dim=2)
@@ -276,26 +276,26 @@ def _gpu_forward(c, data, label, data_lengths=None, label_lengths=None):
     steps = table("maximum", n_data, 1.0)
     as_int = [table("cast", v, dtype="int32") for v in (packed, lab_len, steps)]
     if t * n * a:
-        costs, grad = empty((n,), np.float32, data._device), empty((t, n, a), np.float32, data._device)
+        costs, grad = empty((n,), np.float32, data.device), empty((t, n, a), np.float32, data.device)
         desc, td = D.ctc_loss(max(g.l, 1)), D.ctc_tensor((t, n, a))
         algo = cudnn.CUDNN_CTC_LOSS_ALGO_DETERMINISTIC
-        key = (t, n, a, g.l, data._device)
+        key = (t, n, a, g.l, data.device)
         size = _WORKSPACE.get(key)
         if size is None:  # a host-only query, once per shape
             got = ctypes.c_size_t()
             L.cudnnGetCTCLossWorkspaceSize_v8(dnn(x), algo, desc, td, td, ctypes.byref(got))
             size = _WORKSPACE[key] = got.value
-        with scratch(data._device, size) as (ws, ws_size):
-            L.cudnnCTCLoss_v8(dnn(x), algo, desc, td, x._ptr, as_int[0]._ptr, as_int[1]._ptr, as_int[2]._ptr,
-                              costs._ptr, td, grad._ptr, ws_size, ws)
+        with scratch(data.device, size) as (ws, ws_size):
+            L.cudnnCTCLoss_v8(dnn(x), algo, desc, td, x.ptr, as_int[0].ptr, as_int[1].ptr, as_int[2].ptr,
+                              costs.ptr, td, grad.ptr, ws_size, ws)
     else:
-        costs, grad = zeros((n,), np.float32, data._device), zeros((t, n, a), np.float32, data._device)
+        costs, grad = zeros((n,), np.float32, data.device), zeros((t, n, a), np.float32, data.device)
     # MXNet's edge cases: no alignment costs 0 (no gradient), an empty label over no steps inf
     empty_label = table("logical_and", table("equal", n_data, 0.0), table("equal", n_lab, 0.0))
     loss = table("where", fits, costs, 0.0)
     loss = table("where", empty_label, float("inf"), loss)
     # no gradient past each sequence's steps, nor for a sequence cuDNN was not given
-    steps_in = table("lesser", view(_arange(t, data._device), (t, 1)), view(n_data, (1, n)))  # (T, N)
+    steps_in = table("lesser", view(_arange(t, data.device), (t, 1)), view(n_data, (1, n)))  # (T, N)
     live = table("logical_and", steps_in, view(ok, (1, n)))
     grad = table("where", view(live, (t, n, 1)), grad, 0.0)
     if t * n * a:
@@ -312,22 +312,22 @@ def _empty_labels(x, n_lab, n_data, steps_in, loss, grad):
     """An empty label over some steps: cuDNN's CTC gives it cost 0, but its one alignment is the blank at every
     step, so the loss is -sum_t log softmax(x_t)[blank] and the gradient softmax(x_t) - onehot(blank) (the blank
     is class 0 here, after the rotation). Composed of table ops and merged in where the label is empty."""
-    t, n, a = x._shape
+    t, n, a = x.shape
     m = table("max", x, axis=2, keepdims=True)
     lse = table("add", table("log", table("sum", table("exp", table("subtract", x, m)), axis=2, keepdims=True)), m)
     blank_lp = view(table("subtract", table("slice_axis", x, axis=2, begin=0, end=1), lse), (t, n))
     empty_loss = table("negative", table("sum", table("where", steps_in, blank_lp, 0.0), axis=0))
-    onehot = table("cast", table("equal", view(_arange(a, x._device), (1, 1, a)), 0.0), dtype="float32")
+    onehot = table("cast", table("equal", view(_arange(a, x.device), (1, 1, a)), 0.0), dtype="float32")
     empty_grad = table("subtract", table("exp", table("subtract", x, lse)), onehot)
     is_empty = table("logical_and", table("equal", n_lab, 0.0), table("greater", n_data, 0.0))  # (N,)
-    loss = table("where", is_empty, table("cast", empty_loss, dtype=loss._dtype.name), loss)
+    loss = table("where", is_empty, table("cast", empty_loss, dtype=loss.dtype.name), loss)
     empty_grad = table("where", view(steps_in, (t, n, 1)), empty_grad, 0.0)  # nothing past its steps
     return loss, table("where", view(is_empty, (1, n, 1)), empty_grad, grad)
 
 
 def _gpu_backward(c, grad, grads, dy):
     g = c.geo
-    d = dy if dy._dtype == np.float32 else table("cast", dy, dtype="float32")
+    d = dy if dy.dtype == np.float32 else table("cast", dy, dtype="float32")
     dx = table("multiply", grad, view(d, (1, g.n, 1)))
     if g.dtype != np.float32:
         dx = table("cast", dx, dtype=g.dtype.name)

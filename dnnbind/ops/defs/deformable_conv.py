@@ -206,7 +206,7 @@ def _kernel(name: str, dtype):
 def _launch(name: str, total: int, args: tuple, like) -> None:
     if total:
         grid = max(1, min(-(-total // 256), 4096))
-        _kernel(name, like._dtype).launch(grid, 256, args, stream=current_stream(like._device))
+        _kernel(name, like.dtype).launch(grid, 256, args, stream=current_stream(like.device))
 
 
 # checks ----------------------------------------------------------------------------------------------------------
@@ -372,7 +372,7 @@ def _wide(a):
     """float16 runs as float32 (the kernels take float and double)."""
     if a is None:
         return None
-    return table("cast", a, dtype="float32") if a._dtype == np.float16 else a
+    return table("cast", a, dtype="float32") if a.dtype == np.float16 else a
 
 
 def _narrow(a, dtype):
@@ -392,7 +392,7 @@ def _gemm_groups(like, a_ptr, b_ptr, c_ptr, m, n, k, trans_a, trans_b, beta, gro
     """Row-major C_g[m, n] = op(A_g) op(B_g) + beta C_g for every group g, one cublas<t>gemmStridedBatched call.
     NOTE: cuBLAS is column-major: C^T = op(B)^T op(A)^T, the operands swap places and keep their flags
     (ops/blas.py)."""
-    dtype = np.dtype(like._dtype)
+    dtype = np.dtype(like.dtype)
     lda, ldb = (m if trans_a else k), (k if trans_b else n)
     try:
         getattr(cublas.lib, _GEMM_BATCHED[dtype])(
@@ -404,7 +404,7 @@ def _gemm_groups(like, a_ptr, b_ptr, c_ptr, m, n, k, trans_a, trans_b, beta, gro
 
 def _at(a, nbytes: int) -> ctypes.c_void_p:
     """A pointer ``nbytes`` into ``a``'s memory, as a kernel argument (a Python int would go as an int32)."""
-    return ctypes.c_void_p(a._ptr + nbytes)
+    return ctypes.c_void_p(a.ptr + nbytes)
 
 
 def _chunks(geo: Geometry):
@@ -429,20 +429,20 @@ def _gpu_forward(c, x, offset, mask, weight, bias):
     lsz = g.out_hw[0] * g.out_hw[1]
     f, groups = g.num_filter, g.groups
     m, kd = f // groups, ch // groups * kk
-    dtype = xw._dtype
-    y = empty(geo.out_shape, dtype, x._device)
+    dtype = xw.dtype
+    y = empty(geo.out_shape, dtype, x.device)
     if n and lsz:
-        col = empty((ch * kk, geo.chunk * lsz), dtype, x._device)
-        tmp = empty((f, geo.chunk * lsz), dtype, x._device)
+        col = empty((ch * kk, geo.chunk * lsz), dtype, x.device)
+        tmp = empty((f, geo.chunk * lsz), dtype, x.device)
         isz = np.dtype(dtype).itemsize
         for n0, nb in _chunks(geo):
             _im2col(g, xw, ow, mw, col, n0, nb)
-            _gemm_groups(xw, ww._ptr, col._ptr, tmp._ptr, m, nb * lsz, kd, False, False, 0.0, groups, m * kd,
+            _gemm_groups(xw, ww.ptr, col.ptr, tmp.ptr, m, nb * lsz, kd, False, False, 0.0, groups, m * kd,
                          kd * nb * lsz, m * nb * lsz)
             total = nb * f * lsz
             _launch("dn_dcn_swap", total, (tmp, _at(y, n0 * f * lsz * isz), bw, np.int64(total), f, nb,
                                            np.int64(lsz)), xw)
-    return _narrow(y, x._dtype), (xw, ow, mw, ww, bias is not None)
+    return _narrow(y, x.dtype), (xw, ow, mw, ww, bias is not None)
 
 
 def _gpu_backward(c, saved, grads, dy):
@@ -453,7 +453,7 @@ def _gpu_backward(c, saved, grads, dy):
                      ("data", "offset", "weight", "bias"), grads.needs))
     need_bias = has_bias and bool(needs.get("bias"))
     dyw = _wide(dy)
-    dtype, dev = dyw._dtype, dy._device
+    dtype, dev = dyw.dtype, dy.device
     n, ch = g.data_shape[:2]
     kk = g.kernel[0] * g.kernel[1]
     lsz = g.out_hw[0] * g.out_hw[1]
@@ -478,7 +478,7 @@ def _gpu_backward(c, saved, grads, dy):
             beta = 0.0 if i == 0 else 1.0
             if dx is not None or doff is not None:
                 # the column gradient W_g^T dy_g, into the column buffer (rebuilt below for the weight)
-                _gemm_groups(dyw, ww._ptr, dyt._ptr, col._ptr, kd, nb * lsz, m, True, False, 0.0, groups, m * kd,
+                _gemm_groups(dyw, ww.ptr, dyt.ptr, col.ptr, kd, nb * lsz, m, True, False, 0.0, groups, m * kd,
                              m * nb * lsz, kd * nb * lsz)
                 if doff is not None:
                     t = nb * g.deformable_groups * kk * lsz
@@ -488,13 +488,13 @@ def _gpu_backward(c, saved, grads, dy):
                     _launch("dn_dcn_col2im", t, (col, ow, mw, dx, np.int64(t), n0, nb, *args), dyw)
             if dw is not None:
                 _im2col(g, xw, ow, mw, col, n0, nb)
-                _gemm_groups(dyw, dyt._ptr, col._ptr, dw._ptr, m, kd, nb * lsz, False, True, beta, groups,
+                _gemm_groups(dyw, dyt.ptr, col.ptr, dw.ptr, m, kd, nb * lsz, False, True, beta, groups,
                              m * nb * lsz, kd * nb * lsz, m * kd)
             if db is not None:
-                row_sums_into(blas(dyw), dyt._ptr, ones._ptr, db._ptr, f, nb * lsz, 1.0, beta, dtype)
+                row_sums_into(blas(dyw), dyt.ptr, ones.ptr, db.ptr, f, nb * lsz, 1.0, beta, dtype)
     out = {"data": dx, "offset": doff if needs["offset"] else None, "mask": dmask if needs.get("mask") else None,
            "weight": dw, "bias": db}
-    return tuple(_narrow(out[k], dy._dtype) for k in needs)
+    return tuple(_narrow(out[k], dy.dtype) for k in needs)
 
 
 def _v1_gpu_forward(c, x, offset, weight, bias):

@@ -64,7 +64,7 @@ def _gpu_forward(c, x):
         return x, None
     rate, _, mask_shape = c.geo
     if mask_shape is not None:
-        mask = _dropout.dropout_mask(mask_shape, x._dtype, x._device, rate, rng.next_seed, rng.generation())
+        mask = _dropout.dropout_mask(mask_shape, x.dtype, x.device, rate, rng.next_seed, rng.generation())
         return table("multiply", x, mask), ("mask", mask)
     y, reserve = _dropout.dropout_forward.gpu(x, rate, rng.next_seed, rng.generation())
     return y, ("reserve", reserve)

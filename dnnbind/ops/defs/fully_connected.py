@@ -79,32 +79,32 @@ def _gpu_forward(c, x, w, b):
     x_shape, y_shape, data_shape = c.geo
     x2 = view(x, x_shape) if data_shape != x_shape else x
     y = _blas.linear_forward.gpu(x2, w, b)
-    return (view(y, y_shape) if y._shape != y_shape else y), (x2, w)
+    return (view(y, y_shape) if y.shape != y_shape else y), (x2, w)
 
 
 def _gpu_backward(c, saved, grads, dy):
     x_shape, y_shape, data_shape = c.geo
     x, w = saved
     n, k = x_shape
-    units, dtype, h = w._shape[0], x._dtype, blas_handle(x)
-    if dy._shape != (n, units):
+    units, dtype, h = w.shape[0], x.dtype, blas_handle(x)
+    if dy.shape != (n, units):
         dy = view(dy, (n, units))
     dx = dw = db = None
     if grads.needs[0]:
-        dx = empty((n, k), dtype, x._device)
-        _blas.gemm_into(h, dy._ptr, w._ptr, dx._ptr, n, k, units, False, False, 1.0, 0.0, dtype)
+        dx = empty((n, k), dtype, x.device)
+        _blas.gemm_into(h, dy.ptr, w.ptr, dx.ptr, n, k, units, False, False, 1.0, 0.0, dtype)
         if data_shape != x_shape:
             dx = view(dx, data_shape)
     if grads.needs[1]:
         dw = grads.into[1]
         if dw is None:
-            dw = empty((units, k), dtype, x._device)
-        _blas.gemm_into(h, dy._ptr, x._ptr, dw._ptr, units, k, n, True, False, 1.0, 0.0, dtype)
+            dw = empty((units, k), dtype, x.device)
+        _blas.gemm_into(h, dy.ptr, x.ptr, dw.ptr, units, k, n, True, False, 1.0, 0.0, dtype)
     if grads.needs[2]:
         db = grads.into[2]
         if db is None:
-            db = empty((units,), dtype, x._device)
-        _blas.sum_rows_into(h, dy._ptr, _blas.ones_vector(x._device, n, dtype)._ptr, db._ptr, n, units, 1.0, 0.0,
+            db = empty((units,), dtype, x.device)
+        _blas.sum_rows_into(h, dy.ptr, _blas.ones_vector(x.device, n, dtype).ptr, db.ptr, n, units, 1.0, 0.0,
                             dtype)
     return dx, dw, db
 

@@ -141,7 +141,7 @@ def _flat_rows(indices, shape: tuple, m: int, wrap: bool):
 def _gather_gpu_forward(c, x, indices):
     g = c.geo
     if g.n == 0 or g.k == 0:
-        return zeros(g.out_shape, x._dtype, x._device), None
+        return zeros(g.out_shape, x.dtype, x.device), None
     rows = _flat_rows(indices, g.data_shape, g.m, True)
     return view(table("take", view(x, (g.rows, g.k)), rows, axis=0, mode="clip"), g.out_shape), rows
 
@@ -149,7 +149,7 @@ def _gather_gpu_forward(c, x, indices):
 def _gather_gpu_backward(c, rows, grads, dy):
     g = c.geo
     if rows is None:
-        return zeros(g.data_shape, dy._dtype, dy._device), None
+        return zeros(g.data_shape, dy.dtype, dy.device), None
     dx = table("_take_backward", view(dy, (g.n, g.k)), rows, shape=(g.rows, g.k), axis=0, mode="clip")
     return view(dx, g.data_shape), None
 
@@ -208,7 +208,7 @@ def _scatter_cpu_backward(c, indices, grads, dy):
 def _scatter_gpu_forward(c, x, indices):
     g = c.geo
     if g.n == 0 or g.k == 0 or g.rows == 0:
-        return zeros(g.out_shape, x._dtype, x._device), None
+        return zeros(g.out_shape, x.dtype, x.device), None
     rows = _flat_rows(indices, g.out_shape, g.m, False)
     y = table("_take_backward", view(x, (g.n, g.k)), rows, shape=(g.rows, g.k), axis=0, mode="clip")
     return view(y, g.out_shape), rows
@@ -217,7 +217,7 @@ def _scatter_gpu_forward(c, x, indices):
 def _scatter_gpu_backward(c, rows, grads, dy):
     g = c.geo
     if rows is None:
-        return zeros(g.data_shape, dy._dtype, dy._device), None
+        return zeros(g.data_shape, dy.dtype, dy.device), None
     return view(table("take", view(dy, (g.rows, g.k)), rows, axis=0, mode="clip"), g.data_shape), None
 
 
@@ -276,14 +276,14 @@ def _mask_gpu_forward(c, x, index):
     keep = ref.mask_positions(index.numpy())
     rest = c.geo.data_shape[1:]
     if keep.size == 0 or x.size == 0:
-        return zeros((keep.size,) + rest, x._dtype, x._device), None
-    pos = array(keep.astype(np.float64), device=x._device)
+        return zeros((keep.size,) + rest, x.dtype, x.device), None
+    pos = array(keep.astype(np.float64), device=x.device)
     return table("take", x, pos, axis=0, mode="clip"), pos
 
 
 def _mask_gpu_backward(c, pos, grads, dy):
     if pos is None:
-        return zeros(c.geo.data_shape, dy._dtype, dy._device), None
+        return zeros(c.geo.data_shape, dy.dtype, dy.device), None
     return table("_take_backward", dy, pos, shape=c.geo.data_shape, axis=0, mode="clip"), None
 
 
@@ -359,7 +359,7 @@ def _copy_gpu_forward(c, old, index, new):
     rows = g.data_shape[0]
     idx = table("clip", table("trunc", table("cast", index, dtype="float64")), a_min=0.0, a_max=float(rows - 1))
     # src[r] = 1 + the position j of the new row copied to row r, 0 where none is (a scatter of 1..K)
-    src = table("_take_backward", _counting(g.n, old._device), idx, shape=(rows,), axis=0, mode="clip")
+    src = table("_take_backward", _counting(g.n, old.device), idx, shape=(rows,), axis=0, mode="clip")
     covered = view(table("greater", src, 0.0), (rows,) + (1,) * (len(g.data_shape) - 1))
     picked = table("take", new, table("clip", table("subtract", src, 1.0), a_min=0.0, a_max=float(g.n - 1)),
                    axis=0, mode="clip")

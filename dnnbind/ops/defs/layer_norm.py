@@ -187,7 +187,7 @@ def _cpu_backward(c, saved, grads, dy):
 
 def _gpu_forward(c, x, gamma, beta):
     g = c.geo
-    half = x._dtype == np.float16
+    half = x.dtype == np.float16
     x3 = view(x, g.view)
     pshape = (1, g.view[1], 1)
     gam, bet = view(gamma, pshape), view(beta, pshape)
@@ -214,24 +214,24 @@ def _gpu_backward(c, saved, grads, dy):
     g = c.geo
     xhat, std, gam = saved
     need = grads.needs
-    dtype = dy._dtype
+    dtype = dy.dtype
     dy3 = view(dy, g.view)
-    if dy3._dtype != xhat._dtype:
-        dy3 = table("cast", dy3, dtype=xhat._dtype)
+    if dy3.dtype != xhat.dtype:
+        dy3 = table("cast", dy3, dtype=xhat.dtype)
     dx = dgamma = dbeta = None
     if need[0]:
         w = table("divide", table("multiply", dy3, gam), std)
         wx = table("mean", table("multiply", w, xhat), axis=g.red, keepdims=True)
         dx = table("subtract", table("subtract", w, table("mean", w, axis=g.red, keepdims=True)),
                    table("multiply", xhat, wx))
-        if dx._dtype != dtype:
+        if dx.dtype != dtype:
             dx = table("cast", dx, dtype=dtype)
         dx = view(dx, g.shape)
     if need[1]:
         dgamma = table("sum", table("multiply", dy3, xhat), axis=(0, 2))
     if need[2]:
         dbeta = table("sum", dy3, axis=(0, 2))
-    if dtype != xhat._dtype:
+    if dtype != xhat.dtype:
         dgamma = None if dgamma is None else table("cast", dgamma, dtype=dtype)
         dbeta = None if dbeta is None else table("cast", dbeta, dtype=dtype)
     return dx, dgamma, dbeta

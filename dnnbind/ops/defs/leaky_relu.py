@@ -168,11 +168,11 @@ def _draw_gpu(c, x):
     if RECORDING:  # the seed and offset are host values baked into the launch: a replay would repeat them
         RECORDING[-1].refuse("LeakyReLU(act_type='rrelu') draws its slopes from a host-side counter that a replay "
                              "cannot advance")
-    slopes = empty(x._shape, x._dtype, x._device)
+    slopes = empty(x.shape, x.dtype, x.device)
     s, off = rng.take(slopes.size)
     if slopes.size:
-        strided.random_fill(strided.Ref(slopes._ptr, x._dtype, contiguous_strides(x._shape)), slopes.size,
-                            "uniform", s, off, lo, hi, stream=current_stream(x._device), device=x._device.index)
+        strided.random_fill(strided.Ref(slopes.ptr, x.dtype, contiguous_strides(x.shape)), slopes.size,
+                            "uniform", s, off, lo, hi, stream=current_stream(x.device), device=x.device.index)
     return slopes
 
 
@@ -195,7 +195,7 @@ def _gpu_forward(c, x, gamma=None):
         slopes = _draw_gpu(c, x)
         y = table("where", pos, x, table("multiply", x, slopes))
     else:
-        slopes = full(x._shape, (g.lower + g.upper) / 2.0, x._dtype, x._device)
+        slopes = full(x.shape, (g.lower + g.upper) / 2.0, x.dtype, x.device)
         y = table("_leaky_relu", x, slope=(g.lower + g.upper) / 2.0)
     return (y, slopes), (x, slopes)
 

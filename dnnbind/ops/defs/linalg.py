@@ -218,9 +218,9 @@ def _const(kind: str, n: int, flag: bool, dtype, device) -> NDArray:
 
 def _clone(x: NDArray) -> NDArray:
     """A fresh copy of ``x``'s bytes (not taped: inside a lowering)."""
-    out = empty(x._shape, x._dtype, x._device)
+    out = empty(x.shape, x.dtype, x.device)
     if out.nbytes:
-        memcpy(out._ptr, x._ptr, out.nbytes, D2D, current_stream(x._device))
+        memcpy(out.ptr, x.ptr, out.nbytes, D2D, current_stream(x.device))
     return out
 
 
@@ -229,7 +229,7 @@ class GpuKit:
 
     @staticmethod
     def t(x):
-        n = len(x._shape)
+        n = len(x.shape)
         return table("swapaxes", x, dim1=n - 2, dim2=n - 1)
 
     @staticmethod
@@ -240,21 +240,21 @@ class GpuKit:
 
     @staticmethod
     def tri(x, lower=True):
-        return table("multiply", x, _const("tri", x._shape[-1], bool(lower), x._dtype, x._device))
+        return table("multiply", x, _const("tri", x.shape[-1], bool(lower), x.dtype, x.device))
 
     @classmethod
     def mirror(cls, x, lower=True):
-        strict = table("multiply", x, _const("strict", x._shape[-1], bool(lower), x._dtype, x._device))
+        strict = table("multiply", x, _const("strict", x.shape[-1], bool(lower), x.dtype, x.device))
         return table("add", cls.tri(x, lower), cls.t(strict))
 
     @staticmethod
     def trsm(a, b, alpha=1.0, rightside=False, lower=True, transpose=False):
         out = _clone(b)
-        batch, m, n = out._shape
-        k = a._shape[-1]
+        batch, m, n = out.shape
+        k = a.shape[-1]
         if out.size == 0:
             return out
-        dtype, size = out._dtype, out._dtype.itemsize
+        dtype, size = out.dtype, out.dtype.itemsize
         # column-major view: X^T (n x m); a row-major left solve is a right solve there, lower is upper
         side = cublas.CUBLAS_SIDE_LEFT if rightside else cublas.CUBLAS_SIDE_RIGHT
         uplo = cublas.CUBLAS_FILL_MODE_UPPER if lower else cublas.CUBLAS_FILL_MODE_LOWER
@@ -262,10 +262,10 @@ class GpuKit:
         fn, h, alpha_p = getattr(cublas.lib, _TRSM[dtype]), blas(a), D.scalar_ptr(float(alpha), dtype)
         try:
             for i in range(batch):
-                fn(h, side, uplo, trans, cublas.CUBLAS_DIAG_NON_UNIT, n, m, alpha_p, a._ptr + i * k * k * size, k,
-                   out._ptr + i * m * n * size, n)
+                fn(h, side, uplo, trans, cublas.CUBLAS_DIAG_NON_UNIT, n, m, alpha_p, a.ptr + i * k * k * size, k,
+                   out.ptr + i * m * n * size, n)
         except CublasError as exc:
-            raise with_context(exc, op="trsm", a=a._shape, b=b._shape, rightside=rightside, lower=lower,
+            raise with_context(exc, op="trsm", a=a.shape, b=b.shape, rightside=rightside, lower=lower,
                                transpose=transpose) from None
         return out
 
@@ -287,14 +287,14 @@ class GpuKit:
     @staticmethod
     def diag(x):
         """(batch, n, n) -> (batch, n): every (n + 1)-th element of each flattened matrix."""
-        b, n = x._shape[0], x._shape[-1]
+        b, n = x.shape[0], x.shape[-1]
         flat = view(x, (b, n * n))
         return table("slice", flat, begin=(None, 0), end=(None, None), step=(None, n + 1))
 
     @staticmethod
     def from_diag(v):
-        b, n = v._shape
-        return table("multiply", view(v, (b, n, 1)), _const("eye", n, True, v._dtype, v._device))
+        b, n = v.shape
+        return table("multiply", view(v, (b, n, 1)), _const("eye", n, True, v.dtype, v.device))
 
     @staticmethod
     def eye_batch(batch, n, dtype, device):
@@ -354,61 +354,61 @@ def _solver_call(what: str, x: NDArray, fn):
     try:
         return fn()
     except cusolver.CusolverError as exc:
-        raise with_context(exc, op=what, shape=x._shape, dtype=x._dtype) from None
+        raise with_context(exc, op=what, shape=x.shape, dtype=x.dtype) from None
 
 
 def potrf_inplace(x: NDArray, lower: bool) -> None:
     """Cholesky-factor each (n, n) matrix of the (batch, n, n) array ``x`` in place (its other triangle keeps A's
     values)."""
-    batch, n, _ = x._shape
-    X, size = _X[x._dtype], x._dtype.itemsize
+    batch, n, _ = x.shape
+    X, size = _X[x.dtype], x.dtype.itemsize
     uplo = cusolver.CUBLAS_FILL_MODE_UPPER if lower else cusolver.CUBLAS_FILL_MODE_LOWER
-    h = solver_handle(x._device)
+    h = solver_handle(x.device)
     lwork = ctypes.c_int()
 
     def run():
-        getattr(cusolver.lib, f"cusolverDn{X}potrf_bufferSize")(h, uplo, n, x._ptr, n, ctypes.byref(lwork))
-        work, _ = workspace(x._device, max(lwork.value, 1) * size)
-        info = zeros((batch,), np.int32, x._device)
+        getattr(cusolver.lib, f"cusolverDn{X}potrf_bufferSize")(h, uplo, n, x.ptr, n, ctypes.byref(lwork))
+        work, _ = workspace(x.device, max(lwork.value, 1) * size)
+        info = zeros((batch,), np.int32, x.device)
         fn = getattr(cusolver.lib, f"cusolverDn{X}potrf")
         for i in range(batch):
-            fn(h, uplo, n, x._ptr + i * n * n * size, n, work, lwork.value, info._ptr + 4 * i)
+            fn(h, uplo, n, x.ptr + i * n * n * size, n, work, lwork.value, info.ptr + 4 * i)
     _solver_call("potrf", x, run)
 
 
 def getrf_inplace(x: NDArray) -> NDArray:
     """LU-factor each matrix of the (batch, n, n) array ``x`` in place (of its transpose, in column-major terms);
     returns the (batch, n) int32 pivots, 1-based as LAPACK's."""
-    batch, n, _ = x._shape
-    X, size = _X[x._dtype], x._dtype.itemsize
-    h = solver_handle(x._device)
-    ipiv = empty((batch, n), np.int32, x._device)
+    batch, n, _ = x.shape
+    X, size = _X[x.dtype], x.dtype.itemsize
+    h = solver_handle(x.device)
+    ipiv = empty((batch, n), np.int32, x.device)
     lwork = ctypes.c_int()
 
     def run():
-        getattr(cusolver.lib, f"cusolverDn{X}getrf_bufferSize")(h, n, n, x._ptr, n, ctypes.byref(lwork))
-        work, _ = workspace(x._device, max(lwork.value, 1) * size)
-        info = zeros((batch,), np.int32, x._device)
+        getattr(cusolver.lib, f"cusolverDn{X}getrf_bufferSize")(h, n, n, x.ptr, n, ctypes.byref(lwork))
+        work, _ = workspace(x.device, max(lwork.value, 1) * size)
+        info = zeros((batch,), np.int32, x.device)
         fn = getattr(cusolver.lib, f"cusolverDn{X}getrf")
         for i in range(batch):
-            fn(h, n, n, x._ptr + i * n * n * size, n, work, ipiv._ptr + 4 * i * n, info._ptr + 4 * i)
+            fn(h, n, n, x.ptr + i * n * n * size, n, work, ipiv.ptr + 4 * i * n, info.ptr + 4 * i)
     _solver_call("getrf", x, run)
     return ipiv
 
 
 def inverse_from_lu(lu: NDArray, ipiv: NDArray) -> NDArray:
     """inverse(A) from getrf_inplace's factors: getrs against the identity (row-major, it is A's own inverse)."""
-    batch, n, _ = lu._shape
-    X, size = _X[lu._dtype], lu._dtype.itemsize
-    h = solver_handle(lu._device)
-    out = GPU.eye_batch(batch, n, lu._dtype, lu._device)
+    batch, n, _ = lu.shape
+    X, size = _X[lu.dtype], lu.dtype.itemsize
+    h = solver_handle(lu.device)
+    out = GPU.eye_batch(batch, n, lu.dtype, lu.device)
 
     def run():
-        info = zeros((batch,), np.int32, lu._device)
+        info = zeros((batch,), np.int32, lu.device)
         fn = getattr(cusolver.lib, f"cusolverDn{X}getrs")
         for i in range(batch):
-            fn(h, cusolver.CUBLAS_OP_N, n, n, lu._ptr + i * n * n * size, n, ipiv._ptr + 4 * i * n,
-               out._ptr + i * n * n * size, n, info._ptr + 4 * i)
+            fn(h, cusolver.CUBLAS_OP_N, n, n, lu.ptr + i * n * n * size, n, ipiv.ptr + 4 * i * n,
+               out.ptr + i * n * n * size, n, info.ptr + 4 * i)
     _solver_call("getrs", lu, run)
     return out
 
@@ -463,7 +463,7 @@ def _gemm_cpu_backward(c, saved, grads, dy):
 
 
 def _gpu_swap(x: NDArray, g: Geometry) -> NDArray:
-    n = len(x._shape)
+    n = len(x.shape)
     return x if g.axis == n - 2 else table("swapaxes", x, dim1=g.axis, dim2=n - 2)
 
 
@@ -474,7 +474,7 @@ def _swapped(shape: tuple, g: Geometry) -> tuple:
 
 
 def _as3(x: NDArray) -> NDArray:
-    s = x._shape
+    s = x.shape
     return view(x, (_batch(s),) + tuple(s[-2:]))
 
 
@@ -493,7 +493,7 @@ def _gemm_gpu_backward(c, saved, grads, dy):
     d3 = _as3(_gpu_swap(dy, g))  # (the swap's copy; dy itself is left as it is)
     da, db, dc = ref.gemm_backward(GPU, d3, _as3(sa), _as3(sb), p["transpose_a"], p["transpose_b"], p["alpha"],
                                    p.get("beta", 0.0), with_c)
-    out = [_gpu_swap(view(da, sa._shape), g), _gpu_swap(view(db, sb._shape), g)]
+    out = [_gpu_swap(view(da, sa.shape), g), _gpu_swap(view(db, sb.shape), g)]
     if with_c:
         out.append(_gpu_swap(view(dc, _swapped(g.out_shape, g)), g))
     return tuple(out)
@@ -540,11 +540,11 @@ def _potrf_gpu_forward(c, a):
     x = _clone(_as3(a))
     potrf_inplace(x, lower)
     y = GPU.tri(x, lower)  # MXNet zeroes the other triangle (cuSOLVER leaves A's values there)
-    return view(y, a._shape), y
+    return view(y, a.shape), y
 
 
 def _potrf_gpu_backward(c, y, grads, dy):
-    return (view(ref.potrf_backward(GPU, _as3(dy), y, c.p["lower"]), dy._shape),)
+    return (view(ref.potrf_backward(GPU, _as3(dy), y, c.p["lower"]), dy.shape),)
 
 
 def _potri_cpu_forward(c, a):
@@ -560,16 +560,16 @@ def _potri_cpu_backward(c, saved, grads, dy):
 def _potri_gpu_forward(c, a):
     lower = c.p["lower"]
     a3 = _as3(a)
-    batch, n, _ = a3._shape
-    inv = GPU.trsm(a3, GPU.eye_batch(batch, n, a._dtype, a._device), 1.0, False, lower, False)  # tri(A)^-1
+    batch, n, _ = a3.shape
+    inv = GPU.trsm(a3, GPU.eye_batch(batch, n, a.dtype, a.device), 1.0, False, lower, False)  # tri(A)^-1
     r = GPU.gemm(inv, inv, True, False) if lower else GPU.gemm(inv, inv, False, True)
     y = GPU.mirror(r, lower)
-    return view(y, a._shape), (a3, y)
+    return view(y, a.shape), (a3, y)
 
 
 def _potri_gpu_backward(c, saved, grads, dy):
     a3, y = saved
-    return (view(ref.potri_backward(GPU, _as3(dy), a3, y, c.p["lower"]), dy._shape),)
+    return (view(ref.potri_backward(GPU, _as3(dy), a3, y, c.p["lower"]), dy.shape),)
 
 
 # trsm, trmm, syrk ---------------------------------------------------------------------------------------------------
@@ -608,13 +608,13 @@ def _trsm_gpu_forward(c, a, b):
     tr, rs, lo, al = _tri_params(c.p)
     a3 = _as3(a)
     y = GPU.trsm(a3, _as3(b), al, rs, lo, tr)
-    return view(y, b._shape), (a3, y)
+    return view(y, b.shape), (a3, y)
 
 
 def _trsm_gpu_backward(c, saved, grads, dy):
     a3, y = saved
     da, db = ref.trsm_backward(GPU, _as3(dy), a3, y, *_tri_params(c.p))
-    return view(da, c.geo.a_shape), view(db, dy._shape)
+    return view(da, c.geo.a_shape), view(db, dy.shape)
 
 
 def _trmm_cpu_forward(c, a, b):
@@ -631,13 +631,13 @@ def _trmm_cpu_backward(c, saved, grads, dy):
 def _trmm_gpu_forward(c, a, b):
     tr, rs, lo, al = _tri_params(c.p)
     a3, b3 = _as3(a), _as3(b)
-    return view(GPU.trmm(a3, b3, al, rs, lo, tr), b._shape), (a3, b3)
+    return view(GPU.trmm(a3, b3, al, rs, lo, tr), b.shape), (a3, b3)
 
 
 def _trmm_gpu_backward(c, saved, grads, dy):
     a3, b3 = saved
     da, db = ref.trmm_backward(GPU, _as3(dy), a3, b3, *_tri_params(c.p))
-    return view(da, c.geo.a_shape), view(db, dy._shape)
+    return view(da, c.geo.a_shape), view(db, dy.shape)
 
 
 def _syrk_prepare(p, a):
@@ -686,7 +686,7 @@ def _sumlogdiag_gpu_forward(c, a):
 
 
 def _sumlogdiag_gpu_backward(c, a3, grads, dy):
-    b = a3._shape[0]
+    b = a3.shape[0]
     ratio = table("divide", view(dy, (b, 1)), GPU.diag(a3))
     return (view(GPU.from_diag(ratio), c.geo.a_shape),)
 
@@ -707,11 +707,11 @@ def _inverse_gpu_forward(c, a):
     lu = _clone(_as3(a))
     ipiv = getrf_inplace(lu)
     y = inverse_from_lu(lu, ipiv)
-    return view(y, a._shape), y
+    return view(y, a.shape), y
 
 
 def _inverse_gpu_backward(c, y, grads, dy):
-    return (view(ref.inverse_backward(GPU, _as3(dy), y), dy._shape),)
+    return (view(ref.inverse_backward(GPU, _as3(dy), y), dy.shape),)
 
 
 def _det_cpu_forward(c, a):
@@ -726,9 +726,9 @@ def _det_cpu_backward(c, saved, grads, dy):
 
 def _pivot_sign(ipiv: NDArray, dtype) -> NDArray:
     """(-1) ** (the number of rows getrf exchanged), from its 1-based pivots: 1 - 2 * (count(ipiv != 1..n) % 2)."""
-    n = ipiv._shape[-1]
+    n = ipiv.shape[-1]
     moved = table("not_equal", table("cast", ipiv, dtype=np.dtype(dtype).name),
-                  _const("arange", n, True, dtype, ipiv._device))
+                  _const("arange", n, True, dtype, ipiv.device))
     parity = table("_mod_scalar", table("sum", moved, axis=1), scalar=2.0)
     return table("_rminus_scalar", table("_mul_scalar", parity, scalar=2.0), scalar=1.0)
 
@@ -743,7 +743,7 @@ def _det_gpu_forward(c, a):
 
 def _det_gpu_backward(c, saved, grads, dy):
     lu, ipiv, d = saved
-    b, n, _ = lu._shape
+    b, n, _ = lu.shape
     inv_t = GPU.t(inverse_from_lu(lu, ipiv))
     scale = view(table("multiply", d, view(dy, (b,))), (b, 1, 1))
     da = table("multiply", scale, inv_t)
@@ -767,7 +767,7 @@ def _slogdet_cpu_backward(c, saved, grads, dys):
 def _lu_sign_logabs(lu: NDArray, ipiv: NDArray) -> tuple:
     """MXNet's SignedLogDet from getrf's factors: (sign, log|det|), each (batch,)."""
     u = GPU.diag(lu)
-    sign = table("multiply", _pivot_sign(ipiv, lu._dtype), table("prod", table("sign", u), axis=1))
+    sign = table("multiply", _pivot_sign(ipiv, lu.dtype), table("prod", table("sign", u), axis=1))
     return sign, table("sum", table("log", table("abs", u)), axis=1)
 
 
@@ -781,7 +781,7 @@ def _slogdet_gpu_forward(c, a):
 
 def _slogdet_gpu_backward(c, saved, grads, dys):
     lu, ipiv, logabs = saved
-    b, n, _ = lu._shape
+    b, n, _ = lu.shape
     da = table("multiply", view(dys[1], (b, 1, 1)), GPU.t(inverse_from_lu(lu, ipiv)))
     # zero where log|det| is -inf (a singular matrix), as MXNet's StopZeroDetGrad
     keep = table("broadcast_to", view(table("_not_equal_scalar", logabs, scalar=-np.inf), (b, 1, 1)),
@@ -908,15 +908,15 @@ def _scatter_map(imap: IndexMap, device) -> NDArray:
 
 
 def _gpu_extract(x: NDArray, imap: IndexMap, out_shape: tuple) -> NDArray:
-    rows = math.prod(x._shape[:-2])
+    rows = math.prod(x.shape[:-2])
     flat = view(x, (rows, imap.n * imap.n))
-    return view(table("take", flat, _positions(imap, x._device), axis=1), out_shape)
+    return view(table("take", flat, _positions(imap, x.device), axis=1), out_shape)
 
 
 def _gpu_make(v: NDArray, imap: IndexMap, out_shape: tuple) -> NDArray:
-    rows, m = math.prod(v._shape[:-1]), v._shape[-1]
-    padded = table("concat", view(v, (rows, m)), zeros((rows, 1), v._dtype, v._device), dim=1)
-    return view(table("take", padded, _scatter_map(imap, v._device), axis=1), out_shape)
+    rows, m = math.prod(v.shape[:-1]), v.shape[-1]
+    padded = table("concat", view(v, (rows, m)), zeros((rows, 1), v.dtype, v.device), dim=1)
+    return view(table("take", padded, _scatter_map(imap, v.device), axis=1), out_shape)
 
 
 def _extract_gpu_forward(c, a):

@@ -58,21 +58,21 @@ def _cpu_backward(c, saved, grads, dy):
 # gpu: cuDNN ---------------------------------------------------------------------------------------------------
 
 def _gpu_forward(c, x):
-    y = out_like(x._shape, x._dtype, x._device)
+    y = out_like(x.shape, x.dtype, x.device)
     if x.size:
-        t = D.tensor(x._shape, x._dtype)
-        L.cudnnLRNCrossChannelForward(dnn(x), D.lrn(*c.geo), _MODE, D.scalar_ptr(1, x._dtype), t, x._ptr,
-                                      D.scalar_ptr(0, x._dtype), t, y._ptr)
+        t = D.tensor(x.shape, x.dtype)
+        L.cudnnLRNCrossChannelForward(dnn(x), D.lrn(*c.geo), _MODE, D.scalar_ptr(1, x.dtype), t, x.ptr,
+                                      D.scalar_ptr(0, x.dtype), t, y.ptr)
     return y, (x, y)
 
 
 def _gpu_backward(c, saved, grads, dy):
     x, y = saved
-    dx = out_like(x._shape, x._dtype, x._device)
+    dx = out_like(x.shape, x.dtype, x.device)
     if x.size:
-        t = D.tensor(x._shape, x._dtype)
-        L.cudnnLRNCrossChannelBackward(dnn(x), D.lrn(*c.geo), _MODE, D.scalar_ptr(1, x._dtype), t, y._ptr, t,
-                                       dy._ptr, t, x._ptr, D.scalar_ptr(0, x._dtype), t, dx._ptr)
+        t = D.tensor(x.shape, x.dtype)
+        L.cudnnLRNCrossChannelBackward(dnn(x), D.lrn(*c.geo), _MODE, D.scalar_ptr(1, x.dtype), t, y.ptr, t,
+                                       dy.ptr, t, x.ptr, D.scalar_ptr(0, x.dtype), t, dx.ptr)
     return (dx,)
 
 

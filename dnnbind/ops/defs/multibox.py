@@ -91,10 +91,10 @@ _PRIORS: dict = {}
 
 
 def _gpu_prior_forward(c, data):
-    key = (c.geo, data._dtype, data._device)
+    key = (c.geo, data.dtype, data.device)
     a = _PRIORS.get(key)
     if a is None:  # a constant of the shape and parameters: computed and uploaded once (never trimmed, as sequence)
-        a = _PRIORS[key] = array(ref.multibox_prior(*c.geo, data._dtype), device=data._device)
+        a = _PRIORS[key] = array(ref.multibox_prior(*c.geo, data.dtype), device=data.device)
     return a.copy(), None
 
 
@@ -141,21 +141,21 @@ def _cpu_detect_forward(c, cls_prob, loc_pred, anchor):
 
 def _gpu_detect_forward(c, cls_prob, loc_pred, anchor):
     b, nc, na = c.geo
-    p, dt = c.p, cls_prob._dtype
+    p, dt = c.p, cls_prob.dtype
     t = dt.type
-    out = empty((b, na, 6), dt, cls_prob._device)
+    out = empty((b, na, 6), dt, cls_prob.device)
     if b == 0:
         return out, None
-    rows = empty((b, na, 6), dt, cls_prob._device)
-    order = empty((b * na,), np.int32, cls_prob._device)
-    pos = empty((b * na,), np.int32, cls_prob._device)
+    rows = empty((b, na, 6), dt, cls_prob.device)
+    order = empty((b * na,), np.int32, cls_prob.device)
+    pos = empty((b * na,), np.int32, cls_prob.device)
     nms = np.float32(p["nms_threshold"])
     v = [t(np.float32(x)) for x in p["variances"]]
     K.kernel("dn_mbox_detect", dt).launch(
         b, K.BLOCK, (cls_prob, loc_pred, anchor, out, rows, order, pos, np.int32(nc), np.int32(na),
                      np.int32(bool(p["clip"])), t(np.float32(p["threshold"])), t(nms), np.int32(0 < nms <= 1),
                      np.int32(bool(p["force_suppress"])), *v, np.int32(p["nms_topk"])),
-        stream=current_stream(cls_prob._device))
+        stream=current_stream(cls_prob.device))
     return out, None
 
 
@@ -219,7 +219,7 @@ def _cpu_target_forward(c, anchor, label, cls_pred):
 
 def _gpu_target_forward(c, anchor, label, cls_pred):
     b, na, nl, lw, nc, _ = c.geo
-    p, dt, dev = c.p, anchor._dtype, anchor._device
+    p, dt, dev = c.p, anchor.dtype, anchor.device
     loc_t, loc_m, cls_t = empty((b, na * 4), dt, dev), empty((b, na * 4), dt, dev), empty((b, na), dt, dev)
     if b == 0:
         return (loc_t, loc_m, cls_t), None

@@ -54,19 +54,19 @@ def _check_label(op: str, label) -> None:
 
 
 def _as(x: NDArray, shape: tuple) -> NDArray:
-    return x if x._shape == shape else view(x, shape)
+    return x if x.shape == shape else view(x, shape)
 
 
 def _cast(x: NDArray, dtype) -> NDArray:
-    return x if x._dtype == dtype else table("cast", x, dtype=dtype)
+    return x if x.dtype == dtype else table("cast", x, dtype=dtype)
 
 
 def _prefix(x: NDArray, n: int) -> NDArray:
     """The first ``n`` elements of a C-contiguous array, without a copy (SoftmaxOutput's flat form reads only the
     first N labels)."""
-    if x._data is not None:
+    if not x.on_gpu:
         return NDArray._from_numpy(x._data.reshape(-1)[:n])
-    return NDArray._from_ptr(x._ptr, (n,), x._dtype, x._device, x._owner)
+    return NDArray._from_ptr(x.ptr, (n,), x.dtype, x.device, x._owner)
 
 
 _CLASSES: dict = {}  # (classes, dtype, device) -> arange(classes) there: one upload per shape seen, not per step
@@ -185,20 +185,20 @@ def _softmax_gpu_backward(c, saved, grads, dy):
     lab = table("trunc", _cast(label, g.label_dtype))
     rows = _as(_prefix(lab, g.rows) if g.rows is not None else lab, g.lab_shape)
     # the one-hot as a broadcast comparison of (.., 1, ..) labels with (1, .., k, .., 1) class ids
-    hot = _cast(table("equal", rows, view(_classes(g.k, lab._dtype, lab._device), g.cls_shape)), y._dtype)
+    hot = _cast(table("equal", rows, view(_classes(g.k, lab.dtype, lab.device), g.cls_shape)), y.dtype)
     if g.smooth is not None:
         on, off = g.smooth
         hot = table("add", table("multiply", hot, on - off), off)
     grad = table("subtract", y, hot)
     if g.use_ignore:
-        grad = table("multiply", grad, _cast(table("not_equal", rows, float(g.ignore)), y._dtype))
+        grad = table("multiply", grad, _cast(table("not_equal", rows, float(g.ignore)), y.dtype))
     if g.valid:  # grad_scale / max(count, 1) in the label's precision, then the data's (MXNet's DType(scale))
         count = table("maximum", table("sum", table("not_equal", lab, float(g.ignore))), 1.0)
-        grad = table("multiply", grad, _cast(table("divide", g.scale, count), y._dtype))
+        grad = table("multiply", grad, _cast(table("divide", g.scale, count), y.dtype))
     else:
         grad = table("multiply", grad, g.scale)
     if g.out_grad:
-        grad = table("multiply", grad, _cast(_as(dy, g.x_shape), y._dtype))
+        grad = table("multiply", grad, _cast(_as(dy, g.x_shape), y.dtype))
     return _as(grad, g.shape), None
 
 
@@ -278,14 +278,14 @@ def _regression_lowerings(op: str):
             y.dtype, copy=False), None
 
     def gpu_forward(c, x, label):
-        y = empty(x._shape, x._dtype, x._device).copy_(x) if forward is None else table(forward, x)
+        y = empty(x.shape, x.dtype, x.device).copy_(x) if forward is None else table(forward, x)
         return y, (y, label)
 
     def gpu_backward(c, saved, grads, dy):
         if not grads.needs[0]:
             return None, None
         y, label = saved
-        d = table("subtract", y, _cast(_as(label, y._shape), y._dtype))
+        d = table("subtract", y, _cast(_as(label, y.shape), y.dtype))
         return table("multiply", d if grad == "subtract" else table(grad, d), c.geo), None
 
     return Lowering(cpu_forward, cpu_backward), Lowering(gpu_forward, gpu_backward)
@@ -333,7 +333,7 @@ def _make_loss_cpu_backward(c, y, grads, dy):
 
 
 def _make_loss_gpu_forward(c, x):
-    y = empty(x._shape, x._dtype, x._device).copy_(x)
+    y = empty(x.shape, x.dtype, x.device).copy_(x)
     return y, (y if c.geo[1] is not None else None)
 
 

@@ -285,19 +285,19 @@ def _gpu_forward(c, x):
     g = c.geo
     x4 = view(x, g.x4) if g.one_d else x
     if not math.prod(g.y4):  # no batch or no channels: nothing to pool (cuDNN takes no empty tensor)
-        return full(g.y, 0, x._dtype, x._device), (x4, None, None, None, None)
+        return full(g.y, 0, x.dtype, x.device), (x4, None, None, None, None)
     xp = x4 if g.p is None or g.p == 1 else table("power", x4, float(g.p))
     h = 1 if g.layout == "NHWC" else 2
     xe = xp
     for d, extra in enumerate(g.extra):  # 'full': rows (d = 0), then columns (then 3-D's last axis), appended
         if extra:
-            shape = list(xe._shape)
+            shape = list(xe.shape)
             shape[h + d] = extra
-            xe = table("concat", xe, full(tuple(shape), g.fill, xe._dtype, xe._device), dim=h + d)
+            xe = table("concat", xe, full(tuple(shape), g.fill, xe.dtype, xe.device), dim=h + d)
     y0 = pooling_forward.gpu(xe, g.mode, g.window, g.stride, g.pad, layout=g.layout)
     s = table("multiply", y0, g.factor) if g.factor != 1 else y0
     if g.divisor is not None:
-        s = table("multiply", s, g.divisor.on(s._dtype, s._device))
+        s = table("multiply", s, g.divisor.on(s.dtype, s.device))
     if g.p is None or g.p == 1:
         y = s
     elif g.p == 2:
@@ -315,14 +315,14 @@ def _gpu_backward(c, saved, grads, dy):
     if not grads.needs[0]:
         return (None,)
     if xe is None:  # nothing was pooled
-        return (full(g.x, 0, dy._dtype, dy._device),)
+        return (full(g.x, 0, dy.dtype, dy.device),)
     d = view(dy, g.y4) if g.one_d else dy
     if g.p == 2:  # d sqrt(s) / ds
         d = table("divide", table("multiply", d, 0.5), y)
     elif g.p is not None and g.p > 2:  # d |s|^(1/p) sign(s) / ds = y / (p s)
         d = table("divide", table("multiply", d, y), table("multiply", s, float(g.p)))
     if g.divisor is not None:
-        d = table("multiply", d, g.divisor.on(d._dtype, d._device))
+        d = table("multiply", d, g.divisor.on(d.dtype, d.device))
     if g.factor != 1:
         d = table("multiply", d, g.factor)
     dx = pooling_backward.gpu(y0, d, xe, g.mode, g.window, g.stride, g.pad, layout=g.layout)

@@ -132,10 +132,10 @@ def _taps(kind: str, n_in: int, n_out: int, align: bool, dtype, device):
 
 def _separable_forward(x, th, tw):
     """y[n, c, o, q] = sum_a wh[a, o] * sum_b ww[b, q] * x[n, c, ih[a, o], iw[b, q]] (the W sum first, as MXNet)."""
-    n, ch, h, w = x._shape
+    n, ch, h, w = x.shape
     (ih, wh), (iw, ww) = th, tw
-    kh, oh = ih._shape
-    kw, ow = iw._shape
+    kh, oh = ih.shape
+    kw, ow = iw.shape
     t = table("take", x, ih, axis=2, mode="clip")  # (N, C, Kh, Oh, W)
     t = table("take", t, iw, axis=4, mode="clip")  # (N, C, Kh, Oh, Kw, Ow)
     t = table("sum", table("multiply", t, ww), axis=4)  # (N, C, Kh, Oh, Ow)
@@ -145,8 +145,8 @@ def _separable_forward(x, th, tw):
 def _separable_backward(dy, shape, th, tw):
     n, ch, h, w = shape
     (ih, wh), (iw, ww) = th, tw
-    kh, oh = ih._shape
-    kw, ow = iw._shape
+    kh, oh = ih.shape
+    kw, ow = iw.shape
     g = table("multiply", view(dy, (n, ch, 1, oh, ow)), view(wh, (kh, oh, 1)))  # (N, C, Kh, Oh, Ow)
     g = table("multiply", view(g, (n, ch, kh, oh, 1, ow)), ww)  # (N, C, Kh, Oh, Kw, Ow)
     g = table("_take_backward", g, iw, shape=(n, ch, kh, oh, w), axis=4, mode="clip")
@@ -162,8 +162,8 @@ def _bilinear_gpu_taps(c, dtype, device):
 def _bilinear_gpu_forward(c, x, like=None):
     g = c.geo
     if g.out_shape == g.in_shape or x.size == 0:
-        return (x.copy() if x.size else zeros(g.out_shape, x._dtype, x._device)), None
-    return _separable_forward(x, *_bilinear_gpu_taps(c, x._dtype, x._device)), None
+        return (x.copy() if x.size else zeros(g.out_shape, x.dtype, x.device)), None
+    return _separable_forward(x, *_bilinear_gpu_taps(c, x.dtype, x.device)), None
 
 
 def _bilinear_gpu_backward(c, saved, grads, dy):
@@ -171,12 +171,12 @@ def _bilinear_gpu_backward(c, saved, grads, dy):
     dx = None
     if grads.needs[0]:
         if g.out_shape == g.in_shape or dy.size == 0:
-            dx = dy.copy() if dy.size else zeros(g.in_shape, dy._dtype, dy._device)
+            dx = dy.copy() if dy.size else zeros(g.in_shape, dy.dtype, dy.device)
         else:
-            dx = _separable_backward(dy, g.in_shape, *_bilinear_gpu_taps(c, dy._dtype, dy._device))
+            dx = _separable_backward(dy, g.in_shape, *_bilinear_gpu_taps(c, dy.dtype, dy.device))
     if g.like_shape is None:
         return (dx,)
-    return dx, (zeros(g.like_shape, dy._dtype, dy._device) if grads.needs[1] else None)
+    return dx, (zeros(g.like_shape, dy.dtype, dy.device) if grads.needs[1] else None)
 
 
 def _bilinear_samples(rng):
@@ -242,14 +242,14 @@ def _adaptive_gpu_taps(c, dtype, device):
 
 def _adaptive_gpu_forward(c, x):
     if x.size == 0:
-        return zeros(c.geo.out_shape, x._dtype, x._device), None
-    return _separable_forward(x, *_adaptive_gpu_taps(c, x._dtype, x._device)), None
+        return zeros(c.geo.out_shape, x.dtype, x.device), None
+    return _separable_forward(x, *_adaptive_gpu_taps(c, x.dtype, x.device)), None
 
 
 def _adaptive_gpu_backward(c, saved, grads, dy):
     if dy.size == 0:
-        return (zeros(c.geo.in_shape, dy._dtype, dy._device),)
-    return (_separable_backward(dy, c.geo.in_shape, *_adaptive_gpu_taps(c, dy._dtype, dy._device)),)
+        return (zeros(c.geo.in_shape, dy.dtype, dy.device),)
+    return (_separable_backward(dy, c.geo.in_shape, *_adaptive_gpu_taps(c, dy.dtype, dy.device)),)
 
 
 def _adaptive_samples(rng):

@@ -353,21 +353,21 @@ def _weights_in(plan: _Plan, params: NDArray) -> NDArray:
     """cuDNN's weight space holding MXNet's vector ``params`` (the vector itself when the layouts coincide)."""
     if plan.identity:
         return params
-    ws = out_like((plan.wbytes,), np.uint8, params._device)
-    isz, stream = params._dtype.itemsize, current_stream(params._device)
+    ws = out_like((plan.wbytes,), np.uint8, params.device)
+    isz, stream = params.dtype.itemsize, current_stream(params.device)
     for src, dst, n in plan.segments:
-        memcpy(ws._ptr + dst * isz, params._ptr + src * isz, n * isz, D2D, stream)
+        memcpy(ws.ptr + dst * isz, params.ptr + src * isz, n * isz, D2D, stream)
     return ws
 
 
 def _weights_out(plan: _Plan, dws: NDArray, like: NDArray) -> NDArray:
     """MXNet's flat vector from cuDNN's weight gradient space."""
     if plan.identity:
-        return NDArray._from_ptr(dws._ptr, like._shape, like._dtype, like._device, dws._owner)
-    dw = out_like(like._shape, like._dtype, like._device)
-    isz, stream = like._dtype.itemsize, current_stream(like._device)
+        return NDArray._from_ptr(dws.ptr, like.shape, like.dtype, like.device, dws._owner)
+    dw = out_like(like.shape, like.dtype, like.device)
+    isz, stream = like.dtype.itemsize, current_stream(like.device)
     for src, dst, n in plan.segments:
-        memcpy(dw._ptr + src * isz, dws._ptr + dst * isz, n * isz, D2D, stream)
+        memcpy(dw.ptr + src * isz, dws.ptr + dst * isz, n * isz, D2D, stream)
     return dw
 
 
@@ -418,16 +418,16 @@ def _run_forward(c, h, plan, x, params, hx, cx, lengths, dev_lengths, train: boo
     mode = cudnn.CUDNN_FWD_MODE_TRAINING if train else cudnn.CUDNN_FWD_MODE_INFERENCE
     ws_bytes, rs_bytes = _temp_sizes(h, plan, xd, (g.T, g.N, lengths), mode)
     w = _weights_in(plan, params) if w is None else w
-    dev = x._device
+    dev = x.device
     y = out_like((g.T, g.N, g.D * g.P), dt, dev)
-    hy = out_like(hx._shape, dt, dev)
-    cy = out_like(cx._shape, dt, dev) if cx is not None else None
+    hy = out_like(hx.shape, dt, dev)
+    cy = out_like(cx.shape, dt, dev) if cx is not None else None
     reserve = out_like((max(rs_bytes, 1),), np.uint8, dev) if train else None
     h_desc, c_desc = _state_descs(g)
     with scratch(dev, max(ws_bytes, 1)) as (ws, ws_size):
-        L.cudnnRNNForward(h, plan.desc, mode, dev_lengths._ptr, xd, x._ptr, yd, y._ptr, h_desc, hx._ptr,
-                          hy._ptr, c_desc, None if cx is None else cx._ptr, None if cy is None else cy._ptr,
-                          plan.wbytes, w._ptr, ws_size, ws, rs_bytes, None if reserve is None else reserve._ptr)
+        L.cudnnRNNForward(h, plan.desc, mode, dev_lengths.ptr, xd, x.ptr, yd, y.ptr, h_desc, hx.ptr,
+                          hy.ptr, c_desc, None if cx is None else cx.ptr, None if cy is None else cy.ptr,
+                          plan.wbytes, w.ptr, ws_size, ws, rs_bytes, None if reserve is None else reserve.ptr)
     return y, hy, cy, w, reserve
 
 
@@ -441,7 +441,7 @@ def _gpu_forward(c, x, params, hx, cx=None, seq=None):
         train = bool(c.training)
         y, hy, cy, w, reserve = _run_forward(c, h, plan, x, params, hx, cx, lengths, dev_lengths, train)
     except CudnnError as exc:
-        raise with_context(exc, op=NAME, data=x._shape, dtype=g.dtype.name, mode=g.mode, state_size=g.H,
+        raise with_context(exc, op=NAME, data=x.shape, dtype=g.dtype.name, mode=g.mode, state_size=g.H,
                            num_layers=g.L, bidirectional=g.D == 2) from None
     saved = _Saved(plan, train, x, hx, cx, w, params, y, reserve, lengths, dev_lengths)
     return _result(g, y, hy, cy), saved
@@ -453,7 +453,7 @@ def _gpu_backward(c, saved, grads, dy):
     dy, dhy, dcy = _heads(dy)
     s = saved
     h = dnn(s.x)
-    dev = s.x._device
+    dev = s.x.device
     need = grads.needs
     try:
         plan, y, reserve = s.plan, s.y, s.reserve
@@ -467,30 +467,30 @@ def _gpu_backward(c, saved, grads, dy):
         yd = D.rnn_data(dt, g.T, g.N, g.D * g.P, s.lengths)
         ws_bytes, rs_bytes = _temp_sizes(h, plan, xd, (g.T, g.N, s.lengths), cudnn.CUDNN_FWD_MODE_TRAINING)
         h_desc, c_desc = _state_descs(g)
-        if dy._dtype != dt:
+        if dy.dtype != dt:
             dy = table("cast", dy, dtype=dt)
-        dx = out_like(s.x._shape, dt, dev)
+        dx = out_like(s.x.shape, dt, dev)
         if g.lengths:  # steps past a length: make sure they read as 0, whatever cuDNN leaves there
-            memset(dx._ptr, 0, dx.nbytes, current_stream(dev))
-        dhx = out_like(s.hx._shape, dt, dev)
-        dcx = out_like(s.cx._shape, dt, dev) if s.cx is not None else None
+            memset(dx.ptr, 0, dx.nbytes, current_stream(dev))
+        dhx = out_like(s.hx.shape, dt, dev)
+        dcx = out_like(s.cx.shape, dt, dev) if s.cx is not None else None
         with scratch(dev, max(ws_bytes, 1)) as (ws, ws_size):
             # NOTE: BackwardData must run before BackwardWeights (it leaves what the latter reads in the reserve).
-            L.cudnnRNNBackwardData_v8(h, plan.desc, s.dev_lengths._ptr, yd, y._ptr, dy._ptr, xd, dx._ptr,
-                                      h_desc, s.hx._ptr, None if dhy is None else dhy._ptr, dhx._ptr,
-                                      c_desc, None if s.cx is None else s.cx._ptr,
-                                      None if dcy is None else dcy._ptr, None if dcx is None else dcx._ptr,
-                                      plan.wbytes, w._ptr, ws_size, ws, rs_bytes, reserve._ptr)
+            L.cudnnRNNBackwardData_v8(h, plan.desc, s.dev_lengths.ptr, yd, y.ptr, dy.ptr, xd, dx.ptr,
+                                      h_desc, s.hx.ptr, None if dhy is None else dhy.ptr, dhx.ptr,
+                                      c_desc, None if s.cx is None else s.cx.ptr,
+                                      None if dcy is None else dcy.ptr, None if dcx is None else dcx.ptr,
+                                      plan.wbytes, w.ptr, ws_size, ws, rs_bytes, reserve.ptr)
             dparams = None
             if need[1]:
                 dws = out_like((max(plan.wbytes, 1),), np.uint8, dev)
-                memset(dws._ptr, 0, plan.wbytes, current_stream(dev))  # NOTE: the weight gradient is ADDed into
-                L.cudnnRNNBackwardWeights_v8(h, plan.desc, cudnn.CUDNN_WGRAD_MODE_ADD, s.dev_lengths._ptr, xd,
-                                             s.x._ptr, h_desc, s.hx._ptr, yd, y._ptr, plan.wbytes, dws._ptr,
-                                             ws_size, ws, rs_bytes, reserve._ptr)
+                memset(dws.ptr, 0, plan.wbytes, current_stream(dev))  # NOTE: the weight gradient is ADDed into
+                L.cudnnRNNBackwardWeights_v8(h, plan.desc, cudnn.CUDNN_WGRAD_MODE_ADD, s.dev_lengths.ptr, xd,
+                                             s.x.ptr, h_desc, s.hx.ptr, yd, y.ptr, plan.wbytes, dws.ptr,
+                                             ws_size, ws, rs_bytes, reserve.ptr)
                 dparams = _weights_out(plan, dws, s.params)
     except CudnnError as exc:
-        raise with_context(exc, op=f"{NAME} backward", data=s.x._shape, dtype=dt.name, mode=g.mode) from None
+        raise with_context(exc, op=f"{NAME} backward", data=s.x.shape, dtype=dt.name, mode=g.mode) from None
     out = [dx, dparams, dhx, dcx, None]
     return tuple(o if i < len(need) and need[i] else None for i, o in enumerate(out))[:len(need)]
 

@@ -250,7 +250,7 @@ def _kernel(name: str, dtype):
 def _launch(name: str, total: int, args: tuple, like) -> None:
     if total:
         grid = max(1, min(-(-total // 256), 4096))
-        _kernel(name, like._dtype).launch(grid, 256, args, stream=current_stream(like._device))
+        _kernel(name, like.dtype).launch(grid, 256, args, stream=current_stream(like.device))
 
 
 # checks ----------------------------------------------------------------------------------------------------------
@@ -410,7 +410,7 @@ def _psroi_cpu_backward(c, rois, grads, dy):
 
 def _wide(a):
     """float16 runs as float32 (the kernels take float and double)."""
-    return table("cast", a, dtype="float32") if a._dtype == np.float16 else a
+    return table("cast", a, dtype="float32") if a.dtype == np.float16 else a
 
 
 def _narrow(a, dtype):
@@ -431,39 +431,39 @@ def _align_args(g: Geometry, c_out: int) -> tuple:
 def _align_gpu_forward(c, x, rois):
     g = c.geo
     xw, rw = _wide(x), _wide(rois)
-    y = zeros(g.out_shape, xw._dtype, x._device)
+    y = zeros(g.out_shape, xw.dtype, x.device)
     total = math.prod(g.out_shape)
     _launch("dn_roi_align_fwd", total, (xw, rw, y, total, *_dims(g), *_align_args(g, g.out_shape[1])), xw)
-    return _narrow(y, x._dtype), rw
+    return _narrow(y, x.dtype), rw
 
 
 def _align_gpu_backward(c, rw, grads, dy):
     g = c.geo
     dyw = _wide(dy)
-    dx = zeros(g.data_shape, dyw._dtype, dy._device)
+    dx = zeros(g.data_shape, dyw.dtype, dy.device)
     total = math.prod(g.out_shape)
     _launch("dn_roi_align_bwd", total, (dyw, rw, dx, total, *_dims(g), *_align_args(g, g.out_shape[1])), dyw)
-    return _narrow(dx, dy._dtype), None
+    return _narrow(dx, dy.dtype), None
 
 
 def _pool_gpu_forward(c, x, rois):
     g = c.geo
     xw, rw = _wide(x), _wide(rois)
-    y = zeros(g.out_shape, xw._dtype, x._device)
-    arg = zeros(g.out_shape, np.int64, x._device)
+    y = zeros(g.out_shape, xw.dtype, x.device)
+    arg = zeros(g.out_shape, np.int64, x.device)
     total = math.prod(g.out_shape)
     ph, pw = g.p["pooled_size"]
     _launch("dn_roi_pool_fwd", total, (xw, rw, y, arg, total, *_dims(g), ph, pw, float(g.p["spatial_scale"])), xw)
-    return _narrow(y, x._dtype), arg
+    return _narrow(y, x.dtype), arg
 
 
 def _pool_gpu_backward(c, arg, grads, dy):
     g = c.geo
     dyw = _wide(dy)
-    dx = zeros(g.data_shape, dyw._dtype, dy._device)
+    dx = zeros(g.data_shape, dyw.dtype, dy.device)
     total = math.prod(g.out_shape)
     _launch("dn_roi_pool_bwd", total, (dyw, arg, dx, total), dyw)
-    return _narrow(dx, dy._dtype), None
+    return _narrow(dx, dy.dtype), None
 
 
 def _psroi_args(g: Geometry) -> tuple:
@@ -474,19 +474,19 @@ def _psroi_args(g: Geometry) -> tuple:
 def _psroi_gpu_forward(c, x, rois):
     g = c.geo
     xw, rw = _wide(x), _wide(rois)
-    y = zeros(g.out_shape, xw._dtype, x._device)
+    y = zeros(g.out_shape, xw.dtype, x.device)
     total = math.prod(g.out_shape)
     _launch("dn_psroi_fwd", total, (xw, rw, y, total, *_dims(g), *_psroi_args(g)), xw)
-    return _narrow(y, x._dtype), rw
+    return _narrow(y, x.dtype), rw
 
 
 def _psroi_gpu_backward(c, rw, grads, dy):
     g = c.geo
     dyw = _wide(dy)
-    dx = zeros(g.data_shape, dyw._dtype, dy._device)
+    dx = zeros(g.data_shape, dyw.dtype, dy.device)
     total = math.prod(g.out_shape)
     _launch("dn_psroi_bwd", total, (dyw, rw, dx, total, *_dims(g), *_psroi_args(g)), dyw)
-    return _narrow(dx, dy._dtype), None
+    return _narrow(dx, dy.dtype), None
 
 
 # samples: regions inside, across the border, tiny, and one ignored (batch index past N) -------------------------------

@@ -205,7 +205,7 @@ def _arange(n: int, device) -> NDArray:
 def _steps(lengths, lo: int, t: int) -> NDArray:
     """The lengths as float64 on their device: truncated toward zero, NaN counted as 0, clamped to [lo, t]."""
     n = table("cast", lengths, dtype="float64")
-    if lengths._dtype.kind == "f":
+    if lengths.dtype.kind == "f":
         n = table("trunc", n)
         n = table("where", table("equal", n, n), n, 0.0)  # NaN != NaN: a NaN length becomes 0
     return table("clip", n, a_min=float(lo), a_max=float(t))
@@ -213,12 +213,12 @@ def _steps(lengths, lo: int, t: int) -> NDArray:
 
 def _broadcastable(m: NDArray, ndim: int) -> NDArray:
     """A (d0, d1) array seen as (d0, d1, 1, ...) against data of rank ``ndim``."""
-    return view(m, m._shape + (1,) * (ndim - 2))
+    return view(m, m.shape + (1,) * (ndim - 2))
 
 
 def _take_rows(src: NDArray, rows: NDArray, shape: tuple) -> NDArray:
     """``src`` (data-shaped) seen as (d0 * d1, rest) rows, the rows at the float64 indices ``rows``, as ``shape``."""
-    n = src._shape[0] * src._shape[1]
+    n = src.shape[0] * src.shape[1]
     flat = view(src, (n, src.size // n))
     return view(table("take", flat, view(rows, (rows.size,)), axis=0, mode="clip"), shape)
 
@@ -228,9 +228,9 @@ def _gpu_mask_forward(c, x, lengths):
     if lengths is None or x.size == 0:  # nothing to mask: a copy, as MXNet's output is its own array
         return x.copy(), None
     # keep[t, b] = t < length[b]: NaN compares false (all masked, as a length of 0); no clamp is needed
-    n = table("trunc", table("cast", lengths, dtype="float64")) if lengths._dtype.kind == "f" else \
+    n = table("trunc", table("cast", lengths, dtype="float64")) if lengths.dtype.kind == "f" else \
         table("cast", lengths, dtype="float64")
-    steps = _arange(g.t, x._device)
+    steps = _arange(g.t, x.device)
     if g.axis == 0:
         keep = table("lesser", view(steps, (g.t, 1)), view(n, (1, g.b)))
     else:
@@ -248,8 +248,8 @@ def _gpu_mask_backward(c, keep, grads, dy):
 def _gpu_last_forward(c, x, lengths):
     g = c.geo
     if x.size == 0:
-        return zeros(g.out_shape, x._dtype, x._device), None
-    seqs = _arange(g.b, x._device)
+        return zeros(g.out_shape, x.dtype, x.device), None
+    seqs = _arange(g.b, x.device)
     if lengths is None:
         last = table("add", table("multiply", seqs, 0.0), float(g.t - 1))  # (B,) of T - 1, made on the device
     else:
@@ -262,8 +262,8 @@ def _gpu_last_forward(c, x, lengths):
 def _gpu_last_backward(c, last, grads, dy):
     g = c.geo
     if last is None:
-        return zeros(g.shape, dy._dtype, dy._device), None
-    steps = _arange(g.t, dy._device)
+        return zeros(g.shape, dy.dtype, dy.device), None
+    steps = _arange(g.t, dy.device)
     rest = g.shape[2:]
     if g.axis == 0:  # hit[t, b] = (t == last[b]); dy (B, ...) spread along the steps, kept where hit
         hit = table("equal", view(steps, (g.t, 1)), view(last, (1, g.b)))
@@ -278,7 +278,7 @@ def _gpu_reverse_forward(c, x, lengths):
     g = c.geo
     if x.size == 0:
         return x.copy(), None
-    steps, seqs = view(_arange(g.t, x._device), (g.t, 1)), view(_arange(g.b, x._device), (1, g.b))
+    steps, seqs = view(_arange(g.t, x.device), (g.t, 1)), view(_arange(g.b, x.device), (1, g.b))
     if lengths is None:  # source step T - 1 - t for every sequence
         src = table("add", table("multiply", steps, -1.0), float(g.t - 1))
     else:  # src = t < n ? n - 1 - t : t, written t + (t < n) * (n - 1 - 2t) (every term finite and exact)

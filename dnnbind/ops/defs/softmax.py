@@ -86,9 +86,9 @@ def _gpu_forward(c, x, length=None):
         x = table("divide", x, g.temperature)
     algo = "log" if g.log else "accurate"
     if g.mode is not None:
-        xv = view(x, g.rows) if g.rows is not None and g.rows != x._shape else x
+        xv = view(x, g.rows) if g.rows is not None and g.rows != x.shape else x
         y = _pointwise.softmax_forward.gpu(xv, algo, g.mode)
-        if y._shape != g.shape:
+        if y.shape != g.shape:
             y = view(y, g.shape)
     else:  # any other axis: max, exp, sum
         shifted = table("subtract", x, table("max", x, axis=g.axis, keepdims=True))
@@ -103,13 +103,13 @@ def _gpu_forward(c, x, length=None):
 
 def _gpu_backward(c, y, grads, dy):
     g = c.geo
-    if dy._dtype != y._dtype:
-        dy = table("cast", dy, dtype=y._dtype)
+    if dy.dtype != y.dtype:
+        dy = table("cast", dy, dtype=y.dtype)
     algo = "log" if g.log else "accurate"
     if g.mode is not None:
-        shape = g.rows if g.rows is not None else y._shape
+        shape = g.rows if g.rows is not None else y.shape
         dx = _pointwise.softmax_backward.gpu(view(y, shape), view(dy, shape), algo, g.mode)
-        if dx._shape != g.shape:
+        if dx.shape != g.shape:
             dx = view(dx, g.shape)
     elif g.log:
         dx = table("subtract", dy, table("multiply", table("exp", y), table("sum", dy, axis=g.axis, keepdims=True)))

@@ -54,7 +54,7 @@ def _gpu_forward(c, x, label):
 
 def _gpu_backward(c, saved, grads, dy):
     x, ids = saved
-    dl = table("broadcast_to", dy, shape=(x._shape[0],))
+    dl = table("broadcast_to", dy, shape=(x.shape[0],))
     return _loss.softmax_cross_entropy_backward.gpu(x, ids, dl), None
 
 

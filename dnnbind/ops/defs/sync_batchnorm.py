@@ -175,17 +175,17 @@ def _cpu_backward(c, saved, grads, dy):
 # gpu: BatchNorm's cuDNN calls, and table ops for the synchronized statistics ---------------------------------
 
 def _as(x, dtype):
-    return x if x._dtype == dtype else table("cast", x, dtype=dtype)
+    return x if x.dtype == dtype else table("cast", x, dtype=dtype)
 
 
 def _row(stacked, i: int, c: int):
     """Row i of each participant's (k, C) block of stacked (P, k, C): (P, C)."""
-    return view(table("slice_axis", stacked, axis=1, begin=i, end=i + 1), (stacked._shape[0], c))
+    return view(table("slice_axis", stacked, axis=1, begin=i, end=i + 1), (stacked.shape[0], c))
 
 
 def _gpu_forward(c, x, gamma, beta, moving_mean, moving_var):
     g = c.geo
-    shape = x._shape
+    shape = x.shape
     if g.shape is not None:
         x = view(x, g.shape)
     if not _synchronized(c):
@@ -195,15 +195,15 @@ def _gpu_forward(c, x, gamma, beta, moving_mean, moving_var):
             if c.training and not c.p["use_global_stats"]:
                 # the variance from cuDNN's inverse standard deviation, in float64: 1 / inv_std^2 - eps
                 inv64 = _as(inv_std, np.float64)
-                var = _as(table("subtract", table("reciprocal", table("square", inv64)), g.bn.eps), gamma._dtype)
+                var = _as(table("subtract", table("reciprocal", table("square", inv64)), g.bn.eps), gamma.dtype)
             else:
-                var = copy(moving_var, zeros(moving_var._shape, moving_var._dtype, moving_var._device))
+                var = copy(moving_var, zeros(moving_var.shape, moving_var.dtype, moving_var.device))
             out = (view(y, shape), mean, var)
         else:
             out = view(out, shape)
         return out, ("bn", saved)
     eps, momentum = g.bn.eps, g.bn.momentum
-    pdtype = gamma._dtype
+    pdtype = gamma.dtype
     ch = g.bn.shape[1]
     if c.p["fix_gamma"]:
         fill(gamma, 1.0)
@@ -212,7 +212,7 @@ def _gpu_forward(c, x, gamma, beta, moving_mean, moving_var):
     xp = _as(x, pdtype)
     mean_i = table("mean", xp, axis=g.bn.axes)
     m2_i = table("sum", table("square", table("subtract", xp, view(mean_i, g.bn.bshape))), axis=g.bn.axes)
-    count = full((ch,), float(x.size // ch), np.float64, x._device)
+    count = full((ch,), float(x.size // ch), np.float64, x.device)
     local = table("stack", count, _as(mean_i, np.float64), _as(m2_i, np.float64), axis=0)
     stacked = sync_meeting.all_gather(NAME, g.key, g.ndev, "forward", local, c.device)  # (P, 3, C)
     n_i, mu_i, m2s = (_row(stacked, i, ch) for i in range(3))
@@ -235,7 +235,7 @@ def _gpu_forward(c, x, gamma, beta, moving_mean, moving_var):
 
 def _gpu_backward(c, saved, grads, dy):
     g = c.geo
-    shape = dy._shape
+    shape = dy.shape
     if g.shape is not None:
         dy = view(dy, g.shape)
     need = grads.needs
@@ -243,7 +243,7 @@ def _gpu_backward(c, saved, grads, dy):
         dx, dgamma, dbeta, _, _ = DEFS["BatchNorm"].gpu.backward(_bn_call(c), saved[1], grads, dy)
     else:
         _, x, gamma, mean, inv_std, n = saved
-        pdtype = gamma._dtype
+        pdtype = gamma.dtype
         ch = g.bn.shape[1]
         bshape = g.bn.bshape
         dyp, xp = _as(dy, pdtype), _as(x, pdtype)
@@ -259,9 +259,9 @@ def _gpu_backward(c, saved, grads, dy):
             a = _as(table("divide", view(table("slice_axis", total, axis=0, begin=0, end=1), (ch,)), n), pdtype)
             b = _as(table("divide", view(table("slice_axis", total, axis=0, begin=1, end=2), (ch,)), n), pdtype)
             t = table("subtract", table("subtract", dyp, view(a, bshape)), table("multiply", xhat, view(b, bshape)))
-            dx = _as(table("multiply", t, view(table("multiply", gamma, inv_p), bshape)), x._dtype)
+            dx = _as(table("multiply", t, view(table("multiply", gamma, inv_p), bshape)), x.dtype)
         if need[1]:
-            dgamma = zeros(gamma._shape, pdtype, gamma._device) if c.p["fix_gamma"] else sdyx
+            dgamma = zeros(gamma.shape, pdtype, gamma.device) if c.p["fix_gamma"] else sdyx
         if need[2]:
             dbeta = sdy
     if dx is not None:

@@ -195,7 +195,7 @@ def _cpu_backward(c, saved, grads, dy):
 # gpu: the table's broadcast_to and sum (bilinear: Deconvolution's cuDNN lowering) -----------------------------
 
 def _gpu_up(x, s: int):
-    n, c, h, w = x._shape
+    n, c, h, w = x.shape
     y = table("broadcast_to", view(x, (n, c, h, 1, w, 1)), shape=(n, c, h, s, w, s))  # a copy, also at scale 1
     return view(y, (n, c, h * s, w * s))
 
