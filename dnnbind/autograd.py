@@ -32,15 +32,23 @@ from ._lib.hooks import TRACING
 from .ops.blas import axpy, copy as copy_into
 from .runtime.array import NDArray, register_autograd, zeros
 
-_tls = threading.local()
+# The calling thread's autograd state. Each field is absent until first set (read with a default):
+#   recording: ops are taped (record(), pause(), set_recording(); default False)
+#   training:  ops run in training mode (record(), train_mode(), set_training(); default False)
+#   direct, writes, retain: set by backward() for the pass in progress (grad_out/grad_buffer, writes_leaf_grads,
+#   frees_graph read them).
+# NOTE: public so that nd's per-op dispatch can test ``thread_state.__dict__.get("recording")`` inline: on that
+# hot path a call to is_recording() costs more than the lookup itself. Elsewhere it is read, and changed only
+# through the functions here (nd's untaped_call also turns ``recording`` off around one call and back on).
+thread_state = threading.local()
 
 
 def is_recording() -> bool:
-    return getattr(_tls, "recording", False)
+    return getattr(thread_state, "recording", False)
 
 
 def is_training() -> bool:
-    return getattr(_tls, "training", False)
+    return getattr(thread_state, "training", False)
 
 
 class _Scope:
@@ -50,13 +58,13 @@ class _Scope:
     def __enter__(self):
         self._prev = (is_recording(), is_training())
         if self._rec is not None:
-            _tls.recording = self._rec
+            thread_state.recording = self._rec
         if self._train is not None:
-            _tls.training = self._train
+            thread_state.training = self._train
         return self
 
     def __exit__(self, *exc):
-        _tls.recording, _tls.training = self._prev
+        thread_state.recording, thread_state.training = self._prev
 
 
 def record(train_mode: bool = True) -> _Scope:
@@ -78,13 +86,13 @@ def predict_mode() -> _Scope:
 
 def set_recording(flag: bool) -> bool:
     prev = is_recording()
-    _tls.recording = bool(flag)
+    thread_state.recording = bool(flag)
     return prev
 
 
 def set_training(flag: bool) -> bool:
     prev = is_training()
-    _tls.training = bool(flag)
+    thread_state.training = bool(flag)
     return prev
 
 
@@ -133,7 +141,7 @@ def needs_grad(x) -> bool:
 
 def record_op(name: str, output: NDArray, inputs: tuple, backward) -> NDArray:
     """Tape ``output = op(*inputs)`` if recording and some input needs a gradient."""
-    if getattr(_tls, "recording", False):
+    if getattr(thread_state, "recording", False):
         edges = consts = None
         for i, x in enumerate(inputs):
             if x is not None:
@@ -177,7 +185,7 @@ def record_outputs(name: str, outputs: tuple, inputs: tuple, backward) -> tuple:
     first = outputs[0]
     record_op(name, first, inputs, backward)
     node = first._node
-    if node is not None and getattr(_tls, "recording", False):
+    if node is not None and getattr(thread_state, "recording", False):
         n, siblings = len(outputs), []
         for i, o in enumerate(outputs[1:], 1):
             if o is not None:
@@ -217,7 +225,7 @@ def check_write(x: NDArray, value=None, covers=None) -> bool:
     """Before writing ``value`` into x in place (``x op= value``, ``x[key] = value``, ``value.copyto(x)``), while
     recording: raise where MXNet raises; True when the write must be taped as a copy (``record_copy``).
     ``covers``: a callable saying whether the write replaces all of x (None: an update, x is also an input)."""
-    if not getattr(_tls, "recording", False):
+    if not getattr(thread_state, "recording", False):
         return False
     if in_graph(x):
         raise GraphWriteError(ASSIGN_MSG)
@@ -240,7 +248,7 @@ def hold(out, inputs) -> None:
 def record_copy(src: NDArray, out: NDArray, backward=None) -> NDArray:
     """Tape ``out`` as a copy of ``src`` (copy(), copyto(), to(), a whole-array assignment): the gradient goes back
     to src's device and dtype (``backward`` replaces that where the copy also broadcast)."""
-    if getattr(_tls, "recording", False) and needs_grad(src):
+    if getattr(thread_state, "recording", False) and needs_grad(src):
         if backward is None:
             dev, dtype = src.device, src.dtype
             backward = lambda g: (g if g.device is dev and g.dtype == dtype else g.to(dev, dtype),)  # noqa: E731
@@ -378,16 +386,16 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
     # Leaves with grad_req "write" that receive exactly one gradient can have it written straight into their
     # grad buffer by the op's backward (see grad_out): no temporary, no copy (8 fewer copies per CNN step).
     uses: dict[int, int] = {}
-    prev_direct = getattr(_tls, "direct", None)  # a backward run inside another's (a hybridized Block's)
-    prev_writes = getattr(_tls, "writes", True)
-    prev_retain = getattr(_tls, "retain", False)
-    _tls.writes, _tls.retain = wanted_keys is None, bool(retain_graph)
+    prev_direct = getattr(thread_state, "direct", None)  # a backward run inside another's (a hybridized Block's)
+    prev_writes = getattr(thread_state, "writes", True)
+    prev_retain = getattr(thread_state, "retain", False)
+    thread_state.writes, thread_state.retain = wanted_keys is None, bool(retain_graph)
     for v in order:
         if type(v) is Node:
             for inp in v.inputs:
                 if inp is not None and type(inp) is not Node:
                     uses[id(inp)] = uses.get(id(inp), 0) + 1
-    _tls.direct = {} if wanted is not None else {
+    thread_state.direct = {} if wanted is not None else {
         id(x): x._grad for x in order if type(x) is not Node and x._grad_req == "write" and x._grad is not None
         and uses.get(id(x)) == 1}
     # Leaves someone waits for (register_grad_ready), with the count of nodes still to run that use them: at 0 the
@@ -397,7 +405,7 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
     grads: dict[int, NDArray] = {}
     # The gradient ops are table ops: taped only when a graph of the gradient is asked for.
     prev = (is_recording(), is_training())
-    _tls.recording, _tls.training = bool(create_graph), bool(train_mode)
+    thread_state.recording, thread_state.training = bool(create_graph), bool(train_mode)
     try:
         for h, g in zip(heads, head_grads):
             g = _ones_like(h) if g is None else (g if isinstance(g, NDArray) else _as_array(g, h))
@@ -439,8 +447,8 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
             if not retain_graph:
                 node.free()
     finally:
-        _tls.recording, _tls.training = prev
-        _tls.direct, _tls.writes, _tls.retain = prev_direct, prev_writes, prev_retain
+        thread_state.recording, thread_state.training = prev
+        thread_state.direct, thread_state.writes, thread_state.retain = prev_direct, prev_writes, prev_retain
         for listener in told:
             listener.backward_done()
     return found
@@ -491,25 +499,25 @@ def _tell(listener, x, told) -> None:
 def writes_leaf_grads() -> bool:
     """Inside backward: whether this pass writes the leaves' ``.grad`` (backward()) or only returns gradients
     (autograd.grad()); a hybridized Block's replayed backward, which writes them itself, needs to know."""
-    return getattr(_tls, "writes", True)
+    return getattr(thread_state, "writes", True)
 
 
 def frees_graph() -> bool:
     """Inside backward: whether this pass frees the graph after each node (no retain_graph), so a node's backward
     may drop what it saved as soon as it has read it (its memory then goes back before the node's next call)."""
-    return not getattr(_tls, "retain", False)
+    return not getattr(thread_state, "retain", False)
 
 
 def grad_out(x):
     """Inside backward: the buffer an op's backward may write x's gradient into directly, else None."""
-    direct = getattr(_tls, "direct", None)
+    direct = getattr(thread_state, "direct", None)
     return direct.get(id(x)) if direct else None
 
 
 def grad_buffer(key):
     """``grad_out`` by the input's ``id`` (taken when the op was taped): a tape that keeps an input's identity, not
     the array. Only leaves with a gradient buffer are found, and they stay alive, so the id is theirs."""
-    direct = getattr(_tls, "direct", None)
+    direct = getattr(thread_state, "direct", None)
     return direct.get(key) if direct and key is not None else None
 
 
@@ -586,7 +594,7 @@ def _view(src: NDArray, out: NDArray) -> NDArray:
     """reshape()/flatten() of a taped array is itself taped: the gradient is reshaped back. A view of an array
     that is in the graph without a gradient is in the graph too (no in-place writes into it while recording)."""
     if not needs_grad(src):
-        if getattr(_tls, "recording", False):
+        if getattr(thread_state, "recording", False):
             hold(out, (src,))
         return out
     shape = src.shape

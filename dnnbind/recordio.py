@@ -39,7 +39,7 @@ __all__ = ["IRHeader", "MXIndexedRecordIO", "MXRecordIO", "RecordIOError", "pack
            "unpack_img"]
 
 MAGIC = 0xCED7230A
-_MAGIC_BYTES = struct.pack("<I", MAGIC)
+MAGIC_BYTES = struct.pack("<I", MAGIC)  # a part header's first 4 bytes; joins a split record's parts
 _PART = struct.Struct("<II")  # magic, lrecord
 _LEN_BITS = 29
 _LEN_MASK = (1 << _LEN_BITS) - 1
@@ -207,7 +207,7 @@ class MXRecordIO:
                 return body if padded == length else body[:length]
             parts.append(memoryview(body)[:length])
             if cflag == 3:
-                return _MAGIC_BYTES.join(parts)
+                return MAGIC_BYTES.join(parts)
 
 
 class MXIndexedRecordIO(MXRecordIO):

@@ -190,8 +190,9 @@ def test_cudnn_prototypes_match_header():
 @pytest.mark.parametrize("shape", SHAPES)
 def test_derived_bn_descriptor_is_1c11(shape):
     from dnnbind._lib import cudnn
+    from dnnbind.ops import descriptors
     try:
-        _, bnd = B._descs(shape, np.dtype(np.float32))
+        _, bnd = descriptors.batchnorm(shape, np.dtype(np.float32))
     except OSError as exc:  # the library itself is not loadable here
         pytest.skip(f"cuDNN not loadable: {exc}")
     dt, nb = ctypes.c_int(), ctypes.c_int()

@@ -162,8 +162,9 @@ def test_prototypes_match_cudnn_ops_header(name):
 
 def test_nhwc_derived_descriptor_and_what_the_gpu_op_takes():
     from dnnbind._lib import cudnn
+    from dnnbind.ops import descriptors
     try:
-        bnd = B.bn_descs((2, 5, 5, 8), F16, "NHWC")[1]
+        bnd = descriptors.batchnorm((2, 5, 5, 8), F16, "NHWC")[1]
     except OSError as exc:  # the library itself is not loadable here
         pytest.skip(f"cuDNN not loadable: {exc}")
     dt, nb = ctypes.c_int(), ctypes.c_int()

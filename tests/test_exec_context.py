@@ -28,7 +28,7 @@ QUEUEING = {
 }
 # Calls that make a device current (or return a handle after making its device current).
 ACTIVATING = {"activate", "make_current", "use_context", "cudnn_handle", "cublas_handle", "dnn", "blas",
-              "_stream", "_stream_device", "current_device", "_resolve"}
+              "_stream", "stream_device", "current_device", "resolve_stream"}
 
 # Call sites whose device is made current by every caller, with the reason; each one is checked to exist.
 CALLER_ACTIVATES = {

@@ -161,3 +161,71 @@ def test_layers_import_one_way():
                 if t.startswith("dnnbind") and _layer_of(t) > mine and module != "dnnbind":
                     bad.append(f"{module} imports {t}")
     assert not bad, "layering violations:\n" + "\n".join(bad)
+
+
+def _module_of(path: Path) -> tuple[str, bool]:
+    rel = path.relative_to(ROOT).with_suffix("")
+    is_package = rel.name == "__init__"
+    return ".".join(rel.parts[:-1] if is_package else rel.parts), is_package
+
+
+def _is_module(dotted: str) -> bool:
+    p = ROOT.joinpath(*dotted.split("."))
+    return p.with_suffix(".py").exists() or p.is_dir()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_reaches(source: str, module: str, is_package: bool) -> list[str]:
+    """Where ``source`` (the text of dnnbind module ``module``) takes another dnnbind module's private name:
+    ``from M import _name`` (``_name`` not a submodule), or ``alias._name`` with ``alias`` bound to a dnnbind module
+    by an import anywhere in the file. A name shared between modules belongs to its module's interface: it gets a
+    public name there (inside a private module such as ``_strided_base`` that is still private to the package)."""
+    tree = ast.parse(source)
+    found, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                if not (node.module or "").startswith("dnnbind"):
+                    continue
+                base = node.module
+            else:
+                parts = module.split(".") if is_package else module.split(".")[:-1]
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for a in node.names:
+                if _is_module(f"{base}.{a.name}"):
+                    aliases[a.asname or a.name] = f"{base}.{a.name}"
+                elif _private(a.name) and base != module:
+                    found.append(f"{module}:{node.lineno} imports {base}.{a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("dnnbind") and a.asname:
+                    aliases[a.asname] = a.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr):
+            target = aliases.get(node.value.id)
+            if target is not None and target != module:
+                found.append(f"{module}:{node.lineno} reads {target}.{node.attr}")
+    return found
+
+
+def test_no_module_takes_another_modules_private_names():
+    bad = []
+    for path in (ROOT / "dnnbind").rglob("*.py"):
+        bad += private_reaches(path.read_text(), *_module_of(path))
+    assert not bad, "private names taken across modules:\n" + "\n".join(sorted(bad))
+
+
+def test_private_reaches_finds_both_spellings():
+    """The scan above can fail: an import of a private name, and a read through a module alias, are both found;
+    a private submodule, a module's own names and public names are not."""
+    source = ("from . import _kernels, conv as C\nfrom .conv import _exact, forward_on\nfrom ..runtime import memory\n"
+              "x = C._launch\ny = memory._free\nz = _kernels.kernel\n")
+    found = private_reaches(source, "dnnbind.ops.bias_relu", False)
+    assert found == ["dnnbind.ops.bias_relu:2 imports dnnbind.ops.conv._exact",
+                     "dnnbind.ops.bias_relu:4 reads dnnbind.ops.conv._launch",
+                     "dnnbind.ops.bias_relu:5 reads dnnbind.runtime.memory._free"], found
+    assert private_reaches("from ._common import workspace\n", "dnnbind.ops.conv", False) == []

@@ -18,7 +18,7 @@ import pytest
 import dnnbind as mx
 from dnnbind import autograd, gluon, nd
 from dnnbind.gluon import Block, nn, parameter
-from dnnbind.gluon.param_files import _read_param_file
+from dnnbind.gluon.param_files import read_param_file
 from dnnbind.gluon.parameter import using_device
 from dnnbind.gluon.utils import split_and_load
 from dnnbind.runtime.device import Device
@@ -194,7 +194,7 @@ def test_save_and_load_parameters_with_a_list_of_contexts(tmp_path):
     w = two[0].weight
     w.data(CPU1).copy_(_arr(expect["0.weight"] + 2.0))
     two.collect_params().save(str(tmp_path / "dict.params"))
-    saved = _read_param_file(str(tmp_path / "dict.params"))
+    saved = read_param_file(str(tmp_path / "dict.params"))
     assert_close(saved[w.name], expect["0.weight"] + 1.0, 1e-6, 1e-6, "mean of the two copies")
     two.collect_params().load(str(tmp_path / "dict.params"), ctx=CTXS)  # by prefixed name, into every copy
     assert all(np.array_equal(c, saved[w.name]) for c in _copies(w))

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import dnnbind
+from dnnbind.ops import _common as CM
 from dnnbind.ops import _nn_kernels as K
 from dnnbind.ops import _wgrad_kernels as KW
 from dnnbind.ops import bias_relu as BR
@@ -38,7 +39,7 @@ class FakeDevice:
         self.launches: list = []
         self.next = 1 << 20
         self.dev = dnnbind.gpu(0)
-        for mod in (BR, CV, PO):
+        for mod in (BR, CV, PO, CM):  # CM: result_array's new arrays (bias_relu's db)
             monkeypatch.setattr(mod, "out_like", self.empty)
         monkeypatch.setattr(BR, "empty", self.empty)
         for mod in (BR, PO):

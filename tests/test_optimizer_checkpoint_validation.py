@@ -37,7 +37,7 @@ from dnnbind.gluon import utils as gutils
 
 ROOT = Path(__file__).resolve().parents[1]
 NAN, INF = float("nan"), float("inf")
-OPTIMIZERS = sorted(O._REGISTRY)  # every registered optimizer, now and later
+OPTIMIZERS = sorted(B.REGISTRY)  # every registered optimizer, now and later
 
 
 # -- 1. hyperparameters ---------------------------------------------------------------------------------------
@@ -65,14 +65,14 @@ def _good_value(rule: dict) -> float:
     return (low + high) / 2 if high is not None else low + 0.5
 
 
-BAD_CASES = [(name, arg, value) for name in OPTIMIZERS for arg in sorted(_accepted(O._REGISTRY[name]))
+BAD_CASES = [(name, arg, value) for name in OPTIMIZERS for arg in sorted(_accepted(B.REGISTRY[name]))
              if arg in B.HYPERPARAMETERS for value in _bad_values(B.HYPERPARAMETERS[arg])]
 
 
 def test_every_float_hyperparameter_of_every_optimizer_has_a_rule():
     # A new optimizer (or a new argument) with a float default must get a range in HYPERPARAMETERS.
     for name in OPTIMIZERS:
-        for klass in O._REGISTRY[name].__mro__:
+        for klass in B.REGISTRY[name].__mro__:
             init = klass.__dict__.get("__init__")
             if init is None:
                 continue
@@ -90,7 +90,7 @@ def _check_message(exc, owner: str, arg: str, value) -> None:
 
 @pytest.mark.parametrize("name,arg,value", BAD_CASES, ids=[f"{n}-{a}-{v!r}" for n, a, v in BAD_CASES])
 def test_bad_hyperparameter_rejected_at_creation_and_by_trainer(name, arg, value):
-    cls = O._REGISTRY[name]
+    cls = B.REGISTRY[name]
     err = TypeError if value is None or isinstance(value, (str, bool, list)) else ValueError
     with pytest.raises(err) as info:
         O.create(name, **{arg: value})
@@ -107,7 +107,7 @@ def test_bad_hyperparameter_rejected_at_creation_and_by_trainer(name, arg, value
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_in_range_values_train_to_finite_weights(name):
-    cls = O._REGISTRY[name]
+    cls = B.REGISTRY[name]
     args = {a: _good_value(B.HYPERPARAMETERS[a]) for a in _accepted(cls) if a in B.HYPERPARAMETERS}
     args.update({a: 0.0 for a in ("momentum", "beta1", "clip_gradient") if a in args})  # the closed ends
     p = Parameter("w_weight", shape=(4,))
@@ -125,7 +125,7 @@ def test_in_range_values_train_to_finite_weights(name):
 def test_unknown_keyword_is_mxnets_type_error(name):
     # MXNet 1.9.1: create('sgd', learning_rat=0.1) and Trainer(params, 'sgd', {'learning_rat': 0.1}) both raise
     # TypeError("__init__() got an unexpected keyword argument 'learning_rat'").
-    cls = O._REGISTRY[name]
+    cls = B.REGISTRY[name]
     pattern = f"{cls.__name__}.__init__.. got an unexpected keyword argument 'learning_rat' .did you mean " \
               "'learning_rate'"
     with pytest.raises(TypeError, match=pattern):

@@ -201,15 +201,15 @@ def _connect_when_listening(port, deadline_s=5.0):
 def _stranger_hello(nonce_from, rank, world_size, key):
     from dnnbind.distributed import _rendezvous as rv
     mac = rv._mac(key, nonce_from, rank, world_size)
-    return rv._msg(rv._HELLO, struct.pack(">II", rank, world_size) + mac)
+    return rv.pack_message(rv._HELLO, struct.pack(">II", rank, world_size) + mac)
 
 
 def _read_challenge(s):
     from dnnbind.distributed import _rendezvous as rv
     head = b""
-    while len(head) < rv._HEADER.size + rv._NONCE:
-        head += s.recv(rv._HEADER.size + rv._NONCE - len(head))
-    return head[rv._HEADER.size:]
+    while len(head) < rv.HEADER.size + rv._NONCE:
+        head += s.recv(rv.HEADER.size + rv._NONCE - len(head))
+    return head[rv.HEADER.size:]
 
 
 @pytest.mark.parametrize("attack", ["idle", "garbage", "huge length", "claims rank 1 without the secret",
@@ -271,9 +271,9 @@ def test_a_fake_rank0_announcing_a_huge_blob_is_refused_without_allocating():
     def fake_rank0():
         conn, _ = srv.accept()
         with conn:
-            conn.sendall(rv._msg(rv._CHALLENGE, b"n" * rv._NONCE))
+            conn.sendall(rv.pack_message(rv._CHALLENGE, b"n" * rv._NONCE))
             conn.recv(1000)
-            conn.sendall(rv._msg(rv._BLOB, struct.pack(">I", 2**32 - 1)))
+            conn.sendall(rv.pack_message(rv._BLOB, struct.pack(">I", 2**32 - 1)))
             time.sleep(0.5)
 
     t = threading.Thread(target=fake_rank0, daemon=True)

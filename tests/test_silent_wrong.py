@@ -364,9 +364,9 @@ def test_pick_gpu_launch_drives_the_gather_kernel_right(shape, axis, mode, monke
     from dnnbind.runtime import stream as rt_stream
     launched = []
     monkeypatch.setattr(rt_stream, "current_stream", lambda device=None: None)
-    monkeypatch.setattr(strided, "_resolve", lambda stream, device: (device, 0))
-    monkeypatch.setattr(strided, "_grid_cap", lambda device: 1024)
-    monkeypatch.setattr(strided, "_launch", lambda key, device, h, grid, block, values: launched.append(
+    monkeypatch.setattr(strided, "resolve_stream", lambda stream, device: (device, 0))
+    monkeypatch.setattr(strided, "grid_cap", lambda device: 1024)
+    monkeypatch.setattr(strided, "launch_variant", lambda key, device, h, grid, block, values: launched.append(
         (key, list(values))))
 
     class FakeGpu:

@@ -271,10 +271,10 @@ def fake_launch(monkeypatch):
     monkeypatch.setattr(B, "multiprocessor_count", lambda device: 132)
     monkeypatch.setattr(S, "multiprocessor_count", lambda device: 132)
     monkeypatch.setattr(S, "_split_scratch", lambda device, h: (0x100000, 0x200000, 0x300000))
-    B._GRID_CAP.clear()
+    B.GRID_CAPS.clear()
     S.clear_cache()
     yield log, sources
-    B._GRID_CAP.clear()
+    B.GRID_CAPS.clear()
     S.clear_cache()
 
 
@@ -384,7 +384,7 @@ def test_argument_errors():
     with pytest.raises(ValueError, match="low < high"):
         S.random_fill(Ref(0, I32, (1,)), 3, "randint", 0, 0, 5, 5)
     with pytest.raises(TypeError, match="scalar 'alpha' is a str"):
-        S._scalar_sig("strided_map", (("alpha", "2"),))
+        S.scalar_signature("strided_map", (("alpha", "2"),))
     # dtype and name errors come before any library call: no GPU is needed to see them
     with pytest.raises(TypeError, match="complex64"):
         S.strided_map("a", r2, [Ref(0, np.complex64, (4, 1))], (3, 4))

@@ -180,13 +180,13 @@ def test_op_and_reduce_descriptors():
     refs = [ctypes.byref(v) for v in vals]
     for op, code in T.OP_TENSOR_OPS.items():
         for dtype, comp in [(F32, 0), (F16, 0), (F64, 1)]:
-            cudnn.lib.cudnnGetOpTensorDescriptor(T._op_desc(op, dtype), *refs[:3])
+            cudnn.lib.cudnnGetOpTensorDescriptor(TL.op_tensor_desc(op, dtype), *refs[:3])
             assert [v.value for v in vals[:3]] == [code, comp, cudnn.CUDNN_PROPAGATE_NAN]
     for op, code in T.REDUCE_OPS.items():
         for indices in ([False, True] if op in T.INDEX_OPS else [False]):
-            cudnn.lib.cudnnGetReduceTensorDescriptor(T._reduce_desc(op, F64, indices), *refs)
+            cudnn.lib.cudnnGetReduceTensorDescriptor(TL.reduce_tensor_desc(op, F64, indices), *refs)
             assert [v.value for v in vals] == [code, 1, cudnn.CUDNN_PROPAGATE_NAN, int(indices), 0]
-    assert T._reduce_desc("sum", F32, False) is T._reduce_desc("sum", F32, False)
+    assert TL.reduce_tensor_desc("sum", F32, False) is TL.reduce_tensor_desc("sum", F32, False)
 
 
 @pytest.mark.parametrize("shape,strides,dtype,exc,match", [
@@ -218,11 +218,11 @@ def test_canonical_layouts_keep_the_meaning(seed):
     # broadcast: b has 1 where mask
     b_shape = tuple(1 if m else d for d, m in zip(shape, mask))
     b = rng.standard_normal(b_shape)
-    a_dims, b_dims = T._broadcast_layout(shape, b_shape)
+    a_dims, b_dims = TL.canonical_broadcast(shape, b_shape)
     np.testing.assert_array_equal((x.reshape(a_dims) + b.reshape(b_dims)).reshape(shape), x + b)
     # reduce over the masked axes: values and flattened indices
     axes = tuple(i for i, m in enumerate(mask) if m)
-    a_dims, c_dims = T._reduce_layout(shape, axes)
+    a_dims, c_dims = TL.canonical_reduce(shape, axes)
     red = tuple(i for i, (a, c) in enumerate(zip(a_dims, c_dims)) if a != c)
     np.testing.assert_allclose(x.reshape(a_dims).sum(red, keepdims=True).reshape(-1),
                                x.sum(axes, keepdims=True).reshape(-1), rtol=1e-12)
@@ -230,7 +230,7 @@ def test_canonical_layouts_keep_the_meaning(seed):
     # strided read (a transpose): merged dims and strides read the same elements
     perm = tuple(int(p) for p in rng.permutation(len(shape)))
     view = np.transpose(x, perm)
-    dims, st = T._strided_layout(view.shape, tuple(s // 8 for s in view.strides))
+    dims, st = TL.canonical_strided(view.shape, tuple(s // 8 for s in view.strides))
     merged = np.lib.stride_tricks.as_strided(x, dims, tuple(s * 8 for s in st)) if dims else x.reshape(())
     np.testing.assert_array_equal(merged.reshape(-1), view.reshape(-1))
 

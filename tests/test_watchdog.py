@@ -24,7 +24,7 @@ import pytest
 
 from dnnbind import distributed
 from dnnbind.distributed import RankFailedError, _watchdog
-from dnnbind.distributed._rendezvous import _msg, _text
+from dnnbind.distributed._rendezvous import pack_message, pack_text
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
@@ -346,7 +346,7 @@ def test_a_death_reported_by_rank0_makes_later_collectives_raise(monkeypatch, ca
         w = _watchdog.Watchdog(1, {0: mine}, timeout=0.0, grace=0.0, communicators=lambda: [c],
                                exit_process=codes.append).start()
         why = "rank 2 (pid 7, host h) died (its connection to rank 0 closed)"
-        peer.sendall(_msg(b"D", (2).to_bytes(4, "big") + _text(why)))
+        peer.sendall(pack_message(b"D", (2).to_bytes(4, "big") + pack_text(why)))
         w._thread.join(10)
         assert codes == [1] and ("abort", 0xABC) in calls and c not in comm_mod.live_communicators()
         with pytest.raises(RankFailedError, match=r"rank 2 \(pid 7, host h\) died") as e:
@@ -375,7 +375,7 @@ def test_a_peer_speaking_another_protocol_is_a_failure():
 
 def test_a_goodbye_ends_watching_quietly(capfd):
     w, peer, codes = _watch(0, timeout=0.5)
-    peer.sendall(_msg(b"Q"))
+    peer.sendall(pack_message(b"Q"))
     peer.close()
     time.sleep(1.5)  # past the silence timeout: a rank that said goodbye is not watched any more
     assert w.is_alive() and codes == [] and w.failure is None

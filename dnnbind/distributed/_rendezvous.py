@@ -47,13 +47,13 @@ SECRET_ENV = "DNNBIND_RDZV_SECRET"  # hex, set by python -m dnnbind.launch for i
 HELLO_TIMEOUT_S = 5.0  # a connection that has not said a full hello by then is dropped
 MAX_BLOB = 1 << 20  # the NCCL id is 128 bytes; nothing rank 0 sends is near this
 MAX_TEXT = 1 << 16
-_HEADER = struct.Struct(">4sHc")
-_U32 = struct.Struct(">I")
+HEADER = struct.Struct(">4sHc")  # every message: MAGIC, VERSION, its one-byte kind (the watchdog's too)
+U32 = struct.Struct(">I")  # a length or rank field
 _NONCE = 16
 _MAC = hashlib.sha256().digest_size
 _HELLO_BODY = struct.Struct(">II")
 _CHALLENGE, _HELLO, _BLOB, _ACK, _GO, _ERROR, _TIMEOUT = b"C", b"H", b"B", b"A", b"G", b"E", b"T"
-_HELLO_SIZE = _HEADER.size + _HELLO_BODY.size + _MAC
+_HELLO_SIZE = HEADER.size + _HELLO_BODY.size + _MAC
 _RETRY_S = 0.05  # pause between connection attempts while rank 0 is not listening yet
 _REPORT_GRACE_S = 1.0  # a connected peer waits this much past its deadline for rank 0's list of missing ranks
 
@@ -161,7 +161,7 @@ def _serve(blob: bytes, world_size: int, addr: str, port: int, deadline: float, 
                 msg = (f"rendezvous at {addr}:{port} timed out after {timeout:g}s: rank(s) {missing} of "
                        f"world_size {world_size} never connected")
                 for s in peers.values():
-                    _try_send(s, _TIMEOUT, _text(msg))
+                    _try_send(s, _TIMEOUT, pack_text(msg))
                 raise TimeoutError(msg)
             for p in [p for p in pending.values() if p.deadline <= now]:  # idle: drop, never wait on it
                 _drop(sel, pending, p, f"no hello within {HELLO_TIMEOUT_S:g}s")
@@ -187,7 +187,7 @@ def _serve(blob: bytes, world_size: int, addr: str, port: int, deadline: float, 
             _drop(sel, pending, p, "the rendezvous is complete")
         for s in peers.values():
             s.settimeout(max(deadline - time.monotonic(), 0.001))
-            s.sendall(_msg(_BLOB, _U32.pack(len(blob)) + blob))
+            s.sendall(pack_message(_BLOB, U32.pack(len(blob)) + blob))
         for r, s in peers.items():
             s.settimeout(max(deadline - time.monotonic(), 0.001))
             try:
@@ -195,10 +195,10 @@ def _serve(blob: bytes, world_size: int, addr: str, port: int, deadline: float, 
             except (socket.timeout, TimeoutError, ConnectionError, RendezvousError) as e:
                 msg = f"rendezvous at {addr}:{port}: rank {r} did not acknowledge the blob ({e})"
                 for t in peers.values():
-                    _try_send(t, _ERROR, _text(msg))
+                    _try_send(t, _ERROR, pack_text(msg))
                 raise TimeoutError(msg) from e
         for s in peers.values():
-            s.sendall(_msg(_GO))
+            s.sendall(pack_message(_GO))
         done = True
         return peers if keep else None
     finally:
@@ -219,7 +219,7 @@ def _accept(listener: socket.socket, sel, pending: dict, deadline: float) -> Non
     p = _Pending(conn, min(deadline, time.monotonic() + HELLO_TIMEOUT_S))
     try:
         conn.settimeout(1.0)  # a fresh socket's buffer takes 23 bytes at once; never block rank 0 for long
-        conn.sendall(_msg(_CHALLENGE, p.nonce))
+        conn.sendall(pack_message(_CHALLENGE, p.nonce))
         conn.setblocking(False)
     except OSError:
         conn.close()
@@ -240,15 +240,15 @@ def _read_hello(p: _Pending, peers: dict, world_size: int, secret: bytes | None)
     if not chunk:
         return "the connection closed before a hello"
     p.buf += chunk
-    if len(p.buf) >= _HEADER.size:
-        magic, version, kind = _HEADER.unpack(p.buf[:_HEADER.size])
+    if len(p.buf) >= HEADER.size:
+        magic, version, kind = HEADER.unpack(p.buf[:HEADER.size])
         if magic != MAGIC or version != VERSION or kind != _HELLO:
             return (f"the peer does not speak the dnnbind rendezvous protocol v{VERSION} "
                     f"(got magic {magic!r}, version {version}, message {kind!r})")
     if len(p.buf) < _HELLO_SIZE:
         return None
-    rank, ws = _HELLO_BODY.unpack(p.buf[_HEADER.size:_HEADER.size + _HELLO_BODY.size])
-    mac = p.buf[_HEADER.size + _HELLO_BODY.size:]
+    rank, ws = _HELLO_BODY.unpack(p.buf[HEADER.size:HEADER.size + _HELLO_BODY.size])
+    mac = p.buf[HEADER.size + _HELLO_BODY.size:]
     if not hmac.compare_digest(mac, _mac(secret, p.nonce, rank, ws)):
         return (f"authentication failed for a peer claiming rank {rank}: it does not hold this job's "
                 f"{SECRET_ENV} (every rank must get the launcher's secret)")
@@ -262,7 +262,7 @@ def _read_hello(p: _Pending, peers: dict, world_size: int, secret: bytes | None)
 
 
 def _refuse(conn: socket.socket, problem: str) -> None:
-    _try_send(conn, _ERROR, _text(f"rank 0 refused the connection: {problem}"))
+    _try_send(conn, _ERROR, pack_text(f"rank 0 refused the connection: {problem}"))
     conn.close()
 
 
@@ -288,10 +288,10 @@ def _join(rank: int, world_size: int, addr: str, port: int, deadline: float, tim
         # NOTE: rank 0 knows which ranks are missing; give it time to say so before we give up ourselves.
         conn.settimeout(max(deadline - time.monotonic(), 0.001) + _REPORT_GRACE_S)
         nonce = _expect(conn, _CHALLENGE, "rank 0", size=_NONCE)
-        conn.sendall(_msg(_HELLO, _HELLO_BODY.pack(rank, world_size) + _mac(secret, nonce, rank, world_size)))
+        conn.sendall(pack_message(_HELLO, _HELLO_BODY.pack(rank, world_size) + _mac(secret, nonce, rank, world_size)))
         body = _expect(conn, _BLOB, "rank 0", size=4)
         blob = _recv(conn, _length(body, MAX_BLOB, "blob"))
-        conn.sendall(_msg(_ACK))
+        conn.sendall(pack_message(_ACK))
         _expect(conn, _GO, "rank 0")
         done = True
     except _ReportedTimeout:
@@ -320,17 +320,17 @@ def _connect(addr: str, port: int, deadline: float) -> socket.socket | None:
 
 # -- framing ----------------------------------------------------------------------------------------------------
 
-def _msg(kind: bytes, body: bytes = b"") -> bytes:
-    return _HEADER.pack(MAGIC, VERSION, kind) + body
+def pack_message(kind: bytes, body: bytes = b"") -> bytes:
+    return HEADER.pack(MAGIC, VERSION, kind) + body
 
 
-def _text(s: str) -> bytes:
+def pack_text(s: str) -> bytes:
     b = s.encode()[:MAX_TEXT]
-    return _U32.pack(len(b)) + b
+    return U32.pack(len(b)) + b
 
 
 def _length(body: bytes, limit: int, what: str) -> int:
-    n = _U32.unpack(body)[0]
+    n = U32.unpack(body)[0]
     if n > limit:
         raise RendezvousError(f"rank 0 announced a {what} of {n} bytes, over the limit of {limit}: not a dnnbind "
                               f"rank 0, or a corrupt stream")
@@ -340,7 +340,7 @@ def _length(body: bytes, limit: int, what: str) -> int:
 def _try_send(conn: socket.socket, kind: bytes, body: bytes) -> None:
     try:
         conn.settimeout(1.0)
-        conn.sendall(_msg(kind, body))
+        conn.sendall(pack_message(kind, body))
     except OSError:
         pass
 
@@ -357,7 +357,7 @@ def _recv(conn: socket.socket, n: int) -> bytes:
 
 def _expect(conn: socket.socket, kind: bytes, who: str, size: int = 0) -> bytes:
     """Read one header; return `size` body bytes of a `kind` message, or raise the error the peer sent."""
-    magic, version, got = _HEADER.unpack(_recv(conn, _HEADER.size))
+    magic, version, got = HEADER.unpack(_recv(conn, HEADER.size))
     if magic != MAGIC or version != VERSION:
         raise RendezvousError(f"{who} does not speak the dnnbind rendezvous protocol v{VERSION} "
                               f"(got magic {magic!r}, version {version})")

@@ -47,7 +47,7 @@ import time
 from typing import Callable
 
 from .._lib.errors import DnnbindError, DnnbindValueError
-from ._rendezvous import _HEADER, _U32, MAGIC, MAX_TEXT, VERSION, _msg, _text
+from ._rendezvous import HEADER, MAGIC, MAX_TEXT, U32, VERSION, pack_message, pack_text
 
 ENV = "DNNBIND_WATCHDOG"  # "0" turns the watchdog off
 TIMEOUT_ENV = "DNNBIND_WATCHDOG_TIMEOUT"  # seconds of silence from a peer that count as a hang; 0: never
@@ -121,7 +121,7 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="dnnbind-watchdog", daemon=True)
 
     def start(self) -> "Watchdog":
-        info = _msg(_INFO, _U32.pack(os.getpid()) + _text(socket.gethostname()))
+        info = pack_message(_INFO, U32.pack(os.getpid()) + pack_text(socket.gethostname()))
         for r, s in self._links.items():
             s.settimeout(PING_S)  # a send never blocks the thread for long
             self._send(r, info)
@@ -147,7 +147,7 @@ class Watchdog:
             return
         for r, s in self._links.items():
             if goodbye:
-                self._send(r, _msg(_BYE))
+                self._send(r, pack_message(_BYE))
             elif why:
                 self._send(r, _died(self.rank, why))
             s.close()
@@ -175,7 +175,7 @@ class Watchdog:
                 if now >= beat:
                     beat = now + PING_S
                     for r in list(self._links):
-                        self._send(r, _msg(_PING))
+                        self._send(r, pack_message(_PING))
                     self._check_silence(now)
                     self._poll_nccl()
                 if self.failure is not None:
@@ -281,31 +281,31 @@ class Watchdog:
 
 
 def _died(rank: int, why: str) -> bytes:
-    return _msg(_DIED, _U32.pack(rank) + _text(why))
+    return pack_message(_DIED, U32.pack(rank) + pack_text(why))
 
 
 def _take(buf: bytearray):
     """Remove one whole message from the front of ``buf``: (kind, number, text); None while incomplete;
     (None, 0, what) for bytes that are not the protocol. No length read here exceeds MAX_TEXT."""
-    if len(buf) < _HEADER.size:
+    if len(buf) < HEADER.size:
         return None
-    magic, version, kind = _HEADER.unpack_from(buf)
+    magic, version, kind = HEADER.unpack_from(buf)
     if magic != MAGIC or version != VERSION or kind not in (_INFO, _PING, _BYE, _DIED):
         del buf[:]
         return None, 0, f"magic {magic!r}, version {version}, message {kind!r}"
     if kind in (_PING, _BYE):
-        del buf[:_HEADER.size]
+        del buf[:HEADER.size]
         return kind, 0, ""
-    if len(buf) < _HEADER.size + _FIELDS.size:
+    if len(buf) < HEADER.size + _FIELDS.size:
         return None
-    number, n = _FIELDS.unpack_from(buf, _HEADER.size)
+    number, n = _FIELDS.unpack_from(buf, HEADER.size)
     if n > MAX_TEXT:
         del buf[:]
         return None, 0, f"a text of {n} bytes"
-    end = _HEADER.size + _FIELDS.size + n
+    end = HEADER.size + _FIELDS.size + n
     if len(buf) < end:
         return None
-    text = bytes(buf[_HEADER.size + _FIELDS.size:end]).decode(errors="replace")
+    text = bytes(buf[HEADER.size + _FIELDS.size:end]).decode(errors="replace")
     del buf[:end]
     return kind, number, text
 

@@ -32,7 +32,7 @@ def _host(v, what: str, dtype=None) -> np.ndarray:
     return host
 
 
-def _as_nd(v, like: NDArray, what: str, dtype=None) -> NDArray:
+def as_nd(v, like: NDArray, what: str, dtype=None) -> NDArray:
     """``v`` as an NDArray on ``like``'s device (numpy arrays, lists and numbers are uploaded)."""
     if not isinstance(v, NDArray):
         v = array(_host(v, what, dtype or like.dtype), device=like.device)
@@ -43,26 +43,27 @@ def _as_nd(v, like: NDArray, what: str, dtype=None) -> NDArray:
     return v
 
 
-def _label_like(label, pred: NDArray, op: str, what: str = "label", like: str = "pred") -> NDArray:
+def label_like(label, pred: NDArray, op: str, what: str = "label", like: str = "pred") -> NDArray:
     """The label viewed in pred's shape and dtype (what MXNet's losses do with ``_reshape_like``), with the checks
     and conversions of a label given as numbers."""
-    label = _as_nd(label, pred, f"{op}: {what}", pred.dtype)
+    label = as_nd(label, pred, f"{op}: {what}", pred.dtype)
     if label.size != pred.size:
         raise DnnbindValueError(f"{op}: {what} shape {label.shape} does not match {like} shape {pred.shape}")
     return label if label.shape == pred.shape else label.reshape(pred.shape)
 
 
 # MXNet's private helpers of mxnet.gluon.loss, with MXNet's signatures (``F`` first): losses written for MXNet
-# (GluonCV's) import them and call them from their hybrid_forward with F = mx.nd or mx.sym.
+# (GluonCV's) import them and call them from their hybrid_forward with F = mx.nd or mx.sym. loss.py serves them
+# under MXNet's names, ``_reshape_like`` and ``_apply_weighting``.
 
-def _reshape_like(F, x, y):
+def reshape_like(F, x, y):
     """MXNet's ``_reshape_like(F, x, y)``: x reshaped to y's shape (``F.reshape_like`` for a Symbol)."""
     if F is nd:
         return x.reshape(y.shape)
     return F.reshape_like(x, y)
 
 
-def _apply_weighting(F, loss, weight=None, sample_weight=None):
+def apply_weighting(F, loss, weight=None, sample_weight=None):
     """MXNet's ``_apply_weighting``: ``loss`` times ``sample_weight`` (broadcast) times the number ``weight``."""
     if sample_weight is not None:
         loss = F.broadcast_mul(loss, sample_weight)
@@ -73,7 +74,7 @@ def _apply_weighting(F, loss, weight=None, sample_weight=None):
     return loss
 
 
-def _as_labels(label, n: int, device) -> NDArray:
+def as_labels(label, n: int, device) -> NDArray:
     """Class ids as an (N,) int32 NDArray on ``device``; (N, 1) labels are flattened."""
     if not isinstance(label, NDArray):
         host = _host(label, "loss: label")
@@ -121,9 +122,9 @@ class Loss(Block):
     def _weighting(self, loss: NDArray, sample_weight=None, weight=None) -> NDArray:
         """loss * sample_weight (broadcast) * weight, MXNet's ``_apply_weighting``."""
         if sample_weight is not None:
-            sample_weight = _as_nd(sample_weight, loss, f"{type(self).__name__}: sample_weight", loss.dtype)
+            sample_weight = as_nd(sample_weight, loss, f"{type(self).__name__}: sample_weight", loss.dtype)
         weight = self._weight if weight is None else weight
-        return _apply_weighting(nd, loss, None if weight is None else float(weight), sample_weight)
+        return apply_weighting(nd, loss, None if weight is None else float(weight), sample_weight)
 
     def _per_sample(self, loss: NDArray, reduce: str = "mean") -> NDArray:
         """Mean (or sum) over every axis but the batch axis: shape (N,)."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import nd
 from ..runtime.array import NDArray, array
-from ._loss_base import Loss, _as_nd, _label_like, number
+from ._loss_base import Loss, as_nd, label_like, number
 
 __all__ = ["CTCLoss", "CosineEmbeddingLoss", "PoissonNLLLoss", "TripletLoss"]
 
@@ -39,8 +39,8 @@ class TripletLoss(Loss):
 
     def forward(self, pred: NDArray, positive, negative, sample_weight=None) -> NDArray:
         _check_pred("TripletLoss", pred)
-        positive = _label_like(positive, pred, "TripletLoss", "positive")
-        negative = _label_like(negative, pred, "TripletLoss", "negative")
+        positive = label_like(positive, pred, "TripletLoss", "positive")
+        negative = label_like(negative, pred, "TripletLoss", "negative")
         gap = self._per_sample(nd.square(positive - pred) - nd.square(negative - pred), "sum")
         return self._weighting(nd.relu(gap + self._margin), sample_weight)
 
@@ -58,7 +58,7 @@ class PoissonNLLLoss(Loss):
 
     def forward(self, pred: NDArray, target, sample_weight=None, epsilon: float = 1e-08) -> NDArray:
         _check_pred("PoissonNLLLoss", pred)
-        target = _label_like(target, pred, "PoissonNLLLoss", "target")
+        target = label_like(target, pred, "PoissonNLLLoss", "target")
         if self._from_logits:
             loss = nd.exp(pred) - target * pred
         else:
@@ -81,8 +81,8 @@ class CosineEmbeddingLoss(Loss):
 
     def forward(self, input1, input2: NDArray, label, sample_weight=None) -> NDArray:
         _check_pred("CosineEmbeddingLoss", input2, "input2")
-        input1 = _label_like(input1, input2, "CosineEmbeddingLoss", "input1", "input2")
-        label = _as_nd(label, input2, "label", input2.dtype).reshape((-1, 1))
+        input1 = label_like(input1, input2, "CosineEmbeddingLoss", "input1", "input2")
+        label = as_nd(label, input2, "label", input2.dtype).reshape((-1, 1))
         norms = nd.norm(input1, axis=-1) * nd.norm(input2, axis=-1)
         cos = (nd.sum(input1 * input2, axis=-1) / nd.maximum(norms, 1e-12)).reshape((-1, 1))
         if label.shape[0] != cos.shape[0]:

@@ -26,7 +26,7 @@ from .. import nd
 from ..runtime.array import NDArray, zeros
 from .lr_scheduler import check_number
 
-_REGISTRY: dict[str, type] = {}
+REGISTRY: dict[str, type] = {}  # lower-case class name -> Optimizer subclass (register, create)
 
 _UNIT = {"low": 0.0, "high": 1.0, "high_open": True}  # a decay rate: [0, 1)
 # Argument name -> the range check_number enforces, for any optimizer that takes it. A new optimizer's float
@@ -100,7 +100,7 @@ def check_arguments(cls, args: tuple, kwargs: dict) -> None:
 
 def register(cls):
     """Make ``cls`` creatable by its lower-case class name (``create('sgd')``), like ``mx.optimizer.register``."""
-    _REGISTRY[cls.__name__.lower()] = cls
+    REGISTRY[cls.__name__.lower()] = cls
     return cls
 
 
@@ -221,9 +221,9 @@ def create(name, **kwargs) -> Optimizer:
         if kwargs:
             raise DnnbindValueError("optimizer_params must be empty when an Optimizer instance is given")
         return name
-    cls = _REGISTRY.get(str(name).lower())
+    cls = REGISTRY.get(str(name).lower())
     if cls is None:
-        raise DnnbindValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+        raise DnnbindValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(REGISTRY))}")
     return cls(**kwargs)
 
 

@@ -31,7 +31,7 @@ from ..runtime.device import default_device
 from ..symbol import Prefix, Symbol, current_name_manager
 from ._export import export, trace
 from ._param_ctx import copy_device, multi_ctx, using_device
-from .param_files import _load_into, _read_param_file
+from .param_files import load_into, read_param_file
 from .parameter import Parameter
 from .parameter_dict import ParameterDict
 
@@ -321,7 +321,7 @@ class Block:
         Files keyed by prefixed names (``collect_params().save``, ``export``'s ``arg:``/``aux:``) load too: by
         the full name, or by this Block's prefix + the name (MXNet's ``restore_prefix``).
         """
-        loaded = _read_param_file(filename)
+        loaded = read_param_file(filename)
         paths = self._collect_params_with_prefix(dedupe=False)
         if loaded and not set(loaded) & set(paths):
             by_name = {p.name: key for key, p in paths.items()}
@@ -337,8 +337,8 @@ class Block:
             params[chosen] = paths[chosen]
             aliases.update(k for k in keys if k != chosen)
         loaded = {k: v for k, v in loaded.items() if k not in aliases}
-        _load_into(params, loaded, f"load_parameters({os.fspath(filename)!r}) into {type(self).__name__}", ctx,
-                   allow_missing, ignore_extra, cast_dtype, dtype_source)
+        load_into(params, loaded, f"load_parameters({os.fspath(filename)!r}) into {type(self).__name__}", ctx,
+                  allow_missing, ignore_extra, cast_dtype, dtype_source)
 
     load_params = load_parameters
 

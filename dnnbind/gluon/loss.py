@@ -19,9 +19,12 @@ from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 from .. import nd
 from ..runtime.array import NDArray
-from ._loss_base import Loss, _as_labels, _as_nd, _label_like, integer, number
-from ._loss_base import _apply_weighting, _reshape_like  # noqa: F401  (MXNet's names: GluonCV imports them here)
+from ._loss_base import Loss, apply_weighting, as_labels, as_nd, label_like, integer, number, reshape_like
 from ._loss_extra import CosineEmbeddingLoss, CTCLoss, PoissonNLLLoss, TripletLoss
+
+# MXNet's private names for these helpers: GluonCV's losses import them from mxnet.gluon.loss by these names.
+_apply_weighting = apply_weighting
+_reshape_like = reshape_like
 
 __all__ = ["CTCLoss", "CosineEmbeddingLoss", "HingeLoss", "HuberLoss", "KLDivLoss", "L1Loss", "L2Loss",
            "LogisticLoss", "Loss", "NLLLoss", "PoissonNLLLoss", "SigmoidBCELoss", "SigmoidBinaryCrossEntropyLoss",
@@ -35,7 +38,7 @@ class L2Loss(Loss):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
-        label = _label_like(label, pred, "L2Loss")
+        label = label_like(label, pred, "L2Loss")
         loss = nd.square(label - pred)
         half = None if self._weight is None else self._weight / 2
         loss = self._weighting(loss, sample_weight, half)
@@ -49,7 +52,7 @@ class L1Loss(Loss):
         super().__init__(weight, batch_axis, prefix=prefix, params=params)
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
-        label = _label_like(label, pred, "L1Loss")
+        label = label_like(label, pred, "L1Loss")
         return self._per_sample(self._weighting(nd.abs(label - pred), sample_weight))
 
 
@@ -62,9 +65,9 @@ class SigmoidBinaryCrossEntropyLoss(Loss):
         self._from_sigmoid = from_sigmoid
 
     def forward(self, pred: NDArray, label, sample_weight=None, pos_weight=None) -> NDArray:
-        label = _label_like(label, pred, type(self).__name__)
+        label = label_like(label, pred, type(self).__name__)
         if pos_weight is not None:
-            pos_weight = _as_nd(pos_weight, pred, "pos_weight", pred.dtype)
+            pos_weight = as_nd(pos_weight, pred, "pos_weight", pred.dtype)
         if not self._from_sigmoid:
             soft = nd.softrelu(-nd.abs(pred))
             if pos_weight is None:
@@ -107,17 +110,17 @@ class SoftmaxCrossEntropyLoss(Loss):
             raise DnnbindValueError(f"{name}: axis {self._axis} is out of range for pred of shape {pred.shape}")
         axis = self._axis % pred.ndim
         if self._sparse_label and pred.ndim == 2 and axis == 1 and self._batch_axis in (0, -2):
-            labels = _as_labels(label, pred.shape[0], pred.device)
+            labels = as_labels(label, pred.shape[0], pred.device)
             loss = nd.pick_nll(pred, labels) if self._from_logits else nd.softmax_ce_per_sample(pred, labels)
             if sample_weight is None and self._weight is None:
                 return loss
             return self._per_sample(self._weighting(loss.reshape((pred.shape[0], 1)), sample_weight))
         logp = pred if self._from_logits else nd.log_softmax(pred, axis=axis)
         if self._sparse_label:
-            label = _as_nd(label, pred, "label")
+            label = as_nd(label, pred, "label")
             loss = -nd.pick(logp, label, axis=axis, keepdims=True)
         else:
-            label = _label_like(label, pred, f"{name}(sparse_label=False)")
+            label = label_like(label, pred, f"{name}(sparse_label=False)")
             loss = -nd.sum(logp * label, axis=axis, keepdims=True)
         return self._per_sample(self._weighting(loss, sample_weight))
 
@@ -144,7 +147,7 @@ class KLDivLoss(Loss):
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
         if not self._from_logits:
             pred = nd.log_softmax(pred, axis=self._axis)
-        label = _as_nd(label, pred, "label", pred.dtype)
+        label = as_nd(label, pred, "label", pred.dtype)
         loss = label * (nd.log(label + 1e-12) - pred)
         return self._per_sample(self._weighting(loss, sample_weight), "sum")
 
@@ -159,7 +162,7 @@ class HuberLoss(Loss):
             raise DnnbindValueError(f"HuberLoss: rho must be positive, got {rho}")
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
-        d = nd.abs(_label_like(label, pred, "HuberLoss") - pred)
+        d = nd.abs(label_like(label, pred, "HuberLoss") - pred)
         loss = nd.where(d > self._rho, d - 0.5 * self._rho, nd.square(d) * (0.5 / self._rho))
         return self._per_sample(self._weighting(loss, sample_weight))
 
@@ -172,7 +175,7 @@ class HingeLoss(Loss):
         self._margin = number(type(self).__name__, "margin", margin)
 
     def _hinge(self, pred, label):
-        return nd.relu(self._margin - pred * _label_like(label, pred, type(self).__name__))
+        return nd.relu(self._margin - pred * label_like(label, pred, type(self).__name__))
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
         return self._per_sample(self._weighting(self._hinge(pred, label), sample_weight))
@@ -195,7 +198,7 @@ class LogisticLoss(Loss):
         self._label_format = label_format
 
     def forward(self, pred: NDArray, label, sample_weight=None) -> NDArray:
-        label = _label_like(label, pred, "LogisticLoss")
+        label = label_like(label, pred, "LogisticLoss")
         if self._label_format == "signed":
             label = (label + 1.0) * 0.5
         loss = nd.relu(pred) - pred * label + nd.softrelu(-nd.abs(pred))

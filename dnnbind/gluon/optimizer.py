@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from .. import nd, ops
-from ._optimizer_base import _REGISTRY, Optimizer, create, register  # noqa: F401  (mx.optimizer.*)
+from ._optimizer_base import Optimizer, create, register  # noqa: F401  (mx.optimizer.*)
 
 __all__ = ["SGD", "Adam", "Optimizer", "create", "register"]
 

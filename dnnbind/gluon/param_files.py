@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import serialization
 
-def _read_param_file(filename) -> dict:
+def read_param_file(filename) -> dict:
     """name -> numpy array of a parameter file, with MXNet's ``arg:``/``aux:`` prefixes (Module, export) removed."""
     path = os.fspath(filename)
     with open(path, "rb") as f:
@@ -31,8 +31,8 @@ def _read_param_file(filename) -> dict:
             for k, v in loaded.items()}
 
 
-def _load_into(params: dict, loaded: dict, what: str, ctx, allow_missing: bool, ignore_extra: bool,
-               cast_dtype: bool, dtype_source: str) -> None:
+def load_into(params: dict, loaded: dict, what: str, ctx, allow_missing: bool, ignore_extra: bool,
+              cast_dtype: bool, dtype_source: str) -> None:
     """Check ``loaded`` against ``params`` (both keyed alike), report every problem in one ValueError, then load."""
     missing = [k for k in params if k not in loaded]
     extra = [k for k in loaded if k not in params]

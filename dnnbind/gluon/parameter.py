@@ -25,7 +25,6 @@ from .. import autograd, features
 from .. import initializer as _init
 from ..runtime.array import NDArray, array, empty, zeros
 from ..runtime.device import Device, as_device
-from ._param_ctx import _tls as _ctx_tls
 from ._param_ctx import ctx_list, copy_device, host_mean, multi_ctx, using_device
 
 __all__ = ["Constant", "DeferredInitializationError", "Parameter", "copy_device", "multi_ctx",
@@ -239,7 +238,7 @@ class Parameter:
 
     def _copy_index(self, ctx) -> int:
         """Which copy ``ctx`` (None: the current device, else the first) names; several contexts only."""
-        dev = getattr(_ctx_tls, "device", None) if ctx is None else as_device(ctx)
+        dev = copy_device() if ctx is None else as_device(ctx)
         if dev is None:
             return 0
         k = self._ctx_index.get(dev)

@@ -16,7 +16,7 @@ import numpy as np
 from .. import initializer as _init
 from .. import serialization
 from . import parameter as _parameter
-from .param_files import _load_into, _read_param_file
+from .param_files import load_into, read_param_file
 
 __all__ = ["ParameterDict"]
 
@@ -141,7 +141,7 @@ class ParameterDict:
 
         ``restore_prefix`` is prepended to every name in the file, undoing ``save(strip_prefix=...)``.
         """
-        self.load_dict(_read_param_file(filename), ctx, allow_missing, ignore_extra, restore_prefix,
+        self.load_dict(read_param_file(filename), ctx, allow_missing, ignore_extra, restore_prefix,
                        os.fspath(filename), cast_dtype, dtype_source)
 
     def load_dict(self, param_dict: dict, ctx=None, allow_missing: bool = False, ignore_extra: bool = False,
@@ -162,4 +162,4 @@ class ParameterDict:
                 k = k[4:]
             loaded[restore_prefix + k] = v.numpy() if hasattr(v, "numpy") else (None if v is None else np.asarray(v))
         what = f"ParameterDict.load({filename!r})" if filename is not None else "ParameterDict.load_dict"
-        _load_into(targets, loaded, what, ctx, allow_missing, ignore_extra, cast_dtype, dtype_source)
+        load_into(targets, loaded, what, ctx, allow_missing, ignore_extra, cast_dtype, dtype_source)

@@ -21,7 +21,8 @@ from .._lib.errors import DnnbindValueError
 INTERP = (0, 1, 2, 3, 4)  # cv::INTER_NEAREST, LINEAR, CUBIC, AREA, LANCZOS4: MXNet passes its code straight through
 
 
-def _cv2():
+def cv2_module():
+    """The ``cv2`` module when dnnbind.imagecodec decodes with OpenCV, else a false value (numpy does the math)."""
     try:
         return imagecodec.backend() == "cv2" and __import__("cv2")
     except NotImplementedError:  # neither OpenCV nor Pillow: numpy still does geometry
@@ -95,7 +96,7 @@ def resize(img: np.ndarray, w: int, h: int, interp: int = 1) -> np.ndarray:
                                 f"got {interp!r}")
     if w <= 0 or h <= 0:
         raise DnnbindValueError(f"resize needs a positive size, got w={w}, h={h}")
-    cv2 = _cv2()
+    cv2 = cv2_module()
     if cv2:
         out = cv2.resize(img, (int(w), int(h)), interpolation=int(interp))
         return out[:, :, None] if img.ndim == 3 and out.ndim == 2 else out  # cv2 drops a 1-channel axis
@@ -136,7 +137,7 @@ def copy_make_border(img: np.ndarray, top: int, bot: int, left: int, right: int,
 
 def warp_affine(img: np.ndarray, m: np.ndarray, w: int, h: int, interp: int, fill: float) -> np.ndarray:
     """``cv2.warpAffine(img, m, (w, h), interp, BORDER_CONSTANT, fill)``: dst(x, y) = src(M^-1 (x, y))."""
-    cv2 = _cv2()
+    cv2 = cv2_module()
     if cv2:
         out = cv2.warpAffine(img, m.astype(np.float32), (int(w), int(h)), flags=int(interp),
                              borderMode=cv2.BORDER_CONSTANT, borderValue=(fill, fill, fill, fill))
@@ -172,7 +173,7 @@ def warp_affine(img: np.ndarray, m: np.ndarray, w: int, h: int, interp: int, fil
 # -- color: OpenCV's 8-bit BGR <-> HLS (H in [0, 180), L and S in [0, 255]) ------------------------------------
 
 def bgr_to_hls(img: np.ndarray) -> np.ndarray:
-    cv2 = _cv2()
+    cv2 = cv2_module()
     if cv2:
         return cv2.cvtColor(img, cv2.COLOR_BGR2HLS)
     b, g, r = [img[..., k].astype(np.float32) / 255 for k in range(3)]
@@ -188,7 +189,7 @@ def bgr_to_hls(img: np.ndarray) -> np.ndarray:
 
 
 def hls_to_bgr(img: np.ndarray) -> np.ndarray:
-    cv2 = _cv2()
+    cv2 = cv2_module()
     if cv2:
         return cv2.cvtColor(img, cv2.COLOR_HLS2BGR)
     hh = img[..., 0].astype(np.float32) * 2

@@ -20,9 +20,9 @@ import numpy as np
 
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 from ..runtime.array import NDArray
-from .image import (Augmenter, CastAug, ColorJitterAug, ColorNormalizeAug, ForceResizeAug, HueJitterAug,
-                    ImageIter, LightingAug, RandomGrayAug, ResizeAug, _EIGVAL, _EIGVEC, _MEAN, _STD, _host, _nd,
-                    copyMakeBorder, fixed_crop)
+from .image import (IMAGENET_MEAN, IMAGENET_PCA_EIGVAL, IMAGENET_PCA_EIGVEC, IMAGENET_STD, Augmenter, CastAug,
+                    ColorJitterAug, ColorNormalizeAug, ForceResizeAug, HueJitterAug, ImageIter, LightingAug,
+                    RandomGrayAug, ResizeAug, copyMakeBorder, cpu_ndarray, fixed_crop, host_array)
 
 __all__ = ["CreateDetAugmenter", "CreateMultiRandCropAugmenter", "DetAugmenter", "DetBorrowAug",
            "DetHorizontalFlipAug", "DetRandomCropAug", "DetRandomPadAug", "DetRandomSelectAug", "ImageDetIter"]
@@ -95,7 +95,7 @@ class DetHorizontalFlipAug(DetAugmenter):
 
     def __call__(self, src, label):
         if random.random() < self.p:
-            src = _nd(_host(src)[:, ::-1])
+            src = cpu_ndarray(host_array(src)[:, ::-1])
             label = label.copy()
             tmp = 1.0 - label[:, 1]
             label[:, 1] = 1.0 - label[:, 3]
@@ -319,15 +319,15 @@ def CreateDetAugmenter(data_shape, resize=0, rand_crop=0, rand_pad=0, rand_gray=
     if hue:
         auglist.append(DetBorrowAug(HueJitterAug(hue)))
     if pca_noise > 0:
-        auglist.append(DetBorrowAug(LightingAug(pca_noise, _EIGVAL, _EIGVEC)))
+        auglist.append(DetBorrowAug(LightingAug(pca_noise, IMAGENET_PCA_EIGVAL, IMAGENET_PCA_EIGVEC)))
     if rand_gray > 0:
         auglist.append(DetBorrowAug(RandomGrayAug(rand_gray)))
     if mean is True:
-        mean = np.array(_MEAN)
+        mean = np.array(IMAGENET_MEAN)
     elif mean is not None and not (isinstance(mean, np.ndarray) and mean.shape[0] in (1, 3)):
         raise DnnbindValueError("CreateDetAugmenter: mean must be True, None or a numpy array of 1 or 3 values")
     if std is True:
-        std = np.array(_STD)
+        std = np.array(IMAGENET_STD)
     elif std is not None and not (isinstance(std, np.ndarray) and std.shape[0] in (1, 3)):
         raise DnnbindValueError("CreateDetAugmenter: std must be True, None or a numpy array of 1 or 3 values")
     if mean is not None or std is not None:
@@ -373,7 +373,7 @@ class ImageDetIter(ImageIter):
         return (max_count, width)
 
     def _parse_label(self, label):
-        raw = np.ravel(_host(label))
+        raw = np.ravel(host_array(label))
         if raw.size < 7:
             raise RuntimeError(f"Label shape is invalid: {raw.shape}")
         header_width, obj_width = int(raw[0]), int(raw[1])
@@ -435,7 +435,7 @@ class ImageDetIter(ImageIter):
                 except RuntimeError as e:
                     logging.debug("Invalid image, skipping:  %s", e)
                     continue
-                batch_data[i] = _host(self.postprocess_data(data))
+                batch_data[i] = host_array(self.postprocess_data(data))
                 n = label.shape[0]
                 batch_label[i][:n] = label
                 batch_label[i][n:] = -1

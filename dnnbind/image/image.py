@@ -42,12 +42,13 @@ __all__ = ["Augmenter", "BrightnessJitterAug", "CastAug", "CenterCropAug", "Colo
 _GRAY_COEF = np.array([0.299, 0.587, 0.114], np.float32)  # MXNet's luma weights for the jitters
 
 
-def _host(src) -> np.ndarray:
-    """The numpy pixels of an NDArray or array-like image (a copy for an NDArray)."""
+def host_array(src) -> np.ndarray:
+    """The numpy array of an NDArray or an array-like (an image, a label, a mean): a copy for an NDArray."""
     return src.numpy() if isinstance(src, NDArray) else np.asarray(src)
 
 
-def _nd(host: np.ndarray) -> NDArray:
+def cpu_ndarray(host: np.ndarray) -> NDArray:
+    """A numpy result as the CPU NDArray mx.image returns."""
     return array(np.ascontiguousarray(host), device=cpu())
 
 
@@ -76,7 +77,7 @@ def imdecode(buf, flag: int = 1, to_rgb: bool = True, out=None) -> NDArray:
         raise DnnbindValueError("imdecode: could not decode the image (the bytes are not a JPEG, PNG or other "
                                 "image OpenCV/Pillow reads)")
     img = imagecodec.to_rgb(img) if to_rgb else (img[:, :, None] if img.ndim == 2 else img)
-    return _out(_nd(img), out)
+    return _out(cpu_ndarray(img), out)
 
 
 def imread(filename, flag: int = 1, to_rgb: bool = True, out=None) -> NDArray:
@@ -87,16 +88,16 @@ def imread(filename, flag: int = 1, to_rgb: bool = True, out=None) -> NDArray:
     if img is None:
         raise DnnbindValueError(f"imread: cannot read {filename!r} as an image (missing, or not an image)")
     img = imagecodec.to_rgb(img) if to_rgb else (img[:, :, None] if img.ndim == 2 else img)
-    return _out(_nd(img), out)
+    return _out(cpu_ndarray(img), out)
 
 
 def imresize(src, w: int, h: int, interp: int = 1, out=None) -> NDArray:
     """``src`` (H, W, C) resized to (h, w, C) with OpenCV's ``interp`` (0 nearest, 1 bilinear, 2 bicubic,
     3 area, 4 Lanczos), same dtype."""
-    img = _host(src)
+    img = host_array(src)
     if img.ndim != 3:
         raise DnnbindValueError(f"imresize: src must be (H, W, C), got shape {img.shape}")
-    return _out(_nd(_cv.resize(img, int(w), int(h), int(interp))), out)
+    return _out(cpu_ndarray(_cv.resize(img, int(w), int(h), int(interp))), out)
 
 
 def scale_down(src_size, size) -> tuple:
@@ -113,9 +114,9 @@ def scale_down(src_size, size) -> tuple:
 def copyMakeBorder(src, top: int, bot: int, left: int, right: int, type: int = 0, value: float = 0.0,  # noqa: A002
                    values=(), out=None) -> NDArray:
     """Pad an image with a border (``type`` is OpenCV's border code; constant takes ``values`` or ``value``)."""
-    img = _host(src)
-    return _out(_nd(_cv.copy_make_border(img, int(top), int(bot), int(left), int(right), int(type), value,
-                                         tuple(values))), out)
+    img = host_array(src)
+    return _out(cpu_ndarray(_cv.copy_make_border(img, int(top), int(bot), int(left), int(right), int(type), value,
+                                                 tuple(values))), out)
 
 
 def _get_interp_method(interp: int, sizes: tuple = ()) -> int:
@@ -145,11 +146,11 @@ def resize_short(src, size: int, interp: int = 2) -> NDArray:
 
 def fixed_crop(src, x0: int, y0: int, w: int, h: int, size=None, interp: int = 2) -> NDArray:
     """``src[y0:y0+h, x0:x0+w]``, resized to ``size`` (w, h) when given and different."""
-    img = _host(src)[y0:y0 + h, x0:x0 + w]
+    img = host_array(src)[y0:y0 + h, x0:x0 + w]
     if size is not None and (w, h) != tuple(size):
         sizes = (h, w, size[1], size[0])
         img = _cv.resize(img, int(size[0]), int(size[1]), _get_interp_method(interp, sizes))
-    return _nd(img)
+    return cpu_ndarray(img)
 
 
 def random_crop(src, size, interp: int = 2) -> tuple:
@@ -171,12 +172,12 @@ def center_crop(src, size, interp: int = 2) -> tuple:
 
 def color_normalize(src, mean, std=None) -> NDArray:
     """``(src - mean) / std`` in float (either may be None)."""
-    img = _host(src).astype(np.float32)
+    img = host_array(src).astype(np.float32)
     if mean is not None:
-        img = img - _host(mean).astype(np.float32)
+        img = img - host_array(mean).astype(np.float32)
     if std is not None:
-        img = img / _host(std).astype(np.float32)
-    return _nd(img)
+        img = img / host_array(std).astype(np.float32)
+    return cpu_ndarray(img)
 
 
 def random_size_crop(src, size, area, ratio, interp: int = 2, **kwargs) -> tuple:
@@ -322,7 +323,7 @@ class CenterCropAug(Augmenter):
 
 
 def _f32(src) -> np.ndarray:
-    return _host(src).astype(np.float32, copy=False)
+    return host_array(src).astype(np.float32, copy=False)
 
 
 class BrightnessJitterAug(Augmenter):
@@ -334,7 +335,7 @@ class BrightnessJitterAug(Augmenter):
 
     def __call__(self, src):
         alpha = 1.0 + random.uniform(-self.brightness, self.brightness)
-        return _nd(_f32(src) * np.float32(alpha))
+        return cpu_ndarray(_f32(src) * np.float32(alpha))
 
 
 class ContrastJitterAug(Augmenter):
@@ -350,7 +351,7 @@ class ContrastJitterAug(Augmenter):
         gray = img * _GRAY_COEF
         # NOTE: MXNet divides the weighted sum by the element count of all channels and multiplies by 3
         gray_level = np.float32(3.0 * (1.0 - alpha) / gray.size) * gray.sum(dtype=np.float32)
-        return _nd(img * np.float32(alpha) + gray_level)
+        return cpu_ndarray(img * np.float32(alpha) + gray_level)
 
 
 class SaturationJitterAug(Augmenter):
@@ -364,7 +365,7 @@ class SaturationJitterAug(Augmenter):
         alpha = 1.0 + random.uniform(-self.saturation, self.saturation)
         img = _f32(src)
         gray = (img * _GRAY_COEF).sum(axis=2, keepdims=True, dtype=np.float32) * np.float32(1.0 - alpha)
-        return _nd(img * np.float32(alpha) + gray)
+        return cpu_ndarray(img * np.float32(alpha) + gray)
 
 
 class HueJitterAug(Augmenter):
@@ -381,7 +382,7 @@ class HueJitterAug(Augmenter):
         u, w = np.cos(alpha * np.pi), np.sin(alpha * np.pi)
         bt = np.array([[1.0, 0.0, 0.0], [0.0, u, -w], [0.0, w, u]])
         t = np.dot(np.dot(self.ityiq, bt), self.tyiq).T
-        return _nd(np.dot(_f32(src), t.astype(np.float32)))
+        return cpu_ndarray(np.dot(_f32(src), t.astype(np.float32)))
 
 
 class ColorJitterAug(RandomOrderAug):
@@ -408,7 +409,7 @@ class LightingAug(Augmenter):
     def __call__(self, src):
         alpha = np.random.normal(0, self.alphastd, size=(3,))
         rgb = np.dot(self.eigvec * alpha, self.eigval)
-        return _nd(_f32(src) + rgb.astype(np.float32))
+        return cpu_ndarray(_f32(src) + rgb.astype(np.float32))
 
 
 class ColorNormalizeAug(Augmenter):
@@ -416,8 +417,8 @@ class ColorNormalizeAug(Augmenter):
 
     def __init__(self, mean, std):
         super().__init__(mean=mean, std=std)
-        self.mean = mean if mean is None or isinstance(mean, NDArray) else _nd(np.asarray(mean, np.float32))
-        self.std = std if std is None or isinstance(std, NDArray) else _nd(np.asarray(std, np.float32))
+        self.mean = mean if mean is None or isinstance(mean, NDArray) else cpu_ndarray(np.asarray(mean, np.float32))
+        self.std = std if std is None or isinstance(std, NDArray) else cpu_ndarray(np.asarray(std, np.float32))
 
     def __call__(self, src):
         return color_normalize(src, self.mean, self.std)
@@ -433,7 +434,7 @@ class RandomGrayAug(Augmenter):
 
     def __call__(self, src):
         if random.random() < self.p:
-            return _nd(np.dot(_f32(src), self.mat))
+            return cpu_ndarray(np.dot(_f32(src), self.mat))
         return src
 
 
@@ -446,7 +447,7 @@ class HorizontalFlipAug(Augmenter):
 
     def __call__(self, src):
         if random.random() < self.p:
-            return _nd(_host(src)[:, ::-1])
+            return cpu_ndarray(host_array(src)[:, ::-1])
         return src
 
 
@@ -458,13 +459,13 @@ class CastAug(Augmenter):
         self.typ = typ
 
     def __call__(self, src):
-        return src.astype(self.typ) if isinstance(src, NDArray) else _nd(np.asarray(src).astype(self.typ))
+        return src.astype(self.typ) if isinstance(src, NDArray) else cpu_ndarray(np.asarray(src).astype(self.typ))
 
 
-_EIGVAL = np.array([55.46, 4.794, 1.148])  # ImageNet's RGB PCA, as MXNet hard-codes it
-_EIGVEC = np.array([[-0.5675, 0.7192, 0.4009], [-0.5808, -0.0045, -0.8140], [-0.5836, -0.6948, 0.4203]])
-_MEAN = [123.68, 116.28, 103.53]
-_STD = [58.395, 57.12, 57.375]
+IMAGENET_PCA_EIGVAL = np.array([55.46, 4.794, 1.148])  # ImageNet's RGB PCA, as MXNet hard-codes it
+IMAGENET_PCA_EIGVEC = np.array([[-0.5675, 0.7192, 0.4009], [-0.5808, -0.0045, -0.8140], [-0.5836, -0.6948, 0.4203]])
+IMAGENET_MEAN = [123.68, 116.28, 103.53]
+IMAGENET_STD = [58.395, 57.12, 57.375]
 
 
 def _check_stat(what: str, v) -> None:
@@ -497,15 +498,15 @@ def CreateAugmenter(data_shape, resize=0, rand_crop=False, rand_resize=False, ra
     if hue:
         auglist.append(HueJitterAug(hue))
     if pca_noise > 0:
-        auglist.append(LightingAug(pca_noise, _EIGVAL, _EIGVEC))
+        auglist.append(LightingAug(pca_noise, IMAGENET_PCA_EIGVAL, IMAGENET_PCA_EIGVEC))
     if rand_gray > 0:
         auglist.append(RandomGrayAug(rand_gray))
     if mean is True:
-        mean = _nd(np.array(_MEAN, np.float32))
+        mean = cpu_ndarray(np.array(IMAGENET_MEAN, np.float32))
     elif mean is not None:
         _check_stat("mean", mean)
     if std is True:
-        std = _nd(np.array(_STD, np.float32))
+        std = cpu_ndarray(np.array(IMAGENET_STD, np.float32))
     elif std is not None:
         _check_stat("std", std)
     if mean is not None or std is not None:
@@ -562,7 +563,7 @@ class ImageIter(DataIter):
                 elif isinstance(img[0], Number):
                     label = np.array([img[0]], dtype=dtype)
                 else:
-                    label = np.array(_host(img[0]), dtype=dtype)
+                    label = np.array(host_array(img[0]), dtype=dtype)
                 self.imglist[key] = (label, img[-1])
                 imgkeys.append(key)
         else:
@@ -650,7 +651,7 @@ class ImageIter(DataIter):
                     logging.debug("Invalid image, skipping:  %s", e)
                     continue
                 data = self.augmentation_transform(data)
-                batch_data[i] = _host(self.postprocess_data(data))
+                batch_data[i] = host_array(self.postprocess_data(data))
                 self._put_label(batch_label, i, label)
                 i += 1
         except StopIteration:
@@ -660,7 +661,7 @@ class ImageIter(DataIter):
 
     @staticmethod
     def _put_label(batch_label, i, label):
-        lab = np.ravel(_host(label)) if not isinstance(label, Number) else np.array([label])
+        lab = np.ravel(host_array(label)) if not isinstance(label, Number) else np.array([label])
         batch_label[i] = lab[0] if batch_label.ndim == 1 else lab
 
     def _new_label(self) -> np.ndarray:
@@ -687,7 +688,7 @@ class ImageIter(DataIter):
                 self._allow_read = False
             else:
                 self._cache_data = self._cache_label = self._cache_idx = None
-        return DataBatch([_nd(batch_data)], [_nd(batch_label)], pad=pad)
+        return DataBatch([cpu_ndarray(batch_data)], [cpu_ndarray(batch_label)], pad=pad)
 
     def check_data_shape(self, data_shape):
         """data_shape must be (3, H, W)."""
@@ -726,4 +727,4 @@ class ImageIter(DataIter):
 
     def postprocess_data(self, datum):
         """HWC -> CHW."""
-        return _nd(np.transpose(_host(datum), (2, 0, 1)))
+        return cpu_ndarray(np.transpose(host_array(datum), (2, 0, 1)))

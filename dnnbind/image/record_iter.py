@@ -214,7 +214,7 @@ def _read_at(fd: int, path: str, offset: int) -> bytes:
             return body
         parts.append(body)
         if cflag == 3:
-            return recordio._MAGIC_BYTES.join(parts)
+            return recordio.MAGIC_BYTES.join(parts)
         offset += 8 + ((length + 3) & ~3)
 
 
@@ -405,7 +405,7 @@ class ImageRecordIter(DataIter):
         offsets, size = _record_offsets(p["path_imgrec"], p.get("path_imgidx", ""))
         self._offsets = _part(offsets, size, p["part_index"], p["num_parts"])
         self._ends = _record_ends(offsets, size)
-        self._cv2 = _cv._cv2() or None  # cv2.LUT / flip / split for the last stage (_normalize), where installed
+        self._cv2 = _cv.cv2_module() or None  # cv2.LUT / flip / split for the last stage (_normalize), where installed
         self._tables = {}  # _normalize's per-channel tables, by channel count, when no random contrast/illumination
         self._fd = os.open(p["path_imgrec"], os.O_RDONLY)
         self._pool = ThreadPoolExecutor(max_workers=p["preprocess_threads"], thread_name_prefix="imgrec")

@@ -14,14 +14,14 @@ import numpy as np
 from ._strided_src import (
     PREAMBLE,
     RBLOCK,
-    _check_name,
-    _decompose,
-    _indent,
-    _load,
-    _scalar_fields,
-    _store,
-    _struct,
+    args_struct,
+    c_load,
+    c_store,
     c_types,
+    check_kernel_name,
+    decompose_index,
+    indent,
+    scalar_fields,
 )
 
 _ACC = r"""template <typename T> struct dn_acc { typedef long long type; };  // integers and bools add up in 64 bits
@@ -75,7 +75,7 @@ def _tree(arg: bool) -> str:
         "        const int dn_w = dn_rt >> 5, dn_at = dn_olane * dn_w + (dn_lane >> 5);\n"
         "        if ((dn_lane & 31) == 0) {\n"
         "            dn_sv[dn_at] = acc;\n"
-        + _indent(si("dn_at", "idx"), " " * 12) +
+        + indent(si("dn_at", "idx"), " " * 12) +
         "        }\n"
         "        __syncthreads();\n"
         "        if (dn_lane == 0) {\n"
@@ -88,14 +88,14 @@ def _tree(arg: bool) -> str:
         "} else if (dn_rt > 1) {\n"
         "    const int dn_me = dn_olane + dn_lane * dn_ot;\n"
         "    dn_sv[dn_me] = acc;\n"
-        + _indent(si("dn_me", "idx"), "    ") +
+        + indent(si("dn_me", "idx"), "    ") +
         "    __syncthreads();\n"
         "    for (int dn_h = dn_rt >> 1; dn_h > 0; dn_h >>= 1) {\n"
         "        if (dn_lane < dn_h) {\n"
         "            const int dn_other = dn_me + dn_h * dn_ot;\n"
         f"            dn_combine(acc, idx, dn_sv[dn_other], {'dn_si[dn_other]' if arg else '0'});\n"
         "            dn_sv[dn_me] = acc;\n"
-        + _indent(si("dn_me", "idx"), " " * 12) +
+        + indent(si("dn_me", "idx"), " " * 12) +
         "        }\n"
         "        __syncthreads();\n"
         "    }\n"
@@ -107,24 +107,24 @@ def _accumulate(ity: str, rr: int, x_load: str, xv: str, sargs: str) -> str:
     per iteration (memory latency, not arithmetic, bounds a reduction)."""
     def one(k: str) -> str:
         return (f"long long dn_off{k} = dn_base;\n"
-                + _decompose(f"dn_r{k}", ity, "p.rshape", rr, [(f"dn_off{k}", "p.rst")])  # its own { } scope
+                + decompose_index(f"dn_r{k}", ity, "p.rshape", rr, [(f"dn_off{k}", "p.rst")])  # its own { } scope
                 + f"const {xv} a{k} = {x_load.replace('OFF', f'dn_off{k}')};\n")
     quad = "".join(f"const {ity} dn_r{k} = dn_r + {k} * dn_step;\n" + one(str(k)) for k in range(4))
     combine = "".join(f"dn_combine(acc, idx, (dn_acc_t)dn_map(a{k}{sargs}), (long long)dn_r{k});\n" for k in range(4))
     return (f"const {ity} dn_step = ({ity})dn_rt, dn_end = ({ity})dn_re;\n"
             f"{ity} dn_r = ({ity})(dn_rb + dn_lane);\n"
             "for (; dn_r + 3 * dn_step < dn_end; dn_r += 4 * dn_step) {\n"
-            + _indent(quad + combine, "    ") +
+            + indent(quad + combine, "    ") +
             "}\n"
             "for (; dn_r < dn_end; dn_r += dn_step) {\n"
-            + _indent(f"const {ity} dn_rx = dn_r;\n" + one("x") +
+            + indent(f"const {ity} dn_rx = dn_r;\n" + one("x") +
                       f"dn_combine(acc, idx, (dn_acc_t)dn_map(ax{sargs}), (long long)dn_r);\n", "    ") +
             "}\n")
 
 
 def reduce_source(name: str, op: str, map_expr: str, post_expr: str, x_dtype: Any, out_dtype: Any, rk: int, rr: int,
             sig: tuple):
-    _check_name(name)
+    check_kernel_name(name)
     x_dtype, out_dtype = np.dtype(x_dtype), np.dtype(out_dtype)
     xs, xv = c_types(x_dtype, "strided_reduce x")
     os_ = c_types(out_dtype, "strided_reduce out")[0]
@@ -132,12 +132,12 @@ def reduce_source(name: str, op: str, map_expr: str, post_expr: str, x_dtype: An
     fields = [(f"const {xs}*", "x", "Q"), (f"{os_}*", "out", "Q"), ("char*", "sval", "Q"), ("long long*", "sidx", "Q"),
               ("unsigned int*", "counters", "Q")]
     fields += [("long long", f, "q") for f in ("n_out", "n_red", "chunk", "rt", "ot", "red_fast")]
-    fields += _scalar_fields(sig, ("a", "acc"))
+    fields += scalar_fields(sig, ("a", "acc"))
     if rk:
         fields += [("long long", f"kshape[{rk}]", "q" * rk), ("long long", f"kst[{rk}]", "q" * rk)]
     if rr:
         fields += [("long long", f"rshape[{rr}]", "q" * rr), ("long long", f"rst[{rr}]", "q" * rr)]
-    struct_src, fmt = _struct(fields)
+    struct_src, fmt = args_struct(fields)
     sparams = "".join(f", const {t} {n}" for n, t, _ in sig)
     sargs = "".join(f", p.s_{n}" for n, _, _ in sig)
     szero = "".join(f", ({t})0" for _, t, _ in sig)
@@ -146,13 +146,13 @@ def reduce_source(name: str, op: str, map_expr: str, post_expr: str, x_dtype: An
                "__device__ __forceinline__ void dn_combine(dn_acc_t& acc, long long& idx, const dn_acc_t v,"
                f" const long long vi) {{\n    {_COMBINE[op]}\n}}\n")
     if arg:
-        write = f"p.out[dn_o] = {_store(out_dtype, 'idx')};\n"
+        write = f"p.out[dn_o] = {c_store(out_dtype, 'idx')};\n"
     else:
         helpers += (f"__device__ __forceinline__ auto dn_post(const dn_acc_t acc{sparams}) {{\n"
                     f"    return ({post_expr});\n}}\n")
-        write = f"p.out[dn_o] = {_store(out_dtype, f'dn_post(acc{sargs})')};\n"
+        write = f"p.out[dn_o] = {c_store(out_dtype, f'dn_post(acc{sargs})')};\n"
     ident = _IDENTITY[op]
-    x_load = _load(x_dtype, "p.x[OFF]")
+    x_load = c_load(x_dtype, "p.x[OFF]")
     accum = [_accumulate(ity, rr, x_load, xv, sargs) for ity in ("unsigned int", "long long")]
     loop = ("const long long dn_o = dn_ob * dn_ot + dn_olane;\n"
             "const bool dn_valid = dn_o < p.n_out;\n"
@@ -160,9 +160,9 @@ def reduce_source(name: str, op: str, map_expr: str, post_expr: str, x_dtype: An
             "long long idx = 0x7fffffffffffffffLL;\n"
             "if (dn_valid) {\n"
             "    long long dn_base = 0;\n"
-            + _indent(_decompose("dn_o", "long long", "p.kshape", rk, [("dn_base", "p.kst")]), "    ")
-            + "    if (dn_re <= 0x7fffffffLL) {\n" + _indent(accum[0], " " * 8)
-            + "    } else {\n" + _indent(accum[1], " " * 8) + "    }\n}\n"
+            + indent(decompose_index("dn_o", "long long", "p.kshape", rk, [("dn_base", "p.kst")]), "    ")
+            + "    if (dn_re <= 0x7fffffffLL) {\n" + indent(accum[0], " " * 8)
+            + "    } else {\n" + indent(accum[1], " " * 8) + "    }\n}\n"
             + _tree(arg)
             + "if (gridDim.y == 1) {\n"
             f"    if (dn_valid && dn_lane == 0) {write}"
@@ -186,7 +186,7 @@ def reduce_source(name: str, op: str, map_expr: str, post_expr: str, x_dtype: An
             f" {'((volatile long long*)p.sidx)[dn_k]' if arg else '0'});\n"
             "            }\n"
             "        }\n"
-            + _indent(_tree(arg), " " * 8)
+            + indent(_tree(arg), " " * 8)
             + f"        if (dn_valid && dn_lane == 0) {write}"
             "        if (dn_tid == 0) p.counters[dn_ob] = 0;  // ready for the next launch on this stream\n"
             "    }\n"
@@ -202,5 +202,5 @@ def reduce_source(name: str, op: str, map_expr: str, post_expr: str, x_dtype: An
               "    const long long dn_rb = (long long)blockIdx.y * p.chunk;\n"
               "    const long long dn_re = dn_rb + p.chunk < p.n_red ? dn_rb + p.chunk : p.n_red;\n"
               "    for (long long dn_ob = blockIdx.x; dn_ob * dn_ot < p.n_out; dn_ob += gridDim.x) {\n"
-              + _indent(loop, " " * 8) + "    }\n}\n")
+              + indent(loop, " " * 8) + "    }\n}\n")
     return PREAMBLE + _ACC + struct_src + helpers + kernel, name, fmt

@@ -47,19 +47,21 @@ class Ref:
 
 # --- shapes --------------------------------------------------------------------------------------------
 
-_CONTIG: dict[tuple, tuple[tuple, int]] = {}  # shape -> (C-contiguous strides, size): the fast path's lookup
+# shape -> (C-contiguous strides, size): the fast path's lookup. strided_map and nd's map ops read the dict
+# directly (``CONTIGUOUS_LAYOUTS.get(shape) or contiguous_layout(shape)``): one dict lookup per call on a hit.
+CONTIGUOUS_LAYOUTS: dict[tuple, tuple[tuple, int]] = {}
 
 
-def _contig(shape: tuple) -> tuple[tuple, int]:
-    info = _CONTIG.get(shape)
+def contiguous_layout(shape: tuple) -> tuple[tuple, int]:
+    info = CONTIGUOUS_LAYOUTS.get(shape)
     if info is None:
         strides, acc = [], 1
         for s in reversed(shape):
             strides.append(acc)
             acc *= s
         info = (tuple(reversed(strides)), math.prod(shape))
-        if len(_CONTIG) < 4096:  # bounded: a program with endless shapes must not grow this forever
-            _CONTIG[shape] = info
+        if len(CONTIGUOUS_LAYOUTS) < 4096:  # bounded: a program with endless shapes must not grow this forever
+            CONTIGUOUS_LAYOUTS[shape] = info
     return info
 
 
@@ -86,19 +88,19 @@ def coalesce(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[tu
     return tuple(out_shape), [tuple(o) for o in out_strides]
 
 
-def _check_rank(what: str, shape: tuple) -> None:
+def check_rank(what: str, shape: tuple) -> None:
     if len(shape) > MAX_DIMS:
         raise DnnbindValueError(f"{what}: {len(shape)} dimensions remain after coalescing {shape}; the generated kernels"
                          f" support at most MAX_DIMS = {MAX_DIMS}")
 
 
-def _axis(what: str, axis: int, ndim: int) -> int:
+def normalize_axis(what: str, axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise DnnbindValueError(f"{what}: axis {axis} is out of range for {ndim} dimensions")
     return axis % ndim
 
 
-def _check_strides(what: str, name: str, ref: Ref, ndim: int) -> None:
+def check_strides(what: str, name: str, ref: Ref, ndim: int) -> None:
     if len(ref.strides) != ndim:
         raise DnnbindValueError(f"{what}: {name} has {len(ref.strides)} strides {ref.strides} for {ndim} dimensions")
 
@@ -118,7 +120,7 @@ _SCALAR_TYPES: dict[type, tuple[str, str]] = {
 _SIGS: dict[tuple, tuple] = {}  # ((name, type), ...) -> (sig, whether a value needs int())
 
 
-def _scalar_sig(what: str, scalars: Sequence[tuple[str, Any]]) -> tuple[tuple[tuple[str, str, str], ...], list]:
+def scalar_signature(what: str, scalars: Sequence[tuple[str, Any]]) -> tuple[tuple[tuple[str, str, str], ...], list]:
     """((name, C type, struct code), ...) and the values, in order (struct.pack converts numpy scalars)."""
     names_types = tuple([(name, type(value)) for name, value in scalars])
     entry = _SIGS.get(names_types)
@@ -156,8 +158,8 @@ def generate(key: tuple) -> tuple[str, str, str]:
 
 
 _HOLDERS: dict[int, type] = {}  # argument struct size in bytes -> a ctypes Structure class of that size
-_VARIANTS: dict[tuple, tuple[struct.Struct, type, dict[int, Kernel]]] = {}  # key -> packer, holder, kernels
-_GRID_CAP: dict[int, int] = {}
+VARIANTS: dict[tuple, tuple[struct.Struct, type, dict[int, Kernel]]] = {}  # key -> packer, holder, kernels
+GRID_CAPS: dict[int, int] = {}
 
 
 def _holder(nbytes: int) -> type:
@@ -170,25 +172,25 @@ def _holder(nbytes: int) -> type:
     return cls
 
 
-def _variant(key: tuple) -> tuple[struct.Struct, type, dict[int, Kernel]]:
+def variant(key: tuple) -> tuple[struct.Struct, type, dict[int, Kernel]]:
     """The argument packer and holder of the kernel ``key`` describes; generating its source validates the
     dtypes and names, so a TypeError/ValueError comes before any library call."""
-    v = _VARIANTS.get(key)
+    v = VARIANTS.get(key)
     if v is None:
         _, _, fmt = generate(key)
         packer = struct.Struct("=" + fmt)
-        v = _VARIANTS[key] = (packer, _holder(packer.size), {})
+        v = VARIANTS[key] = (packer, _holder(packer.size), {})
     return v
 
 
-def _kernel(key: tuple, device: int) -> Kernel:
+def compile_variant(key: tuple, device: int) -> Kernel:
     """Compile (memory and disk cached) the kernel ``key`` describes for ``device``'s architecture."""
     source, name, _ = generate(key)
-    kernel = _VARIANTS[key][2][device] = compile_kernel(source, name, (), compute_capability(device))
+    kernel = VARIANTS[key][2][device] = compile_kernel(source, name, (), compute_capability(device))
     return kernel
 
 
-def _resolve(stream: Any, device: int | None) -> tuple[int, int]:
+def resolve_stream(stream: Any, device: int | None) -> tuple[int, int]:
     """(device, stream handle): a dnnbind Stream's own device, else dnnbind's current one (made current)."""
     if device is None:
         dev = getattr(stream, "device", None)
@@ -200,17 +202,17 @@ def _resolve(stream: Any, device: int | None) -> tuple[int, int]:
     return device, stream if type(stream) is int else stream_handle(stream, device)
 
 
-def _grid_cap(device: int) -> int:
-    cap = _GRID_CAP.get(device)
+def grid_cap(device: int) -> int:
+    cap = GRID_CAPS.get(device)
     if cap is None:
-        cap = _GRID_CAP[device] = multiprocessor_count(device) * BLOCKS_PER_SM
+        cap = GRID_CAPS[device] = multiprocessor_count(device) * BLOCKS_PER_SM
     return cap
 
 
-def _launch(key: tuple, device: int, h: int, grid: tuple, block: int, values: Sequence[Any]) -> None:
-    """Launch the variant (``_variant(key)`` was called before the device was resolved)."""
-    packer, holder, kernels = _VARIANTS[key]
-    kernel = kernels.get(device) or _kernel(key, device)
+def launch_variant(key: tuple, device: int, h: int, grid: tuple, block: int, values: Sequence[Any]) -> None:
+    """Launch the variant (``variant(key)`` was called before the device was resolved)."""
+    packer, holder, kernels = VARIANTS[key]
+    kernel = kernels.get(device) or compile_variant(key, device)
     if grid[1] == 1 and grid[2] == 1:
         kernel.launch_struct(device, grid[0], block, holder.from_buffer_copy(packer.pack(*values)), h)
     else:
@@ -219,5 +221,5 @@ def _launch(key: tuple, device: int, h: int, grid: tuple, block: int, values: Se
 
 def clear_cache() -> None:
     """Forget compiled variants held here (compiler.clear_memory_cache() forgets the code itself)."""
-    _VARIANTS.clear()
+    VARIANTS.clear()
     generate.cache_clear()

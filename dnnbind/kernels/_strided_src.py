@@ -44,11 +44,11 @@ def c_types(dtype: Any, what: str = "kernel") -> tuple[str, str]:
     return t
 
 
-def _load(dtype: np.dtype, lvalue: str) -> str:
+def c_load(dtype: np.dtype, lvalue: str) -> str:
     return f"dn_h2f({lvalue})" if dtype == np.float16 else lvalue
 
 
-def _store(dtype: np.dtype, value: str) -> str:
+def c_store(dtype: np.dtype, value: str) -> str:
     return f"dn_f2h((float)({value}))" if dtype == np.float16 else f"({_TYPES[dtype][0]})({value})"
 
 
@@ -66,7 +66,7 @@ __device__ __forceinline__ bool dn_isnan(const double x) { return x != x; }
 """
 
 
-def _struct(fields: list[tuple[str, str, str]]) -> tuple[str, str]:
+def args_struct(fields: list[tuple[str, str, str]]) -> tuple[str, str]:
     """[(C type, name, struct code)] -> (the C struct, its struct format)."""
     body = "".join(f"    {t} {n};\n" for t, n, _ in fields)
     return f"struct dn_args {{\n{body}}};\n", "".join(code for _, _, code in fields)
@@ -80,17 +80,17 @@ def _geom(ndim: int, nop: int) -> list[tuple[str, str, str]]:
     return [("long long", f"shape[{ndim}]", "q" * ndim), ("long long", f"st[{nop}][{ndim}]", "q" * ndim * nop)]
 
 
-def _indent(lines: str, prefix: str) -> str:
+def indent(lines: str, prefix: str) -> str:
     return "".join(prefix + line + "\n" if line and not line.startswith("#") else line + "\n"
                    for line in lines.splitlines())
 
 
-def _check_name(name: str) -> None:
+def check_kernel_name(name: str) -> None:
     if not re.fullmatch(r"[A-Za-z_]\w*", name):
         raise DnnbindValueError(f"kernel name must be a C identifier, got {name!r}")
 
 
-def _scalar_fields(sig: tuple, taken: str | tuple) -> list[tuple[str, str, str]]:
+def scalar_fields(sig: tuple, taken: str | tuple) -> list[tuple[str, str, str]]:
     """The struct fields of the scalars, after checking their names (``taken``: the expression's other names)."""
     for name, _, _ in sig:
         if not re.fullmatch(r"[A-Za-z_]\w*", name) or name in taken or name.startswith("dn_"):
@@ -100,7 +100,7 @@ def _scalar_fields(sig: tuple, taken: str | tuple) -> list[tuple[str, str, str]]
 
 
 
-def _decompose(index: str, ity: str, shape: str, ndim: int, offsets: list[tuple[str, str]]) -> str:
+def decompose_index(index: str, ity: str, shape: str, ndim: int, offsets: list[tuple[str, str]]) -> str:
     """C lines adding to each offset variable the strided offset of the row-major linear ``index`` (of C type
     ``ity``) over ``ndim`` dims. offsets: (variable, stride array, e.g. "p.st[1]"). Dim 0 needs no modulo."""
     if ndim == 0:
@@ -127,7 +127,7 @@ def _elementwise_kernel(name: str, ndim: int, nop: int, body: str) -> str:
                 "    for (long long dn_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; dn_i < p.n;"
                 " dn_i += dn_step) {\n"
                 f"        const long long {', '.join(f'{o} = dn_i' for o in offs)};\n"
-                + _indent(body, " " * 8) + "    }\n}\n")
+                + indent(body, " " * 8) + "    }\n}\n")
     loops = []
     for ity in ("unsigned int", "long long"):
         # unsigned int: dn_i < 2**31 and dn_step < 2**31, so dn_i + dn_step never wraps
@@ -136,10 +136,10 @@ def _elementwise_kernel(name: str, ndim: int, nop: int, body: str) -> str:
             f"for ({ity} dn_i = ({ity})blockIdx.x * ({ity})blockDim.x + ({ity})threadIdx.x; dn_i < dn_n;"
             " dn_i += dn_step) {\n"
             f"    long long {', '.join(f'{o} = 0' for o in offs)};\n"
-            + _indent(_decompose("dn_i", ity, "p.shape", ndim, [(o, f"p.st[{k}]") for k, o in enumerate(offs)])
+            + indent(decompose_index("dn_i", ity, "p.shape", ndim, [(o, f"p.st[{k}]") for k, o in enumerate(offs)])
                       + body, "    ") + "}\n")
-    return (head + "    if (p.n <= 0x7fffffffLL) {\n" + _indent(loops[0], " " * 8) + "    } else {\n"
-            + _indent(loops[1], " " * 8) + "    }\n}\n")
+    return (head + "    if (p.n <= 0x7fffffffLL) {\n" + indent(loops[0], " " * 8) + "    } else {\n"
+            + indent(loops[1], " " * 8) + "    }\n}\n")
 
 
 # --- element-wise --------------------------------------------------------------------------------------
@@ -147,22 +147,23 @@ def _elementwise_kernel(name: str, ndim: int, nop: int, body: str) -> str:
 def map_source(name: str, expr: str, out_dtype: np.dtype, in_dtypes: tuple, ndim: int, sig: tuple, vec: int = 1):
     """out[I] = expr over the inputs. ndim 0: contiguous; vec > 1 (contiguous only, every pointer aligned to
     vec elements): each thread moves vec elements per operand with one wide load/store."""
-    _check_name(name)
+    check_kernel_name(name)
     if len(in_dtypes) > len(INPUT_NAMES):
         raise DnnbindValueError(f"strided_map: at most {len(INPUT_NAMES)} inputs, got {len(in_dtypes)}")
     ins = INPUT_NAMES[:len(in_dtypes)]
     out_dtype = np.dtype(out_dtype)
     out_st = c_types(out_dtype, "strided_map out")[0]
     types = [c_types(d, f"strided_map input {n}") for n, d in zip(ins, in_dtypes)]
-    struct_src, fmt = _struct([(f"{out_st}*", "out", "Q")] + [(f"const {s}*", n, "Q") for n, (s, _) in zip(ins, types)]
-                              + [("long long", "n", "q")] + _scalar_fields(sig, ins) + _geom(ndim, 1 + len(ins)))
+    fields = [(f"{out_st}*", "out", "Q")] + [(f"const {s}*", n, "Q") for n, (s, _) in zip(ins, types)]
+    struct_src, fmt = args_struct(fields + [("long long", "n", "q")] + scalar_fields(sig, ins)
+                                  + _geom(ndim, 1 + len(ins)))
     params = [f"const {v} {n}" for n, (_, v) in zip(ins, types)] + [f"const {t} {n}" for n, t, _ in sig]
     fn = f"__device__ __forceinline__ auto dn_f({', '.join(params)}) {{\n    return ({expr});\n}}\n"
     scalar_args = [f"p.s_{n}" for n, _, _ in sig]
 
     def call(element: str) -> str:  # element: "p.a[o1]"-style C for input k, with {n} and {k} filled in
-        args = [_load(d, element.format(n=n, k=k + 1)) for k, (n, d) in enumerate(zip(ins, in_dtypes))]
-        return _store(out_dtype, "dn_f(" + ", ".join(args + scalar_args) + ")")
+        args = [c_load(d, element.format(n=n, k=k + 1)) for k, (n, d) in enumerate(zip(ins, in_dtypes))]
+        return c_store(out_dtype, "dn_f(" + ", ".join(args + scalar_args) + ")")
     body = f"p.out[o0] = {call('p.{n}[o{k}]')};\n"
     kernel = _elementwise_kernel(name, ndim, 1 + len(ins), body)
     if vec > 1:
@@ -179,10 +180,10 @@ def map_source(name: str, expr: str, out_dtype: np.dtype, in_dtypes: tuple, ndim
                   "    const long long dn_t = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
                   f"    const long long dn_nv = p.n / {vec};\n"
                   "    for (long long dn_j = dn_t; dn_j < dn_nv; dn_j += dn_step) {\n"
-                  + _indent(vbody, " " * 8) + "    }\n"
+                  + indent(vbody, " " * 8) + "    }\n"
                   f"    for (long long dn_i = dn_nv * {vec} + dn_t; dn_i < p.n; dn_i += dn_step) {{  // the tail\n"
                   f"        const long long {', '.join(f'o{k} = dn_i' for k in range(1 + len(ins)))};\n"
-                  + _indent(body, " " * 8) + "    }\n}\n")
+                  + indent(body, " " * 8) + "    }\n}\n")
     vec_type = ("template <typename T, int N> struct alignas(sizeof(T) * N) dn_vec { T v[N]; };\n" if vec > 1 else "")
     return PREAMBLE + vec_type + struct_src + fn + kernel, name, fmt
 
@@ -196,8 +197,8 @@ def take_source(kind: str, mode: str, dtypes: tuple, ndim: int):
     types = [c_types(d, f"{kind} {n}") for n, d in zip(names, dtypes)]
     fields = [(("" if n == "out" else "const ") + f"{s}*", n, "Q") for n, (s, _) in zip(names, types)]
     fields += [("long long", "n", "q"), ("long long", "len", "q"), ("long long", "axis_stride", "q")]
-    struct_src, fmt = _struct(fields + _geom(ndim, 3))
-    body = f"long long dn_k = (long long)({_load(dtypes[2], 'p.idx[o2]')});  // floats truncate toward zero\n"
+    struct_src, fmt = args_struct(fields + _geom(ndim, 3))
+    body = f"long long dn_k = (long long)({c_load(dtypes[2], 'p.idx[o2]')});  // floats truncate toward zero\n"
     if mode == "clip":
         body += "dn_k = dn_k < 0 ? 0 : (dn_k >= p.len ? p.len - 1 : dn_k);\n"
     else:  # Python's modulo: the result takes the sign of the divisor
@@ -205,7 +206,7 @@ def take_source(kind: str, mode: str, dtypes: tuple, ndim: int):
     if kind == "gather":
         body += "p.out[o0] = p.x[o1 + dn_k * p.axis_stride];\n"  # a raw copy: float16 bits need no conversion
     else:
-        value = f"({types[1][1]})({_load(dtypes[0], 'p.src[o0]')})"
+        value = f"({types[1][1]})({c_load(dtypes[0], 'p.src[o0]')})"
         target = "&p.out[o1 + dn_k * p.axis_stride]"
         if dtypes[1].char in "fdiIQ":  # float, double, int, unsigned int, unsigned long long
             body += f"atomicAdd({target}, {value});\n"
@@ -226,29 +227,29 @@ def sort_source(descending: bool, x_dtype: Any, v_dtype: Any, i_dtype: Any, ndim
     fields = [(f"const {xs}*", "x", "Q"), (f"{xs}*" if v_dtype is not None else "void*", "vout", "Q"),
               (f"{i_st}*", "iout", "Q")]
     fields += [("long long", f, "q") for f in ("n", "len", "xs", "k", "oas")] + _geom(ndim, 2)
-    struct_src, fmt = _struct(fields)
+    struct_src, fmt = args_struct(fields)
     # NaN is the largest value (numpy's order); equal values keep their index order (a stable sort)
     before = ("dn_lt(dn_v, dn_w) || (!dn_lt(dn_w, dn_v) && dn_m < dn_j)" if descending else
               "dn_lt(dn_w, dn_v) || (!dn_lt(dn_v, dn_w) && dn_m < dn_j)")
     writes = ("p.vout[dn_dst] = p.x[o0 + dn_j * p.xs];\n" if v_dtype is not None else "")
-    writes += f"p.iout[dn_dst] = {_store(np.dtype(i_dtype), 'dn_j')};\n" if i_dtype is not None else ""
+    writes += f"p.iout[dn_dst] = {c_store(np.dtype(i_dtype), 'dn_j')};\n" if i_dtype is not None else ""
     body = ("const long long dn_lane = dn_t / p.len, dn_j = dn_t - dn_lane * p.len;\n"
             "long long o0 = 0, o1 = 0;  // the lane's first element in x and in the outputs\n"
-            + _decompose("dn_lane", "long long", "p.shape", ndim, [("o0", "p.st[0]"), ("o1", "p.st[1]")])
-            + f"const {xv} dn_v = {_load(x_dtype, 'p.x[o0 + dn_j * p.xs]')};\n"
+            + decompose_index("dn_lane", "long long", "p.shape", ndim, [("o0", "p.st[0]"), ("o1", "p.st[1]")])
+            + f"const {xv} dn_v = {c_load(x_dtype, 'p.x[o0 + dn_j * p.xs]')};\n"
             "long long dn_rank = 0;  // how many lane elements sort before this one\n"
             "for (long long dn_m = 0; dn_m < p.len; ++dn_m) {\n"
-            f"    const {xv} dn_w = {_load(x_dtype, 'p.x[o0 + dn_m * p.xs]')};\n"
+            f"    const {xv} dn_w = {c_load(x_dtype, 'p.x[o0 + dn_m * p.xs]')};\n"
             f"    dn_rank += {before};\n"
             "    if (dn_rank >= p.k) break;  // not among the first k (topk): its exact rank is never written\n"
             "}\n"
             "if (dn_rank < p.k) {\n"
             "    const long long dn_dst = o1 + dn_rank * p.oas;\n"
-            + _indent(writes, "    ") + "}\n")
+            + indent(writes, "    ") + "}\n")
     kernel = ('extern "C" __global__ void dn_sort(const dn_args p) {\n'
               "    const long long dn_step = (long long)gridDim.x * blockDim.x;\n"
               "    for (long long dn_t = (long long)blockIdx.x * blockDim.x + threadIdx.x; dn_t < p.n;"
-              " dn_t += dn_step) {\n" + _indent(body, " " * 8) + "    }\n}\n")
+              " dn_t += dn_step) {\n" + indent(body, " " * 8) + "    }\n}\n")
     lt = (f"__device__ __forceinline__ bool dn_lt(const {xv} x, const {xv} y) {{\n"
           "    return x < y || (dn_isnan(y) && !dn_isnan(x));\n}\n")
     return PREAMBLE + struct_src + lt + kernel, "dn_sort", fmt
@@ -301,11 +302,11 @@ def random_source(dist: str, out_dtype: Any):
     fields = [(f"{os_}*", "out", "Q"), ("long long", "n", "q"), ("unsigned long long", "seed", "Q"),
               ("unsigned long long", "offset", "Q"), ("double", "p0", "d"), ("double", "p1", "d"),
               ("long long", "i0", "q"), ("long long", "i1", "q")]
-    struct_src, fmt = _struct(fields)
+    struct_src, fmt = args_struct(fields)
     body = ("const dn_u4 dn_r = dn_philox(p.offset + (unsigned long long)dn_i, p.seed);\n"
-            + _DIST[dist, family] + f"\np.out[dn_i] = {_store(out_dtype, 'dn_v')};\n")
+            + _DIST[dist, family] + f"\np.out[dn_i] = {c_store(out_dtype, 'dn_v')};\n")
     kernel = ('extern "C" __global__ void dn_random(const dn_args p) {\n'
               "    const long long dn_step = (long long)gridDim.x * blockDim.x;\n"
               "    for (long long dn_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; dn_i < p.n;"
-              " dn_i += dn_step) {\n" + _indent(body, " " * 8) + "    }\n}\n")
+              " dn_i += dn_step) {\n" + indent(body, " " * 8) + "    }\n}\n")
     return PREAMBLE + struct_src + _PHILOX + _UNIFORMS + kernel, "dn_random", fmt

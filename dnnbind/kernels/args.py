@@ -1,7 +1,7 @@
 """Layer kernels: kernel arguments -> the ctypes values and the void*[] cuLaunchKernel reads.
 
 Imports numpy and ctypes only. One dict lookup per argument on the hot path (the converter of its type), so
-packing costs about a microsecond per launch; ``_check_arg_sizes`` compares the packed sizes with the kernel's
+packing costs about a microsecond per launch; ``check_arg_sizes`` compares the packed sizes with the kernel's
 declared parameter sizes where the driver reports them.
 """
 
@@ -151,7 +151,7 @@ def pack_args(args: Iterable[Any]) -> tuple[list[Any], bytes]:
     return holders, layout.pack(*map(ctypes.addressof, holders))
 
 
-def _check_arg_sizes(name: str, holders: list[Any], sizes: tuple[int, ...]) -> None:
+def check_arg_sizes(name: str, holders: list[Any], sizes: tuple[int, ...]) -> None:
     got = tuple(map(ctypes.sizeof, holders))
     if got == sizes:
         return

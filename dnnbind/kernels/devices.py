@@ -45,7 +45,7 @@ def make_current(device: int) -> None:
     dev.activate()
 
 
-def _stream_device(stream: Any) -> int:
+def stream_device(stream: Any) -> int:
     """A dnnbind Stream knows its device: launch there, whatever the default device is. (The launch itself makes
     it current, ``make_current``: once per launch, not here as well.)"""
     dev = getattr(stream, "device", None)

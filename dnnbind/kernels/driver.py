@@ -29,7 +29,7 @@ _DRIVER_HINTS = {
 _drv = None
 
 
-def _driver() -> Any:
+def cuda_driver() -> Any:
     """cuda.bindings.driver; LibraryNotFoundError (saying what to install) where cuda-python is missing."""
     global _drv
     if _drv is None:
@@ -41,9 +41,9 @@ def _driver() -> Any:
     return _drv
 
 
-def _driver_error_text(status: int) -> str:
+def driver_error_text(status: int) -> str:
     try:
-        text = _driver().CUresult(status).name
+        text = cuda_driver().CUresult(status).name
     except (ValueError, LibraryNotFoundError):  # an unknown code: the number is still in the error
         text = "unknown CUresult"
     hint = _DRIVER_HINTS.get(status)
@@ -52,8 +52,8 @@ def _driver_error_text(status: int) -> str:
 
 def driver_call(function: str, *args: Any, context: str = "") -> Any:
     """Call cuda.bindings.driver.<function>, raising CudaDriverError; returns the value(s) after status."""
-    result = getattr(_driver(), function)(*args)
+    result = getattr(cuda_driver(), function)(*args)
     status = int(result[0])
     if status != CUDA_SUCCESS:
-        raise CudaDriverError(status, function, _driver_error_text(status), context)
+        raise CudaDriverError(status, function, driver_error_text(status), context)
     return result[1] if len(result) == 2 else tuple(result[1:]) or None

@@ -29,23 +29,23 @@ from dnnbind._lib import cudart
 from dnnbind._lib.errors import CudaDriverError
 from dnnbind._lib.hooks import RECORDING, TRACING
 
-from .args import _check_arg_sizes, pack_args
+from .args import check_arg_sizes, pack_args
 from .devices import (
-    _stream_device,
-    make_current,
     compute_capability,
     current_device,
     current_device_or_none,
+    make_current,
     multiprocessor_count,
+    stream_device,
     stream_handle,
 )
 from .driver import (
     CUDA_ERROR_INVALID_CONTEXT,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_SUCCESS,
-    _driver,
-    _driver_error_text,
+    cuda_driver,
     driver_call,
+    driver_error_text,
 )
 
 __all__ = [
@@ -118,7 +118,7 @@ _cu_launch_fn: list = []
 
 def _cu_launch() -> Callable[..., Any]:
     if not _cu_launch_fn:
-        _cu_launch_fn.append(_driver().cuLaunchKernel)
+        _cu_launch_fn.append(cuda_driver().cuLaunchKernel)
     return _cu_launch_fn[0]
 
 
@@ -144,7 +144,7 @@ def _param_sizes(handle: Any) -> tuple[int, ...] | None:
     Python int (4 bytes) passed to a `long long` parameter would read 4 bytes of garbage. Knowing the sizes
     lets us refuse that mismatch instead.
     """
-    get = getattr(_driver(), "cuFuncGetParamInfo", None)
+    get = getattr(cuda_driver(), "cuFuncGetParamInfo", None)
     if get is None:
         return None
     sizes = []
@@ -183,7 +183,7 @@ class Kernel:
             fn = self._functions.get(device)
             if fn is None:
                 handle = self.module._get_function(self.lowered_name, device, self.name)
-                attr = _driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+                attr = cuda_driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
                 max_threads = int(driver_call("cuFuncGetAttribute", attr, handle))
                 fn = self._functions[device] = _Function(handle, max_threads, _param_sizes(handle))
             return fn
@@ -202,7 +202,7 @@ class Kernel:
         g = _dim3(grid, "grid", self.name)
         b = _dim3(block, "block", self.name)
         _check_config(self.name, g, b, shared_mem)
-        self._launch(_stream_device(stream) if stream is not None else current_device(), g, b, args, stream,
+        self._launch(stream_device(stream) if stream is not None else current_device(), g, b, args, stream,
                      shared_mem)
 
     __call__ = launch
@@ -217,11 +217,11 @@ class Kernel:
             _check_config(name, g, b, shared_mem, fn.max_threads)
         sizes = fn.param_sizes
         if sizes is not None:
-            _check_arg_sizes(name, holders, sizes)
+            check_arg_sizes(name, holders, sizes)
         if shared_mem > fn.smem_optin:
             self._opt_in_shared_mem(fn, shared_mem, g, b)
         h = stream_handle(stream, device)
-        drv = _driver()
+        drv = cuda_driver()
         err, = drv.cuLaunchKernel(fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h,
                                   params or None, 0)
         if err:
@@ -232,7 +232,7 @@ class Kernel:
                 err, = drv.cuLaunchKernel(fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, h,
                                           params or None, 0)
             if err:
-                raise CudaDriverError(int(err), "cuLaunchKernel", _driver_error_text(int(err)),
+                raise CudaDriverError(int(err), "cuLaunchKernel", driver_error_text(int(err)),
                                       f"kernel '{name}', grid {g}, block {b}, shared_mem {shared_mem},"
                                       f" stream {h:#x}, device {device}")
         if RECORDING:  # a step being recorded for host replay: keep the packed launch (holders keep params valid)
@@ -273,7 +273,7 @@ class Kernel:
         return launcher
 
     def _opt_in_shared_mem(self, fn: _Function, shared_mem: int, grid: Dim3, block: Dim3) -> None:
-        attr = _driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        attr = cuda_driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         driver_call("cuFuncSetAttribute", fn.handle, attr, int(shared_mem),
                   context=f"kernel '{self.name}', grid {grid}, block {block}, shared_mem {shared_mem}")
         fn.smem_optin = shared_mem

@@ -28,22 +28,22 @@ from dnnbind._lib import cudart
 
 from . import _strided_base
 from ._strided_base import (
-    _CONTIG,
-    _GRID_CAP,
-    _VARIANTS,
+    CONTIGUOUS_LAYOUTS,
+    GRID_CAPS,
+    VARIANTS,
     Ref,
-    _axis,
-    _check_rank,
-    _check_strides,
-    _contig,
-    _grid_cap,
-    _kernel,
-    _launch,
-    _resolve,
-    _scalar_sig,
-    _variant,
+    check_rank,
+    check_strides,
     coalesce,
+    compile_variant,
+    contiguous_layout,
     generate,
+    grid_cap,
+    launch_variant,
+    normalize_axis,
+    resolve_stream,
+    scalar_signature,
+    variant,
 )
 from ._strided_src import INPUT_NAMES, MAX_DIMS, RBLOCK, c_types
 from .elementwise import BLOCK
@@ -72,7 +72,7 @@ def _map_geometry(geometry: tuple) -> tuple:
             what = "out" if k == 0 else f"input {INPUT_NAMES[k - 1]}"
             raise DnnbindValueError(f"strided_map: {what} has {len(st)} strides {st} for shape {shape}")
     sh, st = coalesce(shape, strides)
-    _check_rank("strided_map", sh)
+    check_rank("strided_map", sh)
     extra: tuple = ()
     if len(sh) != 1 or any(s[0] != 1 for s in st):  # else it coalesced to contiguous after all
         extra = (sh, [*sh, *(v for s in st for v in s)])
@@ -96,7 +96,7 @@ def strided_map(expr: str, out: Ref, inputs: Sequence[Ref], shape: tuple[int, ..
     """
     if type(shape) is not tuple:
         shape = tuple(shape)
-    strides, n = _CONTIG.get(shape) or _contig(shape)
+    strides, n = CONTIGUOUS_LAYOUTS.get(shape) or contiguous_layout(shape)
     if n == 0:
         return
     # The hot path (a + b on same-shape contiguous arrays) is spelled out for one and two inputs: every
@@ -137,18 +137,18 @@ def strided_map(expr: str, out: Ref, inputs: Sequence[Ref], shape: tuple[int, ..
     # elements per operand with one wide load and store, as PyTorch's vectorized kernels do.
     vec = _VEC if ndim == 0 and not bits & (_VEC * 8 - 1) else 1
     if scalars:
-        sig, svalues = _scalar_sig("strided_map", scalars)
+        sig, svalues = scalar_signature("strided_map", scalars)
         values[nin + 2:nin + 2] = svalues  # the scalars follow n in the argument struct
     else:
         sig = ()
     key = ("map", name, expr, out.dtype, dtypes, ndim, sig, vec)
-    packer, holder, kernels = _VARIANTS.get(key) or _variant(key)
+    packer, holder, kernels = VARIANTS.get(key) or variant(key)
     if device is None or type(stream) is not int:
-        device, stream = _resolve(stream, device)
+        device, stream = resolve_stream(stream, device)
         current = False  # resolved here, not made current by the caller
-    kernel = kernels.get(device) or _kernel(key, device)
+    kernel = kernels.get(device) or compile_variant(key, device)
     grid = -(-n // (BLOCK * vec))
-    cap = _GRID_CAP.get(device) or _grid_cap(device)
+    cap = GRID_CAPS.get(device) or grid_cap(device)
     kernel.launch_struct(device, min(cap, grid), BLOCK, holder.from_buffer_copy(packer.pack(*values)), stream,
                          current)
 
@@ -227,21 +227,21 @@ def strided_reduce(op: str, x: Ref, shape: tuple[int, ...], axes: Sequence[int],
     if n_red == 0 and op not in ("sum", "prod"):
         raise DnnbindValueError(f"strided_reduce: {op} over zero elements (shape {shape}, axes {axes})")
     if scalars:
-        sig, svalues = _scalar_sig("strided_reduce", scalars)
+        sig, svalues = scalar_signature("strided_reduce", scalars)
     else:
         sig, svalues = (), []
     key = ("reduce", name or _OP_NAMES[op], op, map_expr, post_expr, x.dtype, out.dtype, rk, rr, sig)
-    if key not in _VARIANTS:
-        _variant(key)  # validates dtypes and names before any library call
-    device, h = _resolve(stream, device)
+    if key not in VARIANTS:
+        variant(key)  # validates dtypes and names before any library call
+    device, h = resolve_stream(stream, device)
     rt, ot, splits, chunk, grid_x = _REDUCE_LAYOUTS.get((geo[:2], red_fast, device)) or _layout(geo, device)
     scratch = (0, 0, 0)
     if splits > 1:
         scratch = _scratch.get((device, h)) or _split_scratch(device, h)
         if scratch is None:  # capturing with no scratch yet: run unsplit (correct, only slower)
             splits, chunk, scratch = 1, n_red, (0, 0, 0)
-            grid_x = min(-(-n_out // ot), _grid_cap(device))
-    _launch(key, device, h, (grid_x, splits, 1), rt * ot,
+            grid_x = min(-(-n_out // ot), grid_cap(device))
+    launch_variant(key, device, h, (grid_x, splits, 1), rt * ot,
             [x.addr, out.addr, *scratch, n_out, n_red, chunk, rt, ot, red_fast, *svalues, *dims])
 
 
@@ -256,14 +256,14 @@ def _reduce_geometry(geometry: tuple) -> tuple:
     nd = len(shape)
     if len(strides) != nd:
         raise DnnbindValueError(f"strided_reduce: x has {len(strides)} strides {strides} for shape {shape}")
-    axset = sorted({_axis("strided_reduce", a, nd) for a in axes})
+    axset = sorted({normalize_axis("strided_reduce", a, nd) for a in axes})
     kept = [d for d in range(nd) if d not in axset]
     n_out = math.prod(shape[d] for d in kept)
     n_red = math.prod(shape[d] for d in axset)
     ksh, (kst,) = coalesce([shape[d] for d in kept], [[strides[d] for d in kept]])
     rsh, (rst,) = coalesce([shape[d] for d in axset], [[strides[d] for d in axset]]) if n_red else ((), [()])
-    _check_rank("strided_reduce", ksh)
-    _check_rank("strided_reduce", rsh)
+    check_rank("strided_reduce", ksh)
+    check_rank("strided_reduce", rsh)
     # Row or column: are the reduced elements the ones closer together in memory?
     red_fast = not kst or bool(rst) and min(map(abs, rst)) <= min(map(abs, kst))
     geo = (n_out, n_red, len(ksh), len(rsh), [*ksh, *kst, *rsh, *rst], int(red_fast))
@@ -279,7 +279,7 @@ def _layout(geo: tuple, device: int) -> tuple:
     if splits > 1:
         splits = -(-n_red // chunk)
     blocks = -(-n_out // ot)
-    layout = (rt, ot, splits, chunk, blocks if splits > 1 else min(blocks, _grid_cap(device)))
+    layout = (rt, ot, splits, chunk, blocks if splits > 1 else min(blocks, grid_cap(device)))
     if len(_REDUCE_LAYOUTS) < 4096:
         _REDUCE_LAYOUTS[(geo[:2], red_fast, device)] = layout
     return layout
@@ -294,11 +294,11 @@ def _take_geometry(what: str, data_shape: tuple, axis: int, idx_shape: tuple, da
     if mode not in ("clip", "wrap"):
         raise DnnbindValueError(f"{what}: mode must be 'clip' or 'wrap', got {mode!r}")
     nd = len(data_shape)
-    axis = _axis(what, axis, nd)
+    axis = normalize_axis(what, axis, nd)
     space = data_shape[:axis] + idx_shape + data_shape[axis + 1:]
-    _check_strides(what, "data", data, nd)
-    _check_strides(what, "indices", idx, len(idx_shape))
-    _check_strides(what, "out" if what == "gather" else "src", it, len(space))
+    check_strides(what, "data", data, nd)
+    check_strides(what, "indices", idx, len(idx_shape))
+    check_strides(what, "out" if what == "gather" else "src", it, len(space))
     if data_shape[axis] == 0 and math.prod(space):
         raise DnnbindValueError(f"{what}: cannot index into axis {axis} of length 0 (shape {data_shape})")
     ni = len(idx_shape)
@@ -318,7 +318,7 @@ def gather(x: Ref, x_shape: tuple[int, ...], indices: Ref, idx_shape: tuple[int,
         raise DnnbindTypeError(f"gather: out is {out.dtype} but x is {x.dtype}; they must match")
     axis, space, strides, (length, axis_stride) = _take_geometry("gather", x_shape, axis, idx_shape, x, indices,
                                                                  out, mode)
-    _strided_index("gather", mode, space, strides, (out, x, indices), length, axis_stride, stream, device)
+    launch_take("gather", mode, space, strides, (out, x, indices), length, axis_stride, stream, device)
 
 
 def scatter_add(src: Ref, idx: Ref, idx_shape: tuple[int, ...], axis: int, out: Ref, out_shape: tuple[int, ...],
@@ -330,24 +330,28 @@ def scatter_add(src: Ref, idx: Ref, idx_shape: tuple[int, ...], axis: int, out: 
     out_shape, idx_shape = tuple(out_shape), tuple(idx_shape)
     axis, space, strides, (length, axis_stride) = _take_geometry("scatter_add", out_shape, axis, idx_shape, out,
                                                                  idx, src, mode)
-    _strided_index("scatter_add", mode, space, strides, (src, out, idx), length, axis_stride, stream, device)
+    launch_take("scatter_add", mode, space, strides, (src, out, idx), length, axis_stride, stream, device)
 
 
-def _strided_index(kind: str, mode: str, space: tuple, strides: list, refs: tuple, length: int, axis_stride: int,
-                   stream: Any, device: int | None) -> None:
+def launch_take(kind: str, mode: str, space: tuple, strides: list, refs: tuple, length: int, axis_stride: int,
+                stream: Any, device: int | None) -> None:
+    """Launch the ``kind`` ("gather" or "scatter_add") kernel over an iteration space given directly: ``refs``
+    and ``strides`` are (out, data, index) for gather and (src, out, index) for scatter_add, the picked element is
+    ``index * axis_stride`` from the data's offset, indices clipped or wrapped into ``length``. gather and
+    scatter_add call this after _take_geometry; nd's pick calls it with a geometry of its own."""
     n = math.prod(space)
     if n == 0:
         return
     sh, st = coalesce(space, strides)
-    _check_rank(kind, sh)
+    check_rank(kind, sh)
     key = (kind, mode, tuple(r.dtype for r in refs), len(sh))
     values = [r.addr for r in refs] + [n, length, axis_stride, *sh]
     for s in st:
         values += s
-    if key not in _VARIANTS:
-        _variant(key)  # validates dtypes and names before any library call
-    device, h = _resolve(stream, device)
-    _launch(key, device, h, (min(-(-n // BLOCK), _grid_cap(device)), 1, 1), BLOCK, values)
+    if key not in VARIANTS:
+        variant(key)  # validates dtypes and names before any library call
+    device, h = resolve_stream(stream, device)
+    launch_variant(key, device, h, (min(-(-n // BLOCK), grid_cap(device)), 1, 1), BLOCK, values)
 
 
 # --- sort ----------------------------------------------------------------------------------------------
@@ -364,8 +368,8 @@ def sort_along(x: Ref, shape: tuple[int, ...], axis: int, values_out: Ref | None
     """
     shape = tuple(shape)
     nd = len(shape)
-    axis = _axis("sort_along", axis, nd)
-    _check_strides("sort_along", "x", x, nd)
+    axis = normalize_axis("sort_along", axis, nd)
+    check_strides("sort_along", "x", x, nd)
     length = shape[axis]
     k = length if k is None else int(k)
     if not 0 <= k <= length:
@@ -377,18 +381,18 @@ def sort_along(x: Ref, shape: tuple[int, ...], axis: int, values_out: Ref | None
     n = math.prod(shape)
     if n == 0 or k == 0:
         return
-    out_st, _ = _contig(shape[:axis] + (k,) + shape[axis + 1:])
+    out_st, _ = contiguous_layout(shape[:axis] + (k,) + shape[axis + 1:])
     lanes = [d for d in range(nd) if d != axis]
     sh, st = coalesce([shape[d] for d in lanes], [[x.strides[d] for d in lanes], [out_st[d] for d in lanes]])
-    _check_rank("sort_along", sh)
+    check_rank("sort_along", sh)
     key = ("sort", bool(descending), x.dtype, None if values_out is None else values_out.dtype,
            None if indices_out is None else indices_out.dtype, len(sh))
     values = [x.addr, 0 if values_out is None else values_out.addr, 0 if indices_out is None else indices_out.addr,
               n, length, x.strides[axis], k, out_st[axis], *sh, *st[0], *st[1]]
-    if key not in _VARIANTS:
-        _variant(key)  # validates dtypes and names before any library call
-    device, h = _resolve(stream, device)
-    _launch(key, device, h, (min(-(-n // BLOCK), _grid_cap(device)), 1, 1), BLOCK, values)
+    if key not in VARIANTS:
+        variant(key)  # validates dtypes and names before any library call
+    device, h = resolve_stream(stream, device)
+    launch_variant(key, device, h, (min(-(-n // BLOCK), grid_cap(device)), 1, 1), BLOCK, values)
 
 
 # --- random --------------------------------------------------------------------------------------------
@@ -417,10 +421,10 @@ def random_fill(out: Ref, n: int, dist: str, seed: int, offset: int, p0: float, 
     key = ("random", dist, out.dtype)
     mask = (1 << 64) - 1
     values = [out.addr, n, seed & mask, offset & mask, float(p0), float(p1), i0, i1]
-    if key not in _VARIANTS:
-        _variant(key)  # validates dtypes and names before any library call
-    device, h = _resolve(stream, device)
-    _launch(key, device, h, (min(-(-n // BLOCK), _grid_cap(device)), 1, 1), BLOCK, values)
+    if key not in VARIANTS:
+        variant(key)  # validates dtypes and names before any library call
+    device, h = resolve_stream(stream, device)
+    launch_variant(key, device, h, (min(-(-n // BLOCK), grid_cap(device)), 1, 1), BLOCK, values)
 
 
 def clear_cache() -> None:

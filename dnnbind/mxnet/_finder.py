@@ -222,7 +222,7 @@ _previous_default: list = [_UNSET]  # the process default before install_mxnet_a
 def uninstall_mxnet_alias() -> None:
     """Undo install_mxnet_alias(): remove the finder and the ``mxnet`` entries it put in ``sys.modules``."""
     from . import _unsupported
-    standins = {id(m) for m in _unsupported._children.values()}
+    standins = {id(m) for m in _unsupported.child_standins.values()}
     with _lock:
         if _previous_default[0] is not _UNSET:
             from ..runtime import device as _device
@@ -235,7 +235,7 @@ def uninstall_mxnet_alias() -> None:
             if (served and _is_ours(m)) or id(m) in standins:
                 del sys.modules[n]
         # Importing a stand-in set it as an attribute of its dnnbind parent (dnnbind.gluon.rnn): undo that too.
-        for ns, standin in _unsupported._children.items():
+        for ns, standin in _unsupported.child_standins.items():
             for name in targets(f"{ALIAS}.{ns}"):
                 parent, _, leaf = name.rpartition(".")
                 if getattr(sys.modules.get(parent), leaf, None) is standin:

@@ -76,7 +76,7 @@ CHILDREN: dict[str, str] = {
     "nd.contrib": "",
     "ndarray.contrib": "",
 }
-_children: dict[str, types.ModuleType] = {}
+child_standins: dict[str, types.ModuleType] = {}  # ns -> the stand-in child(ns) made (uninstall removes them)
 
 
 class UnsupportedModule(types.ModuleType):
@@ -165,7 +165,7 @@ def install(ns: str) -> types.ModuleType:
 
 def child(ns: str) -> types.ModuleType:
     """The stand-in for ``mxnet.<ns>``, an unbacked child of a backed module (see CHILDREN), made once."""
-    mod = _children.get(ns)
+    mod = child_standins.get(ns)
     if mod is None:
         hint = CHILDREN.get(ns, "")
         mod = UnsupportedModule(f"mxnet.{ns}", f"mxnet.{ns}: not supported by dnnbind yet"
@@ -174,5 +174,5 @@ def child(ns: str) -> types.ModuleType:
         mod.__path__ = []
         mod.__package__ = mod.__name__
         mod.__spec__ = importlib.machinery.ModuleSpec(mod.__name__, None, is_package=True)
-        mod = _children.setdefault(ns, mod)
+        mod = child_standins.setdefault(ns, mod)
     return mod

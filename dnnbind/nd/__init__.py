@@ -263,7 +263,7 @@ def _build_namespace(ns: dict) -> list:
 
 
 _generated = _build_namespace(globals())
-_table._bind_names(globals())
+_table.bind_nd_functions(globals())
 
 
 def _operator_table() -> dict:

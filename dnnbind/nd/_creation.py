@@ -24,7 +24,8 @@ from ._params import into, reject
 _F32 = np.dtype(np.float32)
 
 
-def _dtype(dtype, default=_F32) -> np.dtype:
+def as_dtype(dtype, default=_F32) -> np.dtype:
+    """A creation function's ``dtype=`` as a numpy dtype (``default`` for None: float32, as in MXNet)."""
     if dtype is None:
         return default
     try:
@@ -33,7 +34,8 @@ def _dtype(dtype, default=_F32) -> np.dtype:
         raise DnnbindTypeError(f"not a dtype: {dtype!r} (use 'float32', 'int32', np.float64, ...)") from None
 
 
-def _shape(op: str, shape) -> tuple:
+def as_shape(op: str, shape) -> tuple:
+    """A creation function's ``shape=`` (an int or a sequence of non-negative ints) as a tuple of ints."""
     if isinstance(shape, (numbers.Integral, np.integer)) and not isinstance(shape, (bool, np.bool_)):
         shape = (int(shape),)
     if not isinstance(shape, (tuple, list)) or not all(
@@ -52,11 +54,11 @@ def _ctx(ctx, device):
 def array(source_array, ctx=None, dtype=None, device=None) -> NDArray:
     """``nd.array``: float32 unless ``dtype`` says otherwise (an NDArray source keeps its dtype)."""
     if isinstance(source_array, NDArray):
-        dt = source_array.dtype if dtype is None else _dtype(dtype)
+        dt = source_array.dtype if dtype is None else as_dtype(dtype)
         dev = _ctx(ctx, device) if (ctx is not None or device is not None) else source_array.device
         moved = source_array.to(dev, dt)
         return moved.copy() if moved is source_array else moved  # always a new array, like MXNet
-    dt = _dtype(dtype)
+    dt = as_dtype(dtype)
     try:
         host = np.asarray(source_array, dtype=dt)
     except (TypeError, ValueError) as exc:
@@ -64,7 +66,7 @@ def array(source_array, ctx=None, dtype=None, device=None) -> NDArray:
     return _rt.array(host, device=_ctx(ctx, device), dtype=dt)
 
 
-def _fits(op: str, shape: tuple, dtype: np.dtype, dev) -> tuple:
+def check_array_fits(op: str, shape: tuple, dtype: np.dtype, dev) -> tuple:
     """``shape`` unless the array would be larger than the device's (or the host's) whole memory (a ValueError,
     before numpy's MemoryError or a failed device allocation)."""
     check_fits(op, dev, dtype, "the array", shape, cudnn=False)
@@ -81,8 +83,8 @@ def _stype(op: str, stype) -> None:
 def empty(shape, ctx=None, dtype=None, stype=None, device=None) -> NDArray:
     """``nd.empty``: an uninitialized array, float32 unless ``dtype`` says otherwise (``stype`` 'default' only)."""
     _stype("empty", stype)
-    shape, dtype, dev = _shape("empty", shape), _dtype(dtype), _ctx(ctx, device)
-    return _rt.empty(_fits("empty", shape, dtype, dev), dtype, dev)
+    shape, dtype, dev = as_shape("empty", shape), as_dtype(dtype), _ctx(ctx, device)
+    return _rt.empty(check_array_fits("empty", shape, dtype, dev), dtype, dev)
 
 
 def _no_attrs(kwargs: dict) -> dict:
@@ -101,8 +103,8 @@ def zeros(shape, ctx=None, dtype=None, stype=None, device=None, out=None, name=N
     if kwargs:
         reject("_zeros", kwargs)
     _stype("zeros", stype)
-    shape, dtype, dev = _shape("zeros", shape), _dtype(dtype), _ctx(ctx, device)
-    return into(out, _rt.zeros(_fits("zeros", shape, dtype, dev), dtype, dev))
+    shape, dtype, dev = as_shape("zeros", shape), as_dtype(dtype), _ctx(ctx, device)
+    return into(out, _rt.zeros(check_array_fits("zeros", shape, dtype, dev), dtype, dev))
 
 
 def ones(shape, ctx=None, dtype=None, device=None, out=None, name=None, **kwargs) -> NDArray:
@@ -110,20 +112,20 @@ def ones(shape, ctx=None, dtype=None, device=None, out=None, name=None, **kwargs
     kwargs = _no_attrs(kwargs)
     if kwargs:
         reject("_ones", kwargs)
-    shape, dtype, dev = _shape("ones", shape), _dtype(dtype), _ctx(ctx, device)
-    return into(out, _rt.full(_fits("ones", shape, dtype, dev), 1, dtype, dev))
+    shape, dtype, dev = as_shape("ones", shape), as_dtype(dtype), _ctx(ctx, device)
+    return into(out, _rt.full(check_array_fits("ones", shape, dtype, dev), 1, dtype, dev))
 
 
 def full(shape, val, ctx=None, dtype=None, device=None, out=None) -> NDArray:
     """``nd.full``: ``val`` (a real number) everywhere, float32 unless ``dtype`` says otherwise."""
     if not isinstance(val, (numbers.Real, np.number, np.bool_)):
         raise DnnbindTypeError(f"full: val must be a number, got {type(val).__name__} {val!r}")
-    shape, dtype, dev = _shape("full", shape), _dtype(dtype), _ctx(ctx, device)
+    shape, dtype, dev = as_shape("full", shape), as_dtype(dtype), _ctx(ctx, device)
     if dtype.kind in "iu":  # numpy would overflow (an OverflowError, or a wrapped value)
         info = np.iinfo(dtype)
         if (isinstance(val, (float, np.floating)) and not math.isfinite(val)) or not info.min <= val <= info.max:
             raise DnnbindValueError(f"full: val {val!r} does not fit dtype {dtype.name}")
-    return into(out, _rt.full(_fits("full", shape, dtype, dev), val, dtype, dev))
+    return into(out, _rt.full(check_array_fits("full", shape, dtype, dev), val, dtype, dev))
 
 
 def _like(op: str, data) -> NDArray:
@@ -161,8 +163,8 @@ def arange(start, stop=None, step=1.0, repeat=1, infer_range=None, ctx=None, dty
         raise DnnbindValueError("arange: step must not be 0")
     if not all(math.isfinite(float(v)) for v in (start, stop, step)):
         raise DnnbindValueError(f"arange: start, stop and step must be finite, got {start}, {stop}, {step}")
-    dtype, dev = _dtype(dtype), _ctx(ctx, device)
-    _fits("arange", (max(0, math.ceil((stop - start) / step)) * int(repeat),), dtype, dev)
+    dtype, dev = as_dtype(dtype), _ctx(ctx, device)
+    check_array_fits("arange", (max(0, math.ceil((stop - start) / step)) * int(repeat),), dtype, dev)
     values = np.arange(start, stop, step, dtype=np.float64)
     if int(repeat) > 1:
         values = np.repeat(values, int(repeat))
@@ -181,8 +183,8 @@ def linspace(start, stop, num, endpoint=True, ctx=None, dtype=None, device=None)
     for name, v in (("start", start), ("stop", stop)):
         if not isinstance(v, (numbers.Real, np.number)) or isinstance(v, (bool, np.bool_)):
             raise DnnbindTypeError(f"linspace: {name} must be a number, got {type(v).__name__} {v!r}")
-    num, dtype, dev = _count("linspace", "num", num), _dtype(dtype), _ctx(ctx, device)
-    _fits("linspace", (num,), dtype, dev)
+    num, dtype, dev = _count("linspace", "num", num), as_dtype(dtype), _ctx(ctx, device)
+    check_array_fits("linspace", (num,), dtype, dev)
     values = np.linspace(start, stop, num, endpoint=endpoint, dtype=np.float64)
     return _rt.array(values.astype(dtype), device=dev)
 
@@ -192,8 +194,8 @@ def eye(N, M=0, k=0, ctx=None, dtype=None, device=None) -> NDArray:
     n, m = _count("eye", "N", N), _count("eye", "M", M)
     if not isinstance(k, (numbers.Integral, np.integer)) or isinstance(k, (bool, np.bool_)):
         raise DnnbindTypeError(f"eye: k must be an int, got {type(k).__name__} {k!r}")
-    dtype, dev = _dtype(dtype), _ctx(ctx, device)
-    _fits("eye", (n, m or n), dtype, dev)
+    dtype, dev = as_dtype(dtype), _ctx(ctx, device)
+    check_array_fits("eye", (n, m or n), dtype, dev)
     return _rt.array(np.eye(n, m or None, int(k), dtype=dtype), device=dev)
 
 

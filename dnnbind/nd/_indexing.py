@@ -232,7 +232,7 @@ def _drop_leading_ones(v: np.ndarray, ndim: int) -> np.ndarray:
 def setitem(x: NDArray, key, value) -> None:
     if isinstance(value, NDArray) and value.device is not x.device:
         value = value.as_in_context(x.device)
-    if autograd._tls.__dict__.get("recording") and autograd.check_write(x, value, lambda: _covers(x.shape, key)):
+    if autograd.thread_state.__dict__.get("recording") and autograd.check_write(x, value, lambda: _covers(x.shape, key)):
         _write(x, key, value)
         _record_assign(x, value)
     else:
@@ -470,8 +470,8 @@ def _pick_launch(kind: str, shape: tuple, a: int, mode: str, refs: tuple, device
     # NOTE: the gather/scatter_add kernel variants themselves, given a pick's geometry (kernels.strided.gather
     # spans the index over an axis of its own, which a pick's index does not).
     from ..runtime.stream import current_stream
-    _lower.strided()._strided_index(kind, mode, space, strides, refs, length, axis_stride, current_stream(device),
-                                    device.index)
+    _lower.strided().launch_take(kind, mode, space, strides, refs, length, axis_stride, current_stream(device),
+                                 device.index)
 
 
 def _pick_cpu(meta, data, index, axis=-1, keepdims=False, mode="clip"):

@@ -49,7 +49,7 @@ _OPERANDS = ("a", "b", "c", "d", "e")
 def scalar_expr(op, args) -> tuple[str, tuple]:
     """The op's C expression with scalar operands renamed to kernel arguments; cached per scalar pattern."""
     mask = tuple(not isinstance(a, NDArray) for a in args)
-    expr = op._exprs.get(mask)
+    expr = op.scalar_exprs.get(mask)
     if expr is None:
         expr = op.expr
         arrays_seen = 0
@@ -61,7 +61,7 @@ def scalar_expr(op, args) -> tuple[str, tuple]:
                 renames[n] = _OPERANDS[arrays_seen]
                 arrays_seen += 1
         expr = re.sub(r"\b([a-e])\b", lambda m: renames.get(m.group(1), m.group(1)), expr)
-        op._exprs[mask] = expr
+        op.scalar_exprs[mask] = expr
     return expr, mask
 
 
@@ -69,7 +69,7 @@ def map_kernel(op, args, params, shape, out_dtype, dev) -> NDArray:
     ctx = exec_context(dev)  # the device made current once: the allocation and the launch below skip it
     out = ctx.empty(shape if type(shape) is tuple else tuple(shape), out_dtype)
     st = strided()
-    strides, n = st._CONTIG.get(shape) or st._contig(shape)
+    strides, n = st.CONTIGUOUS_LAYOUTS.get(shape) or st.contiguous_layout(shape)
     if n == 0:
         return out
     expr, mask = scalar_expr(op, args)

@@ -41,7 +41,7 @@ def _inplace(name: str):
     op = REGISTRY[name]
 
     def method(self, other):
-        if autograd._tls.__dict__.get("recording"):
+        if autograd.thread_state.__dict__.get("recording"):
             autograd.check_write(self, other)  # MXNet refuses x op= y on arrays of the recorded graph
         result = invoke(op, (self, other), _NO_PARAMS)
         if result.shape != self.shape:

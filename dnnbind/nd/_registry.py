@@ -49,8 +49,8 @@ class Op:
     """One op's declaration. See the module docstring for the kinds and _table.py for examples."""
 
     __slots__ = ("name", "kind", "numpy", "expr", "lib", "grad", "check", "cpu", "gpu", "reduce", "map_expr",
-                 "post_expr", "ints", "out_dtype", "nd_names", "methods", "differentiable", "doc", "_exprs", "arity",
-                 "params", "same", "saves", "opdef", "schema", "required", "count", "dtype")
+                 "post_expr", "ints", "out_dtype", "nd_names", "methods", "differentiable", "doc", "scalar_exprs",
+                 "arity", "params", "same", "saves", "opdef", "schema", "required", "count", "dtype")
 
     def __init__(self, name: str, kind: str, numpy=None, *, expr: str | None = None, lib=None, grad=None,
                  check=None, cpu=None, gpu=None, reduce: str | None = None, map_expr: str = "a",
@@ -62,7 +62,9 @@ class Op:
         self.map_expr, self.post_expr, self.ints, self.out_dtype = map_expr, post_expr, ints, out_dtype
         self.nd_names = (name,) if nd is None else tuple(nd)
         self.methods, self.differentiable, self.doc = tuple(methods), differentiable, doc
-        self._exprs: dict = {}
+        # scalar_exprs: ``expr`` with its scalar operands renamed to kernel arguments, one entry per pattern of
+        # which operands are scalars (a tuple of bools); a cache that nd._lower.scalar_expr fills on first use
+        self.scalar_exprs: dict[tuple, str] = {}
         # arity: leading operands (arrays, or scalars for map ops); params: positional parameters after them
         # (nd.clip(x, 0, 1)); same: operand indices whose dtypes must agree (default: all array operands).
         self.arity, self.params, self.same = arity, tuple(params), same
@@ -189,7 +191,7 @@ def invoke(op: Op, args: tuple, params: dict):
         out, arrays = _reduce(op, args[0], params)
     else:
         out, arrays = _func(op, args, params)
-    if autograd._tls.__dict__.get("recording"):
+    if autograd.thread_state.__dict__.get("recording"):
         if op.grad is not None:
             _tape(op, out, arrays, params)
         else:
@@ -466,7 +468,7 @@ def call(name: str, *args, **params):
 
 def untaped_call(name: str, *args, **params):
     """Invoke a registered op by name without taping it (inside a lib op's lowering, which tapes itself)."""
-    tls = autograd._tls.__dict__
+    tls = autograd.thread_state.__dict__
     if not tls.get("recording"):
         return invoke(REGISTRY[name], args, params)
     tls["recording"] = False
@@ -609,7 +611,7 @@ def _lib_call(op: Op, args: tuple, params: dict):
             out = args[next(i for i, h in enumerate(host) if h is out)]
         else:
             out = tuple(_host_array(o) for o in out) if isinstance(out, tuple) else _host_array(out)
-    if autograd._tls.__dict__.get("recording"):
+    if autograd.thread_state.__dict__.get("recording"):
         first = out[0] if isinstance(out, tuple) else out
         wanted = False
         for a in args:

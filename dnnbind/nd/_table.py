@@ -335,7 +335,8 @@ composite("norm", norm, dtype=typed(out=lambda p, t: [np.dtype(p["out_dtype"]) i
 
 
 # Names the rules above use; bound after the nd namespace is built (they are table ops themselves).
-def _bind_names(ns: dict) -> None:
+def bind_nd_functions(ns: dict) -> None:
+    """Bind the nd functions the rules above call (``ns``: the built nd namespace)."""
     for n in ("sign", "cos", "sin", "cosh", "sinh", "rsqrt", "exp", "sigmoid", "square", "abs", "power", "log",
               "floor", "clip", "broadcast_to", "where", "tan"):
         globals()[n] = ns[n]

@@ -15,7 +15,7 @@ from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 from ..runtime.array import NDArray, array as _array
 from ..runtime.device import as_device
-from ._creation import _fits
+from ._creation import check_array_fits
 from ._params import into
 
 __all__ = ["arange_like"]
@@ -72,7 +72,7 @@ def arange_like(data, start=0.0, step=1.0, repeat=1, ctx=None, axis=None, out=No
             raise DnnbindValueError(f"arange_like: cannot handle axis {axis} for data of shape {data.shape}")
         shape = (data.shape[axis % data.ndim],)
     dev = data.device if ctx is None or ctx == "" else as_device(ctx)
-    _fits("arange_like", shape, data.dtype, dev)
+    check_array_fits("arange_like", shape, data.dtype, dev)
     n = int(np.prod(shape, dtype=np.int64))
     result = _array(_values(n, start, step, int(repeat), data.dtype).reshape(shape), device=dev)
     return result if out is None else into(out, result)

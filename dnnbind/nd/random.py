@@ -18,7 +18,7 @@ from .._lib.hooks import RECORDING
 from ..runtime.array import NDArray, empty
 from ..runtime import rng
 from ..runtime.device import as_device
-from ._creation import _dtype, _shape
+from ._creation import as_dtype, as_shape
 from ..ops.args import check_fits
 from ._params import dtype_name, float_arg, int_arg, into, reject
 
@@ -67,10 +67,10 @@ def _draw(dist: str, p0, p1, shape, dtype, ctx, out) -> NDArray:
     unset = shape is None or (type(shape) is tuple and not shape)
     if out is not None and unset:  # MXNet fills ``out``: its shape and dtype
         shape, dtype, unset = out.shape, out.dtype if dtype is None else dtype, False
-    shape = _shape(f"random.{dist}", (1,) if unset else shape)
+    shape = as_shape(f"random.{dist}", (1,) if unset else shape)
     if out is not None and shape != out.shape:
         raise DnnbindValueError(f"random.{dist}: shape {shape} differs from out's shape {out.shape}")
-    dtype = _dtype(dtype)
+    dtype = as_dtype(dtype)
     check_fits(f"random.{dist}", out.device if out is not None else as_device(ctx), dtype, "the draw", shape,
                cudnn=False)
     dev = out.device if out is not None else as_device(ctx)

@@ -359,7 +359,8 @@ def softmax_params(op: str, x_shape: Any, algorithm: Any = "accurate", mode: Any
 
 # -- gemm, linear, losses ---------------------------------------------------------------------------------
 
-def _flag(op: str, name: str, value: Any) -> bool:
+def check_flag(op: str, name: str, value: Any) -> bool:
+    """A bool (Python's or numpy's) as a Python bool; TypeError for anything else, 0 and 1 included."""
     if not isinstance(value, (bool, np.bool_)):
         raise DnnbindTypeError(f"{op}: {name} must be a bool, got {value!r}")
     return bool(value)
@@ -368,8 +369,8 @@ def _flag(op: str, name: str, value: Any) -> bool:
 def gemm_params(op: str, a_shape: Any, b_shape: Any, c_shape: Any = None, trans_a: Any = False,
                 trans_b: Any = False, beta: float = 0.0) -> tuple[int, int, int]:
     """C[m, n] = op(A)[m, k] @ op(B)[k, n]; returns (m, n, k). beta != 0 needs c."""
-    trans_a = _flag(op, "trans_a", trans_a)
-    trans_b = _flag(op, "trans_b", trans_b)
+    trans_a = check_flag(op, "trans_a", trans_a)
+    trans_b = check_flag(op, "trans_b", trans_b)
     a_shape = check_ndim(op, "a", a_shape, (2,), "2-D")
     b_shape = check_ndim(op, "b", b_shape, (2,), "2-D")
     m, ka = a_shape[::-1] if trans_a else a_shape

@@ -43,6 +43,19 @@ def out_or_new(op: str, arg: str, out, shape: tuple, dtype, device) -> NDArray:
     return out
 
 
+def result_array(out, shape, dtype, device, op: str) -> NDArray:
+    """``out`` checked as the result's buffer (out_or_new) when given, else a new array (out_like)."""
+    if out is None:
+        return out_like(shape, dtype, device)
+    return out_or_new(op, "out", out, tuple(shape), dtype, device)
+
+
+def exact_ints(v) -> bool:
+    """Whether ``v`` is an int or a tuple of ints, exactly: the only argument spellings a plan cache keys on (1.0
+    and True hash like 1 but must still reach the checks, which refuse them)."""
+    return type(v) is int or (type(v) is tuple and all(type(e) is int for e in v))
+
+
 def dnn(x: NDArray) -> int:
     return cudnn_handle(x.device)
 

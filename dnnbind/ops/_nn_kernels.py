@@ -22,7 +22,9 @@ MIN_PACKS = 2  # channel sums: a block slice gives each thread at least this man
 MAX_SPLITS = 4096  # slices per channel: the final kernel's fixed-order sum stays short
 INT_LIMIT = 2**31  # element counts (and offsets) the kernels index with 32-bit integers
 
-_PREAMBLE = r"""
+# The CUDA prelude of every kernel source here and of ops._wgrad_kernels': the block size, float16 as bits, and
+# dn_ld/dn_st (float <-> the element type).
+PREAMBLE = r"""
 #define DN_B 256
 typedef unsigned short dn_half;
 __device__ __forceinline__ float dn_ld(const float v) { return v; }
@@ -36,7 +38,7 @@ template <> __device__ __forceinline__ dn_half dn_st<dn_half>(const float f) {
 }
 """
 
-CHANNEL_SOURCE = _PREAMBLE + r"""
+CHANNEL_SOURCE = PREAMBLE + r"""
 /* V elements moved by one load: 16 bytes when the extent and the pointers allow it (fewer instructions, the
    same bytes). */
 template <typename T, int V> struct alignas(sizeof(T) * V) dn_pack { T v[V]; };
@@ -201,7 +203,7 @@ __global__ void __launch_bounds__(DN_B) dn_chan_final(const float* __restrict__ 
 }
 """
 
-POOL_SOURCE = _PREAMBLE + r"""
+POOL_SOURCE = PREAMBLE + r"""
 /* Output element o -> the offset of its window's top-left x, the x strides of a window row and column, and its
    output row p and column q. NCHW: o = ((plane * P) + p) * Q + q; NHWC: o = ((n * P + p) * Q + q) * C + c. */
 template <bool NHWC>
@@ -298,8 +300,8 @@ __global__ void __launch_bounds__(DN_B) dn_maxpool_bwd(const T* __restrict__ x, 
 }
 """
 
-_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float16): "dn_half"}
-DTYPES = tuple(_CTYPE)  # what the kernels take; other dtypes keep the library paths
+CUDA_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float16): "dn_half"}  # the templates' element type per dtype
+DTYPES = tuple(CUDA_TYPES)  # what the kernels take; other dtypes keep the library paths
 _WIDTHS = {np.dtype(np.float32): (4, 2, 1), np.dtype(np.float16): (8, 4, 2, 1)}  # 16, 8, 4... bytes per load
 _LAYOUT_NAME = {"NCHW": "nchw", "NHWC": "nhwc"}
 _POOL_WINDOWS = ((2, 2), (0, 0))  # compiled windows: 2x2, and any (runtime kh, kw)
@@ -310,16 +312,16 @@ def _bool(v: bool) -> str:
 
 
 def chan_name(layout: str, dtype, width: int, relu: bool) -> str:
-    return f"dn_chan_{_LAYOUT_NAME[layout]}<{_CTYPE[np.dtype(dtype)]}, {width}, {_bool(relu)}>"
+    return f"dn_chan_{_LAYOUT_NAME[layout]}<{CUDA_TYPES[np.dtype(dtype)]}, {width}, {_bool(relu)}>"
 
 
 def final_name(dtype) -> str:
-    return f"dn_chan_final<{_CTYPE[np.dtype(dtype)]}>"
+    return f"dn_chan_final<{CUDA_TYPES[np.dtype(dtype)]}>"
 
 
 def pool_name(direction: str, dtype, window: tuple, layout: str) -> str:
     kh, kw = window if tuple(window) in _POOL_WINDOWS else (0, 0)
-    return f"dn_maxpool_{direction}<{_CTYPE[np.dtype(dtype)]}, {kh}, {kw}, {_bool(layout == 'NHWC')}>"
+    return f"dn_maxpool_{direction}<{CUDA_TYPES[np.dtype(dtype)]}, {kh}, {kw}, {_bool(layout == 'NHWC')}>"
 
 
 CHANNEL_NAMES = tuple(chan_name(lay, dt, v, relu) for lay in _LAYOUT_NAME for dt in DTYPES for v in _WIDTHS[dt]
@@ -354,7 +356,7 @@ def pack_width(dtype, extent: int, ptrs) -> int:
     return 1
 
 
-def _slices(units: int, columns: int, per_block: int, least: int = MIN_PACKS) -> tuple[int, int]:
+def block_slices(units: int, columns: int, per_block: int, least: int = MIN_PACKS) -> tuple[int, int]:
     """(chunk, S): each of ``columns`` block columns splits its ``units`` (packs or rows) into S slices of
     ``chunk``, S as large as TARGET_BLOCKS wants while a slice still gives every thread ``least`` units."""
     want = max(1, TARGET_BLOCKS // columns)
@@ -367,7 +369,7 @@ def _slices(units: int, columns: int, per_block: int, least: int = MIN_PACKS) ->
 def nchw_geometry(n: int, c: int, hw: int, width: int) -> tuple[tuple, tuple, int, int, int]:
     """(grid, block, hwv, chunk, S) of dn_chan_nchw: a channel's N*HW/width packs in S slices of chunk packs."""
     hwv = hw // width
-    chunk, s = _slices(n * hwv, c, BLOCK)
+    chunk, s = block_slices(n * hwv, c, BLOCK)
     return (c, s), (BLOCK, 1), hwv, chunk, s
 
 
@@ -378,7 +380,7 @@ def nhwc_geometry(rows: int, c: int, width: int) -> tuple[tuple, tuple, int, int
     tx = min(32, 1 << max(0, (cv - 1).bit_length()))
     ty = BLOCK // tx
     columns = -(-cv // tx)
-    chunk, s = _slices(rows, columns, ty)
+    chunk, s = block_slices(rows, columns, ty)
     return (columns, s), (tx, ty), chunk, s
 
 

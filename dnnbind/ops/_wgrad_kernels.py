@@ -22,7 +22,7 @@ import functools
 
 import numpy as np
 
-from ._nn_kernels import _CTYPE, _PREAMBLE, BLOCK, DTYPES, INT_LIMIT, TARGET_BLOCKS, _slices
+from ._nn_kernels import BLOCK, CUDA_TYPES, DTYPES, INT_LIMIT, PREAMBLE, TARGET_BLOCKS, block_slices
 from .reference.conv import WGRAD_MAX_TAPS as MAX_TAPS
 
 __all__ = ["BLOCK", "DTYPES", "INT_LIMIT", "MAX_TAPS", "TARGET_BLOCKS", "Geometry", "channels_per_thread", "final_grid",
@@ -32,7 +32,7 @@ __all__ = ["BLOCK", "DTYPES", "INT_LIMIT", "MAX_TAPS", "TARGET_BLOCKS", "Geometr
 MIN_POSITIONS = 4  # output positions per thread at least (the butterflies after the loop cost about 2 positions)
 MAX_SUMS = 64  # NCHW: channels per thread KB = min(4, MAX_SUMS // (T + 1)), KB * (T + 1) sums in registers
 
-SOURCE = _PREAMBLE + r"""
+SOURCE = PREAMBLE + r"""
 #define DN_MAX_TAPS 32
 
 /* m / d for m < 2**31 by a multiply: (umulhi(m, mul) + m) >> shr, mul and shr from the divisor (magic() below);
@@ -207,15 +207,15 @@ def channels_per_thread(taps: int, layout: str) -> int:
 
 def wgrad_name(dtype, taps: int, layout: str) -> str:
     kb, nhwc = channels_per_thread(taps, layout), "true" if layout == "NHWC" else "false"
-    return f"dn_wgrad<{_CTYPE[np.dtype(dtype)]}, {taps}, {kb}, {nhwc}>"
+    return f"dn_wgrad<{CUDA_TYPES[np.dtype(dtype)]}, {taps}, {kb}, {nhwc}>"
 
 
 def final_name(dtype) -> str:
-    return f"dn_wgrad_final<{_CTYPE[np.dtype(dtype)]}>"
+    return f"dn_wgrad_final<{CUDA_TYPES[np.dtype(dtype)]}>"
 
 
 def fwd_name(dtype, taps: int) -> str:
-    return f"dn_small_fwd<{_CTYPE[np.dtype(dtype)]}, {taps}>"
+    return f"dn_small_fwd<{CUDA_TYPES[np.dtype(dtype)]}, {taps}>"
 
 
 FWD_KC = 8  # dn_small_fwd: channels per block (DN_FWD_KC)
@@ -269,12 +269,12 @@ def geometry(layout: str, rows: int, k: int, taps: int) -> tuple[tuple, tuple, i
     each thread keeps MIN_POSITIONS positions (as ops._nn_kernels' channel sums do)."""
     if layout == "NCHW":
         columns = -(-k // channels_per_thread(taps, layout))
-        chunk, s = _slices(rows, columns, BLOCK, MIN_POSITIONS)
+        chunk, s = block_slices(rows, columns, BLOCK, MIN_POSITIONS)
         return (columns, s), (BLOCK, 1), chunk, s
     tx = min(32, 1 << max(0, (k - 1).bit_length()))
     ty = BLOCK // tx
     columns = -(-k // tx)
-    chunk, s = _slices(rows, columns, ty, MIN_POSITIONS)
+    chunk, s = block_slices(rows, columns, ty, MIN_POSITIONS)
     return (columns, s), (tx, ty), chunk, s
 
 

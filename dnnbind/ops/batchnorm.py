@@ -62,23 +62,6 @@ def set_batchnorm_mode(mode: str = "persistent") -> str:
 __all__ = ["batchnorm_backward", "batchnorm_forward_inference", "batchnorm_forward_training", "set_batchnorm_mode"]
 
 
-class _BNDesc(D.TensorDesc):
-    """The (1, C, 1, 1) descriptor cuDNN derives from x's for spatial mode (cudnnDeriveBNTensorDescriptor)."""
-    __slots__ = ()
-
-    def __init__(self, x_desc, dtype):  # an empty descriptor, then derived from x's
-        D._Descriptor.__init__(self)
-        L.cudnnDeriveBNTensorDescriptor(self, x_desc, SPATIAL)
-
-
-def _descs(x_shape: tuple, dtype, layout: str = "NCHW") -> tuple:
-    """(x descriptor, derived parameter descriptor), cached with the other descriptors."""
-    xd = D.tensor_nhwc(x_shape, dtype) if layout == "NHWC" else D.tensor(x_shape, dtype)
-    key = ("bn", x_shape, dtype, layout)
-    bnd = D._cache.get(key) or D._insert(key, lambda: _BNDesc(xd, dtype))
-    return xd, bnd
-
-
 @op(reference.batchnorm_forward_training, "x", "gamma", "beta", "running_mean", "running_var")
 def batchnorm_forward_training(x, gamma, beta, running_mean, running_var, momentum=0.9, eps=1e-5, layout="NCHW"):
     """Batch statistics: ``cudnnBatchNormalizationForwardTraining`` (spatial). Updates running_mean and
@@ -104,7 +87,7 @@ def forward_training_on(ctx, x, gamma, beta, running_mean, running_var, momentum
     m = math.prod(shape) // c
     y = ctx.empty(shape, dtype)
     save_mean, save_inv_std = empty_parts(((c,), (c,)), pdtype, ctx.device)  # one allocation for both
-    xd, bnd = _descs(shape, dtype, layout)
+    xd, bnd = D.batchnorm(shape, dtype, layout)
     h = ctx.dnn()
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
     # the running variance's unbiased stand-in lives only during this call: the stream's shared scratch
@@ -161,7 +144,7 @@ def batchnorm_forward_inference(x, gamma, beta, mean, var, eps=1e-5, layout="NCH
     y = out_like(x.shape, dtype, x.device)
     if not x.size:
         return y
-    xd, bnd = _descs(x.shape, dtype, layout)
+    xd, bnd = D.batchnorm(x.shape, dtype, layout)
     try:
         L.cudnnBatchNormalizationForwardInference(dnn(x), SPATIAL, D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype),
                                                   xd, x.ptr, xd, y.ptr, bnd, gamma.ptr, beta.ptr, mean.ptr,
@@ -203,7 +186,7 @@ def backward_on(ctx, x, dy, gamma, save_mean, save_inv_std, eps: float, layout: 
     dx = ctx.empty(shape, dtype)
     dgamma = out_dgamma if out_dgamma is not None else ctx.empty((c,), pdtype)
     dbeta = out_dbeta if out_dbeta is not None else ctx.empty((c,), pdtype)
-    xd, bnd = _descs(shape, dtype, layout)
+    xd, bnd = D.batchnorm(shape, dtype, layout)
     one, zero = D.scalar_ptr(1, dtype), D.scalar_ptr(0, dtype)
     h = ctx.dnn()
     if m == 1:  # one value per channel: xhat is 0, so dx = 0, dgamma = 0 and dbeta = dy (the reference's formula)

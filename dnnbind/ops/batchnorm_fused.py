@@ -37,7 +37,6 @@ from . import descriptors as D
 from ..runtime.array import empty_parts
 from ._common import cache_insert, dnn, out_like, out_or_new, scratch, with_context
 from ._dispatch import op
-from .batchnorm import _descs as bn_descs
 from .reference import batchnorm_fused as reference
 from .reference.batchnorm import bn_dtypes, bn_scalars
 from .reference.batchnorm_fused import fused_shapes
@@ -79,7 +78,7 @@ class _Plan:
     def __init__(self, h: int, x_shape: tuple, dtype, bn_ops: int) -> None:
         self.ops = bn_ops
         # NOTE: the (1, C, 1, 1) parameter descriptor cuDNN derives is the same for the spatial and persistent modes
-        self.xd, self.bnd = xd, bnd = bn_descs(x_shape, dtype, "NHWC")
+        self.xd, self.bnd = xd, bnd = D.batchnorm(x_shape, dtype, "NHWC")
         fused = bn_ops == OPS
         self.act = act = D.activation("relu", 0.0) if fused else None
         self.zd = zd = xd if fused else None

@@ -28,9 +28,9 @@ from ..runtime.stream import current_stream
 from . import _check, reference
 from . import _nn_kernels as K
 from . import _wgrad_kernels as KW
-from ._common import float_dtype, out_like
+from ._common import exact_ints, float_dtype, out_like, result_array
 from ._dispatch import op
-from .conv import _exact, _target, conv_backward_bias_gemv
+from .conv import conv_backward_bias_gemv
 from .pointwise import activation_backward
 from .reference.conv import bias_relu_wgrad_params
 
@@ -71,7 +71,7 @@ def bias_relu_backward(y, dy, layout="NCHW", out=None):
     dtype = float_dtype(OP, y=y, dy=dy)
     c = _check.conv_bias_params(OP, dy.shape, layout)
     _check.check_same_shape(OP, y=y, dy=dy)
-    db = _target(out, (c,), dtype, dy.device, OP)
+    db = result_array(out, (c,), dtype, dy.device, OP)
     if not _kernel_ok(dy):
         dz = activation_backward(y, dy, y, "relu")
         return dz, conv_backward_bias_gemv(dz, out=db, layout=layout)
@@ -86,7 +86,7 @@ def conv_backward_bias_kernel(dy, out=None, layout="NCHW"):
     k = _check.conv_bias_params("conv_backward_bias", dy.shape, layout)
     if not _kernel_ok(dy):
         return conv_backward_bias_gemv(dy, out=out, layout=layout)
-    db = _target(out, (k,), dy.dtype, dy.device, "conv_backward_bias")
+    db = result_array(out, (k,), dy.dtype, dy.device, "conv_backward_bias")
     _channel_sums(None, dy, None, db, layout)
     return db
 
@@ -108,7 +108,7 @@ def wgrad_fits(x, y, w_shape, layout: str = "NCHW") -> bool:
 def _wgrad_plan(x_shape, w_shape, y_shape, dy_shape, stride, padding, dilation, layout):
     """(w_shape, taps, launch geometry, final grid), the arguments checked once per exact-int argument set."""
     raw = None
-    if _exact(stride) and _exact(padding) and _exact(dilation) and type(w_shape) is tuple and \
+    if exact_ints(stride) and exact_ints(padding) and exact_ints(dilation) and type(w_shape) is tuple and \
             all(type(d) is int for d in w_shape) and type(layout) is str:
         raw = (x_shape, w_shape, y_shape, dy_shape, stride, padding, dilation, layout)
         plan = _wgrad_plans.get(raw)

@@ -18,7 +18,12 @@ from . import _check
 from . import descriptors as D
 from ._common import blas, with_context
 from .blas import gemm_into
-from .tensor_ops import _BATCHED, _DOT, _GEAM, _NRM2, BLAS_FLOATS, INT_MAX, C, _arrays, _out, _real, scale_tensor
+from .tensor_ops import (BLAS_FLOATS, CUBLAS_GEAM, F32, F64, INT_MAX, C, check_gpu_arrays, out_or_empty, real_scalar,
+                         scale_tensor)
+
+_BATCHED = {F32: "cublasSgemmStridedBatched", F64: "cublasDgemmStridedBatched"}
+_DOT = {F32: "cublasSdot_v2", F64: "cublasDdot_v2"}
+_NRM2 = {F32: "cublasSnrm2_v2", F64: "cublasDnrm2_v2"}
 
 
 def _ints(op: str, **dims) -> None:
@@ -37,9 +42,9 @@ def geam(a: NDArray, b: NDArray | None = None, alpha: float = 1.0, beta: float =
          trans_b: bool = False, out: NDArray | None = None) -> NDArray:
     """out = alpha op(a) + beta op(b) for 2-d row-major arrays (cublasSgeam/Dgeam); b None (beta 0) makes
     ``geam(a, trans_a=True)`` a transpose in one call. out may be a (or b) only where its op is no transpose."""
-    dtype = _arrays("geam", BLAS_FLOATS, a=a, b=b, out=out)
-    trans_a, trans_b = _check._flag("geam", "trans_a", trans_a), _check._flag("geam", "trans_b", trans_b)
-    alpha, beta = _real("geam", "alpha", alpha), _real("geam", "beta", beta)
+    dtype = check_gpu_arrays("geam", BLAS_FLOATS, a=a, b=b, out=out)
+    trans_a, trans_b = _check.check_flag("geam", "trans_a", trans_a), _check.check_flag("geam", "trans_b", trans_b)
+    alpha, beta = real_scalar("geam", "alpha", alpha), real_scalar("geam", "beta", beta)
     m, n = _matrix("geam", "a", a, 2, trans_a)
     if b is None:
         if beta != 0:
@@ -58,8 +63,8 @@ def geam(a: NDArray, b: NDArray | None = None, alpha: float = 1.0, beta: float =
         return out
     lda, ldb = (m if trans_a else n), (m if trans_b else n)
     try:
-        getattr(C, _GEAM[dtype])(blas(a), int(trans_a), int(trans_b), n, m, D.scalar_ptr(alpha, dtype), a.ptr,
-                                 lda, D.scalar_ptr(beta, dtype), b.ptr, ldb, out.ptr, n)
+        getattr(C, CUBLAS_GEAM[dtype])(blas(a), int(trans_a), int(trans_b), n, m, D.scalar_ptr(alpha, dtype),
+                                       a.ptr, lda, D.scalar_ptr(beta, dtype), b.ptr, ldb, out.ptr, n)
     except CublasError as exc:
         raise with_context(exc, op="geam", a=a.shape, b=b.shape, trans_a=trans_a, trans_b=trans_b) from None
     return out
@@ -69,16 +74,16 @@ def gemm_strided_batched(a: NDArray, b: NDArray, trans_a: bool = False, trans_b:
                          alpha: float = 1.0, beta: float = 0.0, out: NDArray | None = None) -> NDArray:
     """batch_dot: out[i] = alpha op(a[i]) @ op(b[i]) + beta out[i], a (B, M, K) or (B, K, M) if trans_a,
     b (B, K, N) or (B, N, K) if trans_b, out (B, M, N), row-major (cublasSgemmStridedBatched/Dgemm...)."""
-    dtype = _arrays("gemm_strided_batched", BLAS_FLOATS, a=a, b=b, out=out)
+    dtype = check_gpu_arrays("gemm_strided_batched", BLAS_FLOATS, a=a, b=b, out=out)
     op = "gemm_strided_batched"
-    trans_a, trans_b = _check._flag(op, "trans_a", trans_a), _check._flag(op, "trans_b", trans_b)
-    alpha, beta = _real(op, "alpha", alpha), _real(op, "beta", beta)
+    trans_a, trans_b = _check.check_flag(op, "trans_a", trans_a), _check.check_flag(op, "trans_b", trans_b)
+    alpha, beta = real_scalar(op, "alpha", alpha), real_scalar(op, "beta", beta)
     batch, m, k = _matrix(op, "a", a, 3, trans_a)
     batch_b, kb, n = _matrix(op, "b", b, 3, trans_b)
     if batch_b != batch or kb != k:
         raise DnnbindValueError(f"{op}: op(a) is {(batch, m, k)} but op(b) is {(batch_b, kb, n)} (a {a.shape}, "
                          f"b {b.shape}, trans_a={trans_a}, trans_b={trans_b}); batch and inner dims must agree")
-    out = _out(op, out, (batch, m, n), dtype, a.device, beta)
+    out = out_or_empty(op, out, (batch, m, n), dtype, a.device, beta)
     _ints(op, m=m, n=n, k=k, batch=batch)
     if out.size == 0:
         return out
@@ -98,10 +103,10 @@ def matmul2d(a: NDArray, b: NDArray, trans_a: bool = False, trans_b: bool = Fals
              alpha: float = 1.0, beta: float = 0.0) -> NDArray:
     """out = alpha op(a) @ op(b) + beta out for 2-d row-major arrays: (M, K) x (K, N) -> (M, N) (Sgemm/Dgemm).
     nd.dot of any ranks reshapes to this: (..., K) x (K, ...) is (prod(...), K) x (K, prod(...))."""
-    dtype = _arrays("matmul2d", BLAS_FLOATS, a=a, b=b, out=out)
+    dtype = check_gpu_arrays("matmul2d", BLAS_FLOATS, a=a, b=b, out=out)
     m, n, k = _check.gemm_params("matmul2d", a.shape, b.shape, None, trans_a, trans_b)
-    alpha, beta = _real("matmul2d", "alpha", alpha), _real("matmul2d", "beta", beta)
-    out = _out("matmul2d", out, (m, n), dtype, a.device, beta)
+    alpha, beta = real_scalar("matmul2d", "alpha", alpha), real_scalar("matmul2d", "beta", beta)
+    out = out_or_empty("matmul2d", out, (m, n), dtype, a.device, beta)
     _ints("matmul2d", m=m, n=n, k=k)
     if out.size == 0:
         return out
@@ -137,7 +142,7 @@ def _device_result(op: str, x: NDArray, fn_name: str, args: tuple, out: NDArray 
 
 def dot(x: NDArray, y: NDArray, out: NDArray | None = None) -> NDArray:
     """sum(x * y) over all elements into a 1-element device array (cublasSdot_v2/Ddot_v2, device result)."""
-    dtype = _arrays("dot", BLAS_FLOATS, x=x, y=y, out=out)
+    dtype = check_gpu_arrays("dot", BLAS_FLOATS, x=x, y=y, out=out)
     if x.size != y.size:
         raise DnnbindValueError(f"dot: x {x.shape} and y {y.shape} have different sizes")
     _ints("dot", n=x.size)
@@ -146,6 +151,6 @@ def dot(x: NDArray, y: NDArray, out: NDArray | None = None) -> NDArray:
 
 def nrm2(x: NDArray, out: NDArray | None = None) -> NDArray:
     """sqrt(sum(x**2)) over all elements into a 1-element device array (cublasSnrm2_v2/Dnrm2_v2)."""
-    dtype = _arrays("nrm2", BLAS_FLOATS, x=x, out=out)
+    dtype = check_gpu_arrays("nrm2", BLAS_FLOATS, x=x, out=out)
     _ints("nrm2", n=x.size)
     return _device_result("nrm2", x, _NRM2[dtype], (x.size, x.ptr, 1), out)

@@ -30,7 +30,8 @@ from ..runtime.exec_context import exec_context
 from . import _check, algos, conv_backend, reference
 from . import _wgrad_kernels as KW
 from . import descriptors as D
-from ._common import borrow_workspace, cache_insert, dnn, float_dtype, out_like, out_or_new, with_context
+from ._common import (borrow_workspace, cache_insert, dnn, exact_ints, float_dtype, out_like, result_array,
+                      with_context)
 from ._dispatch import op
 from .blas import ones_vector, row_sums_into, sum_rows_into
 from .reference.conv import conv3d_bias_params, conv3d_grad_params, conv3d_params
@@ -157,10 +158,6 @@ def _annotate(direction, algo, key, ws_bytes, dtype, **shapes) -> None:
     hooks.annotate(**shapes, dtype=dtype.name, math=config.math_mode(), **plan)
 
 
-def _exact(v) -> bool:
-    return type(v) is int or (type(v) is tuple and all(type(e) is int for e in v))
-
-
 def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape=None, dy_shape=None,
            layout="NCHW"):
     """Validate once per argument set (with the bias, or the gradient's shape for a backward); build the
@@ -168,7 +165,8 @@ def _setup(opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b
     math = config.math_mode()
     raw = None
     # Only exact ints are cached: 1.0 and True hash like 1 but must still be refused by the checks below.
-    if _exact(stride) and _exact(padding) and _exact(dilation) and type(groups) is int and type(layout) is str:
+    if exact_ints(stride) and exact_ints(padding) and exact_ints(dilation) and type(groups) is int and \
+            type(layout) is str:
         raw = (opname, x_shape, w_shape, stride, padding, dilation, groups, dtype, b_shape, dy_shape, math, layout)
         plan = _plans.get(raw)
         if plan is not None:
@@ -350,7 +348,7 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
 
 def backward_filter_on(ctx, plan: _Plan, x, dy, out=None):
     """conv_backward_filter on checked arrays (see forward_on), into ``out`` (checked here) if given."""
-    dw = _target(out, plan.params[1], plan.dtype, ctx.device, "conv_backward_filter") if out is not None \
+    dw = result_array(out, plan.params[1], plan.dtype, ctx.device, "conv_backward_filter") if out is not None \
         else ctx.empty(plan.params[1], plan.dtype)
     xp, dyp, dwp = x.ptr, dy.ptr, dw.ptr
     xd, dyd, dwd, cdesc, one, zero = plan.xd, plan.yd, plan.wd, plan.cdesc, plan.one, plan.zero
@@ -383,13 +381,6 @@ def conv_backward_bias(dy, layout="NCHW"):
     return db
 
 
-def _target(out, shape, dtype, device, opname):
-    """``out`` checked as the result's buffer (ops._common.out_or_new), else a new array (out_like)."""
-    if out is None:
-        return out_like(shape, dtype, device)
-    return out_or_new(opname, "out", out, tuple(shape), dtype, device)
-
-
 def conv_backward_bias_gemv(dy, out=None, layout="NCHW"):
     """Same result as conv_backward_bias, as two cuBLAS gemv against ones (sum over N, then over H*W).
 
@@ -415,7 +406,7 @@ def backward_bias_on(ctx, dy, out=None, layout="NCHW"):
     # the (K*H*W,) partial sums live only between the two gemvs: the stream's shared scratch, not an allocation
     per_pixel, _, held = borrow_workspace(ctx, k * hw * dtype.itemsize)
     sum_rows_into(h, dy.ptr, ones_vector(ctx.device, n, dtype).ptr, per_pixel, n, k * hw, 1.0, 0.0, dtype)
-    db = _target(out, (k,), dtype, ctx.device, "conv_backward_bias") if out is not None else ctx.empty((k,), dtype)
+    db = result_array(out, (k,), dtype, ctx.device, "conv_backward_bias") if out is not None else ctx.empty((k,), dtype)
     if layout == "NHWC":  # per_pixel is (H*W, K): sum its rows
         sum_rows_into(h, per_pixel, ones_vector(ctx.device, hw, dtype).ptr, db.ptr, hw, k, 1.0, 0.0, dtype)
     else:  # per_pixel is (K, H*W): sum each row

@@ -59,7 +59,10 @@ def _int_array(values) -> ctypes.Array:
     return (ctypes.c_int * len(values))(*values)
 
 
-class _Descriptor:
+class OwnedDescriptor:
+    """Base of every cuDNN descriptor here: a subclass names its C create/destroy functions in ``_create`` and
+    ``_destroy`` and sets it up in ``__init__`` after ``super().__init__()``; the object frees the descriptor when it
+    is collected (or on ``close()``)."""
     _create = _destroy = ""
     __slots__ = ("_as_parameter_", "_finalizer", "__weakref__")
 
@@ -81,7 +84,7 @@ def _destroy(fn_name: str, handle: int) -> None:
         pass
 
 
-class TensorDesc(_Descriptor):
+class TensorDesc(OwnedDescriptor):
     _create, _destroy = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
     __slots__ = ()
 
@@ -94,7 +97,7 @@ class TensorDesc(_Descriptor):
             L.cudnnSetTensorNdDescriptorEx(self, fmt, cudnn_dtype("tensor", dtype), len(shape), _int_array(shape))
 
 
-class FilterDesc(_Descriptor):
+class FilterDesc(OwnedDescriptor):
     _create, _destroy = "cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor"
     __slots__ = ()
 
@@ -107,7 +110,7 @@ class FilterDesc(_Descriptor):
             L.cudnnSetFilterNdDescriptor(self, cudnn_dtype("filter", dtype), fmt, len(shape), _int_array(shape))
 
 
-class ConvDesc(_Descriptor):
+class ConvDesc(OwnedDescriptor):
     _create, _destroy = "cudnnCreateConvolutionDescriptor", "cudnnDestroyConvolutionDescriptor"
     __slots__ = ()
 
@@ -130,7 +133,7 @@ class ConvDesc(_Descriptor):
         L.cudnnSetConvolutionMathType(self, math_type)
 
 
-class ActivationDesc(_Descriptor):
+class ActivationDesc(OwnedDescriptor):
     _create, _destroy = "cudnnCreateActivationDescriptor", "cudnnDestroyActivationDescriptor"
     __slots__ = ()
 
@@ -143,7 +146,7 @@ class ActivationDesc(_Descriptor):
         L.cudnnSetActivationDescriptor(self, self.MODES[mode], cudnn.CUDNN_PROPAGATE_NAN, float(coef))
 
 
-class LRNDesc(_Descriptor):
+class LRNDesc(OwnedDescriptor):
     _create, _destroy = "cudnnCreateLRNDescriptor", "cudnnDestroyLRNDescriptor"
     __slots__ = ()
 
@@ -152,7 +155,7 @@ class LRNDesc(_Descriptor):
         L.cudnnSetLRNDescriptor(self, n, alpha, beta, k)  # cuDNN divides alpha by n itself, as MXNet's LRN does
 
 
-class PoolingDesc(_Descriptor):
+class PoolingDesc(OwnedDescriptor):
     _create, _destroy = "cudnnCreatePoolingDescriptor", "cudnnDestroyPoolingDescriptor"
     __slots__ = ()
 
@@ -210,6 +213,24 @@ def filt_nhwc(shape: tuple, dtype) -> FilterDesc:
     key = ("fn", shape, dtype)
     k, r, s, c = shape
     return _cache.get(key) or _insert(key, lambda: FilterDesc((k, c, r, s), dtype, cudnn.CUDNN_TENSOR_NHWC))
+
+
+class BatchNormParamDesc(TensorDesc):
+    """The (1, C, 1, 1) descriptor cuDNN derives from x's for spatial mode (cudnnDeriveBNTensorDescriptor)."""
+    __slots__ = ()
+
+    def __init__(self, x_desc, dtype):  # an empty descriptor, then derived from x's
+        OwnedDescriptor.__init__(self)
+        L.cudnnDeriveBNTensorDescriptor(self, x_desc, cudnn.CUDNN_BATCHNORM_SPATIAL)
+
+
+def batchnorm(x_shape: tuple, dtype, layout: str = "NCHW") -> tuple:
+    """(x descriptor, derived parameter descriptor) of spatial BatchNorm (ops/batchnorm.py, ops/batchnorm_fused.py)
+    on an x of ``x_shape``: 4-D NHWC for ``layout="NHWC"``, else as ``tensor`` folds it."""
+    xd = tensor_nhwc(x_shape, dtype) if layout == "NHWC" else tensor(x_shape, dtype)
+    key = ("bn", x_shape, dtype, layout)
+    bnd = _cache.get(key) or _insert(key, lambda: BatchNormParamDesc(xd, dtype))
+    return xd, bnd
 
 
 def as4d(shape: tuple) -> tuple:
@@ -272,7 +293,7 @@ def conv_output_dim_nd(x_shape, w_shape, padding, stride, dilation, groups, dtyp
 
 # --- RNN (ops/defs/rnn.py) -------------------------------------------------------------------------------------
 
-class StateTensorDesc(_Descriptor):
+class StateTensorDesc(OwnedDescriptor):
     """A packed 3-D tensor descriptor (layers * directions, batch, size): an RNN's hx/cx/hy/cy. NOTE: cuDNN's RNN
     calls want exactly 3 dims here; the 4-D descriptors above (trailing 1) are refused."""
     _create, _destroy = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
@@ -285,7 +306,7 @@ class StateTensorDesc(_Descriptor):
         L.cudnnSetTensorNdDescriptor(self, cudnn_dtype("rnn", dtype), 3, dims, strides)
 
 
-class RNNDesc(_Descriptor):
+class RNNDesc(OwnedDescriptor):
     """cudnnSetRNNDescriptor_v8 (+ cudnnRNNSetClip_v8). ``dropout`` is a dropout descriptor (ops/dropout.py's, kept
     alive here: cuDNN reads it at every training forward) or None."""
     _create, _destroy = "cudnnCreateRNNDescriptor", "cudnnDestroyRNNDescriptor"
@@ -321,7 +342,7 @@ class RNNDesc(_Descriptor):
 _ZERO_FILL = ctypes.c_double(0.0)  # the padding value of an RNN output: 8 zero bytes read as any data type
 
 
-class RNNDataDesc(_Descriptor):
+class RNNDataDesc(OwnedDescriptor):
     """cudnnSetRNNDataDescriptor, padded sequence-major (MXNet's TNC): ``lengths`` one per batch entry; padding in
     an output is filled with 0 (MXNet's outputs past a sequence's length)."""
     _create, _destroy = "cudnnCreateRNNDataDescriptor", "cudnnDestroyRNNDataDescriptor"
@@ -355,7 +376,7 @@ def rnn_data(dtype, max_len: int, batch: int, vector: int, lengths: tuple) -> RN
 
 # --- CTC loss (ops/defs/ctc_loss.py) ---------------------------------------------------------------------------
 
-class CTCLossDesc(_Descriptor):
+class CTCLossDesc(OwnedDescriptor):
     """float32 compute, softmax applied inside (the input is unnormalized activations and the gradient is w.r.t.
     them), a zero gradient for a sample with no alignment, labels up to ``max_label`` long."""
     _create, _destroy = "cudnnCreateCTCLossDescriptor", "cudnnDestroyCTCLossDescriptor"

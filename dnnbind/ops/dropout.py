@@ -57,7 +57,7 @@ RATES_PER_HANDLE = 32  # dropout descriptors kept per handle (one per rate p); b
 _UNSEEDED = object()  # the generation of states seeded with generation=None (any other generation re-seeds them)
 
 
-class DropoutDesc(D._Descriptor):
+class DropoutDesc(D.OwnedDescriptor):
     _create, _destroy = "cudnnCreateDropoutDescriptor", "cudnnDestroyDropoutDescriptor"
     __slots__ = ()
 

@@ -32,7 +32,7 @@ REDUCE_OPS = {"sum": cudnn.CUDNN_REDUCE_TENSOR_ADD, "prod": cudnn.CUDNN_REDUCE_T
 
 
 # -- descriptors -----------------------------------------------------------------------------------------------
-class TensorNdDesc(D._Descriptor):
+class TensorNdDesc(D.OwnedDescriptor):
     """cudnnSetTensorNdDescriptor with 4..8 dims; ``dims``/``strides`` are what cuDNN was given."""
     _create, _destroy = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
     __slots__ = ("dims", "strides")
@@ -45,7 +45,7 @@ class TensorNdDesc(D._Descriptor):
         self.dims, self.strides = dims, strides
 
 
-class OpTensorDesc(D._Descriptor):
+class OpTensorDesc(D.OwnedDescriptor):
     _create, _destroy = "cudnnCreateOpTensorDescriptor", "cudnnDestroyOpTensorDescriptor"
     __slots__ = ()
 
@@ -55,7 +55,7 @@ class OpTensorDesc(D._Descriptor):
         L.cudnnSetOpTensorDescriptor(self, OP_TENSOR_OPS[op], _compute(dtype), cudnn.CUDNN_PROPAGATE_NAN)
 
 
-class ReduceDesc(D._Descriptor):
+class ReduceDesc(D.OwnedDescriptor):
     _create, _destroy = "cudnnCreateReduceTensorDescriptor", "cudnnDestroyReduceTensorDescriptor"
     __slots__ = ()
 
@@ -75,10 +75,11 @@ _descs: dict = {}
 _lock = threading.Lock()
 
 
-def _cached(key, make):
-    """Lock-free lookup; creation and insertion under a lock. Over the cap the oldest quarter is dropped
+def cached(key, make):
+    """The value cached under ``key`` (descriptors, and tensor_ops' workspace sizes), made by ``make()`` on a miss.
+    Lock-free lookup; creation and insertion under a lock. Over the cap the oldest quarter is dropped
     (dicts keep insertion order). A dropped descriptor is destroyed only when nothing uses it any more: calls
-    and recorded steps hold the Python object itself (weakref.finalize in descriptors._Descriptor)."""
+    and recorded steps hold the Python object itself (weakref.finalize in descriptors.OwnedDescriptor)."""
     d = _descs.get(key)
     if d is None:
         with _lock:
@@ -105,7 +106,7 @@ def tensor_nd(shape, dtype, strides=None) -> TensorNdDesc:
     pad = max(MIN_DIMS - len(shape), 0)
     dims, padded = shape + (1,) * pad, strides + (1,) * pad
     key = ("t", shape, dtype, None if strides == _contiguous(shape) else strides)
-    return _cached(key, lambda: TensorNdDesc(dims, padded, dtype))
+    return cached(key, lambda: TensorNdDesc(dims, padded, dtype))
 
 
 def _layout(op: str, shape, strides, dtype):
@@ -127,25 +128,29 @@ def _layout(op: str, shape, strides, dtype):
     elif any(s == 0 and d > 1 for d, s in zip(shape, strides)):
         raise DnnbindValueError(f"{op}: strides {strides} for shape {shape}: cuDNN takes a zero stride only on a dim "
                          "of 1 (no broadcast reads)")
-    if math.prod(shape) > INT_MAX or _span(shape, strides) > INT_MAX:
+    if math.prod(shape) > INT_MAX or stride_span(shape, strides) > INT_MAX:
         raise DnnbindValueError(f"{op}: shape {shape} strides {strides} reach past 2**31 - 1 elements, cuDNN's limit")
     D.cudnn_dtype(op, dtype)  # raises TypeError naming the op
     return shape, strides, np.dtype(dtype)
 
 
-def _span(shape: tuple, strides: tuple) -> int:
+def stride_span(shape: tuple, strides: tuple) -> int:
+    """The distance, in elements, between the lowest and the highest element that ``shape`` read with ``strides``
+    reaches."""
     return sum((d - 1) * abs(s) for d, s in zip(shape, strides))
 
 
 _contiguous = contiguous_strides
 
 
-def _op_desc(op: str, dtype) -> OpTensorDesc:
-    return _cached(("o", op, dtype), lambda: OpTensorDesc(op, dtype))
+def op_tensor_desc(op: str, dtype) -> OpTensorDesc:
+    """The cached OpTensor descriptor of ``op`` (a key of OP_TENSOR_OPS) for ``dtype`` data."""
+    return cached(("o", op, dtype), lambda: OpTensorDesc(op, dtype))
 
 
-def _reduce_desc(op: str, dtype, indices: bool) -> ReduceDesc:
-    return _cached(("r", op, dtype, indices), lambda: ReduceDesc(op, dtype, indices))
+def reduce_tensor_desc(op: str, dtype, indices: bool) -> ReduceDesc:
+    """The cached ReduceTensor descriptor of ``op`` (a key of REDUCE_OPS), with or without indices."""
+    return cached(("r", op, dtype, indices), lambda: ReduceDesc(op, dtype, indices))
 
 
 # -- canonical shapes (see the module NOTE) --------------------------------------------------------------------
@@ -162,17 +167,21 @@ def _merge(shape: tuple, kinds) -> list:
     return out
 
 
-def _broadcast_layout(shape: tuple, b_shape: tuple) -> tuple[tuple, tuple]:
+def canonical_broadcast(shape: tuple, b_shape: tuple) -> tuple[tuple, tuple]:
+    """(a's dims, b's dims) for an a of ``shape`` with b of ``b_shape`` broadcast to it, in canonical form."""
     merged = _merge(shape, [db != 1 for db in b_shape])
     return tuple(d for d, _ in merged), tuple(d if full else 1 for d, full in merged)
 
 
-def _reduce_layout(shape: tuple, axes: tuple) -> tuple[tuple, tuple]:
+def canonical_reduce(shape: tuple, axes: tuple) -> tuple[tuple, tuple]:
+    """(input dims, output dims) of a reduction of ``shape`` over the sorted ``axes``, in canonical form."""
     merged = _merge(shape, [i in axes for i in range(len(shape))])
     return tuple(d for d, _ in merged), tuple(1 if red else d for d, red in merged)
 
 
-def _strided_layout(shape: tuple, strides: tuple) -> tuple[tuple, tuple]:
+def canonical_strided(shape: tuple, strides: tuple) -> tuple[tuple, tuple]:
+    """(dims, strides) reading the same elements in the same order as ``shape`` with ``strides``, in canonical
+    form."""
     dims, st = [], []
     for d, s in zip(shape, strides):
         if d == 1:
@@ -186,12 +195,13 @@ def _strided_layout(shape: tuple, strides: tuple) -> tuple[tuple, tuple]:
     return tuple(dims), tuple(st)
 
 
-def _rank(dims: tuple) -> int:
+def descriptor_rank(dims: tuple) -> int:
+    """The rank cuDNN is given for ``dims`` (short ones are padded to MIN_DIMS)."""
     return max(len(dims), MIN_DIMS)
 
 
-def _fits(op: str, dims: tuple, limit: int, what: str) -> None:
+def check_dims_fit(op: str, dims: tuple, limit: int, what: str) -> None:
     """NotImplementedError (the table's cue to use its NVRTC kernel) when cuDNN cannot take these dims."""
-    if _rank(dims) > limit or math.prod(dims) > INT_MAX:
+    if descriptor_rank(dims) > limit or math.prod(dims) > INT_MAX:
         raise NotImplementedError(f"{op}: {what} needs {len(dims)} dims after merging (cuDNN takes at most "
                                   f"{limit}) or more than 2**31 - 1 elements")

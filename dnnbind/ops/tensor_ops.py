@@ -28,15 +28,15 @@ import numpy as np
 
 from .._lib import cublas, cudnn
 from .._lib.errors import CublasError, CudnnError
-from ..runtime.array import NDArray, empty
+from ..runtime.array import NDArray, contiguous_strides, empty
 from ..runtime.memory import D2D, DeviceBuffer, memcpy
 from ..runtime.stream import current_stream
 from . import _check
 from . import descriptors as D
 from ._common import blas, dnn, with_context, workspace
-from .tensor_layout import (INT_MAX, MAX_DIMS, MIN_DIMS, OP_TENSOR_OPS, REDUCE_OPS, _broadcast_layout,  # noqa: F401
-                            _cached, _contiguous, _fits, _op_desc, _reduce_desc, _reduce_layout, _rank, _span,
-                            _strided_layout, tensor_nd)
+from .tensor_layout import (INT_MAX, MAX_DIMS, MIN_DIMS, OP_TENSOR_OPS, REDUCE_OPS, cached,  # noqa: F401
+                            canonical_broadcast, canonical_reduce, canonical_strided, check_dims_fit, descriptor_rank,
+                            op_tensor_desc, reduce_tensor_desc, stride_span, tensor_nd)
 
 L, C = cudnn.lib, cublas.lib
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
@@ -47,14 +47,11 @@ REDUCE_MAX_DIMS = MAX_DIMS
 UNARY_OPS = ("sqrt", "not")
 INDEX_OPS = ("min", "max")  # cuDNN computes indices for MIN and MAX only
 _EMPTY_IDENTITY = {"sum": 0.0, "norm1": 0.0, "norm2": 0.0, "prod": 1.0, "mean": math.nan}
-_GEAM = {F32: "cublasSgeam", F64: "cublasDgeam"}
-_BATCHED = {F32: "cublasSgemmStridedBatched", F64: "cublasDgemmStridedBatched"}
-_DOT = {F32: "cublasSdot_v2", F64: "cublasDdot_v2"}
-_NRM2 = {F32: "cublasSnrm2_v2", F64: "cublasDnrm2_v2"}
+CUBLAS_GEAM = {F32: "cublasSgeam", F64: "cublasDgeam"}  # the geam function per dtype (here and ops/blas_tensor.py)
 
 
 # -- argument checks -------------------------------------------------------------------------------------------
-def _arrays(op: str, allowed: tuple, **arrays) -> np.dtype:
+def check_gpu_arrays(op: str, allowed: tuple, **arrays) -> np.dtype:
     """All given arrays (None skipped) are GPU NDArrays on one device with one dtype from ``allowed``."""
     device = None
     for name, a in arrays.items():
@@ -72,11 +69,13 @@ def _arrays(op: str, allowed: tuple, **arrays) -> np.dtype:
     return _check.check_dtype(op, allowed, **arrays)
 
 
-def _real(op: str, name: str, value) -> float:
+def real_scalar(op: str, name: str, value) -> float:
+    """An alpha/beta argument as a float (ops._check.scalar's checks; a float passes straight through)."""
     return value if type(value) is float else _check.scalar(op, name, value)
 
 
-def _out(op: str, out, shape: tuple, dtype, device, beta: float, also=None) -> NDArray:
+def out_or_empty(op: str, out, shape: tuple, dtype, device, beta: float, also=None) -> NDArray:
+    """The given ``out`` (of ``shape``, or of ``also`` where given), else a new array; beta != 0 needs ``out``."""
     if out is None:
         if beta != 0:
             raise DnnbindValueError(f"{op}: beta={beta} blends into out, so it needs out; pass out or beta=0")
@@ -117,7 +116,7 @@ def can_op_tensor(op: str, a_shape, b_shape, dtype) -> bool:
     if op not in OP_TENSOR_OPS or np.dtype(dtype) not in DNN_FLOATS or len(a_shape) != len(b_shape) \
             or any(db != d and db != 1 for db, d in zip(b_shape, a_shape)) or math.prod(a_shape) > INT_MAX:
         return False
-    return _rank(_broadcast_layout(a_shape, b_shape)[0]) <= OP_TENSOR_MAX_DIMS
+    return descriptor_rank(canonical_broadcast(a_shape, b_shape)[0]) <= OP_TENSOR_MAX_DIMS
 
 
 def can_add_tensor(b_shape, y_shape, dtype) -> bool:
@@ -132,7 +131,7 @@ def can_reduce(op: str, shape, axes, dtype, indices: bool = False) -> bool:
             or math.prod(shape) > INT_MAX:
         return False
     axes = _normalize_axes("can_reduce", axes, len(shape))
-    return _rank(_reduce_layout(shape, axes)[0]) <= REDUCE_MAX_DIMS
+    return descriptor_rank(canonical_reduce(shape, axes)[0]) <= REDUCE_MAX_DIMS
 
 
 def can_transform(shape, strides, dtype) -> bool:
@@ -141,9 +140,9 @@ def can_transform(shape, strides, dtype) -> bool:
     shape, strides = tuple(shape), tuple(strides)
     if np.dtype(dtype) not in DNN_FLOATS or len(shape) != len(strides) or any(s == 0 and d > 1 for d, s in
                                                                              zip(shape, strides)) \
-            or math.prod(shape) > INT_MAX or _span(shape, strides) > INT_MAX:
+            or math.prod(shape) > INT_MAX or stride_span(shape, strides) > INT_MAX:
         return False
-    return _rank(_strided_layout(shape, strides)[0]) <= MAX_DIMS
+    return descriptor_rank(canonical_strided(shape, strides)[0]) <= MAX_DIMS
 
 
 # -- cuDNN calls -----------------------------------------------------------------------------------------------
@@ -156,19 +155,19 @@ def op_tensor(op: str, a: NDArray, b: NDArray | None = None, out: NDArray | None
     unary = op in UNARY_OPS
     if b is None and not unary:
         raise DnnbindValueError(f"op_tensor: {op} needs b")
-    dtype = _arrays("op_tensor", DNN_FLOATS, a=a, b=None if unary else b, out=out)
-    alpha1, alpha2, beta = (_real("op_tensor", n, v) for n, v in (("alpha1", alpha1), ("alpha2", alpha2),
-                                                                      ("beta", beta)))
+    dtype = check_gpu_arrays("op_tensor", DNN_FLOATS, a=a, b=None if unary else b, out=out)
+    alpha1, alpha2, beta = (real_scalar("op_tensor", n, v) for n, v in (("alpha1", alpha1), ("alpha2", alpha2),
+                                                                           ("beta", beta)))
     b = a if unary else b
     _broadcast_check("op_tensor", b.shape, a.shape)
-    out = _out("op_tensor", out, a.shape, dtype, a.device, beta)
+    out = out_or_empty("op_tensor", out, a.shape, dtype, a.device, beta)
     if a.size == 0:
         return out
-    a_dims, b_dims = _broadcast_layout(a.shape, b.shape)
-    _fits("op_tensor", a_dims, OP_TENSOR_MAX_DIMS, f"a {a.shape} with b {b.shape}")
+    a_dims, b_dims = canonical_broadcast(a.shape, b.shape)
+    check_dims_fit("op_tensor", a_dims, OP_TENSOR_MAX_DIMS, f"a {a.shape} with b {b.shape}")
     ad = tensor_nd(a_dims, dtype)
     try:
-        L.cudnnOpTensor(dnn(a), _op_desc(op, dtype), D.scalar_ptr(alpha1, dtype), ad, a.ptr,
+        L.cudnnOpTensor(dnn(a), op_tensor_desc(op, dtype), D.scalar_ptr(alpha1, dtype), ad, a.ptr,
                         D.scalar_ptr(alpha2, dtype), tensor_nd(b_dims, dtype), b.ptr, D.scalar_ptr(beta, dtype),
                         ad, out.ptr)
     except CudnnError as exc:
@@ -178,13 +177,13 @@ def op_tensor(op: str, a: NDArray, b: NDArray | None = None, out: NDArray | None
 
 def add_tensor_nd(b: NDArray, y: NDArray, alpha: float = 1.0, beta: float = 1.0) -> NDArray:
     """y = alpha b + beta y in place (cudnnAddTensor), b broadcast to y (same rank, dims equal or 1)."""
-    dtype = _arrays("add_tensor_nd", DNN_FLOATS, b=b, y=y)
-    alpha, beta = _real("add_tensor_nd", "alpha", alpha), _real("add_tensor_nd", "beta", beta)
+    dtype = check_gpu_arrays("add_tensor_nd", DNN_FLOATS, b=b, y=y)
+    alpha, beta = real_scalar("add_tensor_nd", "alpha", alpha), real_scalar("add_tensor_nd", "beta", beta)
     _broadcast_check("add_tensor_nd", b.shape, y.shape, ("b", "y"))
     if y.size == 0:
         return y
-    y_dims, b_dims = _broadcast_layout(y.shape, b.shape)
-    _fits("add_tensor_nd", y_dims, OP_TENSOR_MAX_DIMS, f"y {y.shape} with b {b.shape}")
+    y_dims, b_dims = canonical_broadcast(y.shape, b.shape)
+    check_dims_fit("add_tensor_nd", y_dims, OP_TENSOR_MAX_DIMS, f"y {y.shape} with b {b.shape}")
     try:
         L.cudnnAddTensor(dnn(y), D.scalar_ptr(alpha, dtype), tensor_nd(b_dims, dtype), b.ptr,
                          D.scalar_ptr(beta, dtype), tensor_nd(y_dims, dtype), y.ptr)
@@ -202,28 +201,28 @@ def reduce_tensor(op: str, x: NDArray, axes=None, out: NDArray | None = None, in
     order, shaped like out. Returns out, or (out, indices)."""
     if op not in REDUCE_OPS:
         raise DnnbindValueError(f"reduce_tensor: op must be one of {tuple(REDUCE_OPS)}, got {op!r}")
-    dtype = _arrays("reduce_tensor", DNN_FLOATS, x=x, out=out)
+    dtype = check_gpu_arrays("reduce_tensor", DNN_FLOATS, x=x, out=out)
     if not isinstance(indices, (bool, np.bool_)):
         raise DnnbindTypeError(f"reduce_tensor: indices must be a bool, got {indices!r}")
     if indices and op not in INDEX_OPS:
         raise DnnbindValueError(f"reduce_tensor: indices=True needs op 'min' or 'max' (cuDNN's rule), got {op!r}")
-    alpha, beta = _real("reduce_tensor", "alpha", alpha), _real("reduce_tensor", "beta", beta)
+    alpha, beta = real_scalar("reduce_tensor", "alpha", alpha), real_scalar("reduce_tensor", "beta", beta)
     axes = _normalize_axes("reduce_tensor", axes, x.ndim)
     keep = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
     dropped = tuple(d for i, d in enumerate(x.shape) if i not in axes)
-    out = _out("reduce_tensor", out, keep, dtype, x.device, beta, also=dropped)
+    out = out_or_empty("reduce_tensor", out, keep, dtype, x.device, beta, also=dropped)
     idx = empty(out.shape, np.int32, x.device) if indices and x.size == 0 else None
     if x.size == 0:
         return _reduce_empty(op, x, axes, out, alpha, beta, idx)
-    a_dims, c_dims = _reduce_layout(x.shape, axes)
-    _fits("reduce_tensor", a_dims, REDUCE_MAX_DIMS, f"x {x.shape} over axes {axes}")
+    a_dims, c_dims = canonical_reduce(x.shape, axes)
+    check_dims_fit("reduce_tensor", a_dims, REDUCE_MAX_DIMS, f"x {x.shape} over axes {axes}")
     if a_dims == c_dims:  # nothing to reduce (axes of size 1): cuDNN refuses equal shapes ("!dims_differ")
         return _reduce_nothing(op, x, out, a_dims, alpha, beta, indices)
-    ad, cd, rd = tensor_nd(a_dims, dtype), tensor_nd(c_dims, dtype), _reduce_desc(op, dtype, indices)
+    ad, cd, rd = tensor_nd(a_dims, dtype), tensor_nd(c_dims, dtype), reduce_tensor_desc(op, dtype, indices)
     h = dnn(x)
     try:
-        ws_size, idx_size = _cached(("rs", op, dtype, indices, a_dims, c_dims, x.device),
-                                    lambda: _reduce_sizes(h, rd, ad, cd, indices))
+        ws_size, idx_size = cached(("rs", op, dtype, indices, a_dims, c_dims, x.device),
+                                   lambda: _reduce_sizes(h, rd, ad, cd, indices))
         idx_ptr = idx_bytes = 0
         if indices:
             # NOTE: sized as cuDNN asks, at least one uint32 per output; the int32 view is out-shaped.
@@ -253,8 +252,8 @@ def _reduce_nothing(op, x, out, dims, alpha, beta, indices):
     dtype, d = x.dtype, tensor_nd(dims, x.dtype)
     try:
         if op in ("amax", "norm1", "norm2"):
-            L.cudnnOpTensor(dnn(x), _op_desc("max" if alpha >= 0 else "min", dtype), D.scalar_ptr(alpha, dtype), d,
-                            x.ptr, D.scalar_ptr(-alpha, dtype), d, x.ptr, D.scalar_ptr(beta, dtype), d, out.ptr)
+            L.cudnnOpTensor(dnn(x), op_tensor_desc("max" if alpha >= 0 else "min", dtype), D.scalar_ptr(alpha, dtype),
+                            d, x.ptr, D.scalar_ptr(-alpha, dtype), d, x.ptr, D.scalar_ptr(beta, dtype), d, out.ptr)
         else:
             L.cudnnAddTensor(dnn(x), D.scalar_ptr(alpha, dtype), d, x.ptr, D.scalar_ptr(beta, dtype), d, out.ptr)
     except CudnnError as exc:
@@ -284,8 +283,8 @@ def transform_tensor(x: NDArray, out: NDArray, x_strides, alpha: float = 1.0, be
     """out = alpha (x's memory read with element ``x_strides`` from element ``x_offset``, in out's shape)
     + beta out, out contiguous (cudnnTransformTensor). transpose(x, axes) is this with x's strides permuted;
     a flip is a negative stride with the offset at the last element. x and out must not overlap."""
-    dtype = _arrays("transform_tensor", DNN_FLOATS, x=x, out=out)
-    alpha, beta = _real("transform_tensor", "alpha", alpha), _real("transform_tensor", "beta", beta)
+    dtype = check_gpu_arrays("transform_tensor", DNN_FLOATS, x=x, out=out)
+    alpha, beta = real_scalar("transform_tensor", "alpha", alpha), real_scalar("transform_tensor", "beta", beta)
     shape = out.shape
     try:
         strides, x_offset = tuple(operator.index(s) for s in x_strides), operator.index(x_offset)
@@ -307,10 +306,10 @@ def transform_tensor(x: NDArray, out: NDArray, x_strides, alpha: float = 1.0, be
     if lo < 0 or hi >= x.size:
         raise DnnbindValueError(f"transform_tensor: reading out {shape} with strides {strides} from offset {x_offset} "
                          f"reaches elements {lo}..{hi}, outside x {x.shape}")
-    dims, st = _strided_layout(shape, strides)
-    _fits("transform_tensor", dims, MAX_DIMS, f"out {shape} read with strides {strides}")
+    dims, st = canonical_strided(shape, strides)
+    check_dims_fit("transform_tensor", dims, MAX_DIMS, f"out {shape} read with strides {strides}")
     src = x.ptr + x_offset * x.dtype.itemsize
-    if st == _contiguous(dims) and alpha == 1 and beta == 0:  # the same order: a plain copy
+    if st == contiguous_strides(dims) and alpha == 1 and beta == 0:  # the same order: a plain copy
         memcpy(out.ptr, src, out.nbytes, D2D, current_stream(out.device))
         return out
     try:
@@ -318,9 +317,9 @@ def transform_tensor(x: NDArray, out: NDArray, x_strides, alpha: float = 1.0, be
             # NOTE: a 2-d swap (also (A, B, C) -> (C, A, B)): out = X^T for X, the row-major (S, R) matrix at
             # src. cublas geam does it for half the host time of TransformTensor (20 vs 47 us, H100).
             r, s = dims
-            getattr(C, _GEAM[dtype])(blas(x), cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_T, s, r,
-                                     D.scalar_ptr(alpha, dtype), src, r, D.scalar_ptr(0.0, dtype), src, r,
-                                     out.ptr, s)
+            getattr(C, CUBLAS_GEAM[dtype])(blas(x), cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_T, s, r,
+                                           D.scalar_ptr(alpha, dtype), src, r, D.scalar_ptr(0.0, dtype), src, r,
+                                           out.ptr, s)
             return out
         L.cudnnTransformTensor(dnn(x), D.scalar_ptr(alpha, dtype), tensor_nd(dims, dtype, st), src,
                                D.scalar_ptr(beta, dtype), tensor_nd(dims, dtype), out.ptr)
@@ -331,7 +330,7 @@ def transform_tensor(x: NDArray, out: NDArray, x_strides, alpha: float = 1.0, be
 
 def transpose(x: NDArray, axes=None, out: NDArray | None = None) -> NDArray:
     """x with its axes permuted (default: reversed), copied contiguous through cudnnTransformTensor."""
-    _arrays("transpose", DNN_FLOATS, x=x, out=out)
+    check_gpu_arrays("transpose", DNN_FLOATS, x=x, out=out)
     n = x.ndim
     try:
         given = tuple(range(n))[::-1] if axes is None else tuple(operator.index(a) for a in axes)
@@ -341,15 +340,15 @@ def transpose(x: NDArray, axes=None, out: NDArray | None = None) -> NDArray:
     if sorted(axes) != list(range(n)):
         raise DnnbindValueError(f"transpose: axes {given} are not a permutation of the {n} axes of x {x.shape}")
     shape = tuple(x.shape[a] for a in axes)
-    out = _out("transpose", out, shape, x.dtype, x.device, 0.0)
-    src = _contiguous(x.shape)
+    out = out_or_empty("transpose", out, shape, x.dtype, x.device, 0.0)
+    src = contiguous_strides(x.shape)
     return transform_tensor(x, out, tuple(src[a] for a in axes))
 
 
 def scale_tensor(x: NDArray, alpha: float) -> NDArray:
     """x *= alpha in place (cudnnScaleTensor)."""
-    dtype = _arrays("scale_tensor", DNN_FLOATS, x=x)
-    alpha = _real("scale_tensor", "alpha", alpha)
+    dtype = check_gpu_arrays("scale_tensor", DNN_FLOATS, x=x)
+    alpha = real_scalar("scale_tensor", "alpha", alpha)
     if x.size:
         try:
             L.cudnnScaleTensor(dnn(x), tensor_nd((x.size,), dtype), x.ptr, D.scalar_ptr(alpha, dtype))
@@ -373,7 +372,7 @@ def _fill_ptr(value: float, dtype) -> int:
 
 def set_tensor(x: NDArray, value: float) -> NDArray:
     """x[...] = value in place (cudnnSetTensor); NaN and infinities are fine."""
-    dtype = _arrays("set_tensor", DNN_FLOATS, x=x)
+    dtype = check_gpu_arrays("set_tensor", DNN_FLOATS, x=x)
     if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
         raise DnnbindTypeError(f"set_tensor: value must be a real number, got {value!r}")
     if x.size:

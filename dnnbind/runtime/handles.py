@@ -100,6 +100,12 @@ def cublas_handle(device: Device, stream: Stream | None = None) -> int:
     return h.handle
 
 
+def handle_streams() -> dict:
+    """{raw handle: Stream} for every cuDNN and cuBLAS handle made so far: which stream a library call that names a
+    handle runs on (dnnbind.trace times each call on its stream)."""
+    return {h.handle: stream for table in (_cudnn, _cublas) for stream, h in list(table.items())}
+
+
 _exit_registered = []
 
 

@@ -13,7 +13,7 @@ parsing and errors. What runs a graph (shape inference, the executor, SymbolBloc
 from __future__ import annotations
 
 from ..nd._mxnet_params import ALIASES, DECLARED
-from . import _executor, _infer, _json
+from . import _executor, _infer, _json, _operators
 from ._custom import Custom  # noqa: F401  (mx.sym.Custom: a Python operator, custom_op.py)
 from ._graph import AttrScope, Group, NameManager, Prefix, Symbol, compose, current_name_manager, make, var
 from ._json import loads as load_json
@@ -44,29 +44,6 @@ def _dtype_name(dtype) -> str:
     return np.dtype(dtype if dtype is not None else np.float32).name
 
 
-def _positional_params(name: str, args: tuple, kwargs: dict):
-    """MXNet's generated operator functions take the inputs, then the parameters in declared order, by position
-    (``mx.sym.clip(x, 0, 6)``): the first positions are the operator's inputs (Symbols), the rest parameters."""
-    from .._lib.errors import DnnbindTypeError
-    from ..nd._schema import schema
-    sch = schema(name)
-    n_in = len(args) if sch.inputs and sch.inputs[0].variadic else len(sch.inputs)
-    for inp, a in zip(sch.inputs, args[:n_in]):
-        if not isinstance(a, Symbol):
-            raise DnnbindTypeError(f"{name}: Argument {inp.name} must be Symbol instances, but got {a!r} "
-                                   "(positional arguments must be Symbols up to the operator's inputs)")
-    names = [p.name for p in sch.params]
-    rest = args[n_in:]
-    if len(rest) > len(names):
-        raise DnnbindTypeError(f"{name}() takes at most {len(names)} parameters after its inputs, got {len(rest)}")
-    kwargs = dict(kwargs)
-    for pname, value in zip(names, rest):
-        if pname in kwargs:
-            raise DnnbindTypeError(f"{name}() got multiple values for argument {pname!r}")
-        kwargs[pname] = value
-    return args[:n_in], kwargs
-
-
 def zeros(shape, dtype=None, **kwargs) -> Symbol:
     """``mx.sym.zeros``: an ``_zeros`` node (no inputs), float32 unless ``dtype`` says otherwise."""
     return make("_zeros", shape=shape, dtype=_dtype_name(dtype), **kwargs)
@@ -88,31 +65,12 @@ def arange(start, stop=None, step=1.0, repeat=1, infer_range=False, name=None, d
                 dtype=_dtype_name(dtype))
 
 
-def _operator(name: str):
-    def create(*args, **kwargs) -> Symbol:
-        if args and not all(isinstance(a, Symbol) for a in args):
-            args, kwargs = _positional_params(name, args, kwargs)
-        return make(name, *args, **kwargs)
-    create.__name__ = create.__qualname__ = name
-    from ..nd._schema import schema
-    create.__doc__ = f"MXNet's {ALIASES.get(name, name)} operator on Symbols.\n\n{schema(name).doc()}"
-    return create
-
-
-def _prefixed(prefix: str, name: str, module: str):
-    """``sym.contrib.<name>`` / ``sym.linalg.<name>``: the operator MXNet names ``prefix + name``."""
-    full = prefix + name
-    if full in DECLARED or full in ALIASES:
-        return _operator(full)
-    raise AttributeError(f"module {module!r} has no attribute {name!r}")
-
-
 def __getattr__(name: str):
     if name in ("contrib", "linalg"):
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
     if name in DECLARED or name in ALIASES:
-        fn = _operator(name)
+        fn = _operators.op_function(name)
         globals()[name] = fn
         return fn
     if name.startswith("__"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def __getattr__(name: str):
-    from . import _prefixed
-    fn = _prefixed("_contrib_", name, __name__)
+    from ._operators import prefixed_op_function  # here, not at the top: no module attribute of that name
+    fn = prefixed_op_function("_contrib_", name, __name__)
     globals()[name] = fn  # made once: MXNet's are module attributes, tested by identity (GluonCV: norm_layer is ...)
     return fn

@@ -5,5 +5,5 @@ from __future__ import annotations
 
 
 def __getattr__(name: str):
-    from . import _prefixed
-    return _prefixed("_linalg_", name, __name__)
+    from ._operators import prefixed_op_function  # here, not at the top: no module attribute of that name
+    return prefixed_op_function("_linalg_", name, __name__)

@@ -228,8 +228,7 @@ def _lib_where(handle):
     h = getattr(handle, "value", handle)
     st = _handle_streams.get(h)
     if st is None:
-        for table in (handles._cudnn, handles._cublas):
-            _handle_streams.update({obj.handle: stream for stream, obj in list(table.items())})
+        _handle_streams.update(handles.handle_streams())
         st = _handle_streams.get(h)
     if st is None:
         dev = default_device()

@@ -42,12 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .dataset import (
-    Dataset,
-    _LazyTransformDataset,
-    _SubsetDataset,
-    _TransformFirstClosure,
-)
+from .dataset import Dataset, LazyTransformDataset, SubsetDataset, TransformFirstClosure
 
 _LAST_BATCH = ("keep", "discard", "rollover")
 
@@ -217,13 +212,13 @@ def default_batchify_fn(data: list) -> Any:
 
 def _fast_source(dataset: Dataset) -> tuple[list[np.ndarray], list[Callable], bool] | None:
     """(arrays, transforms for field 0, single) when batches can be sliced from numpy arrays, else None."""
-    if isinstance(dataset, _LazyTransformDataset):
+    if isinstance(dataset, LazyTransformDataset):
         fn = dataset._fn
-        if not (isinstance(fn, _TransformFirstClosure) and getattr(fn._fn, "batchable", False)):
+        if not (isinstance(fn, TransformFirstClosure) and getattr(fn._fn, "batchable", False)):
             return None
         inner = _fast_source(dataset._data)
         return None if inner is None else (inner[0], inner[1] + [fn._fn], inner[2])
-    if isinstance(dataset, _SubsetDataset):
+    if isinstance(dataset, SubsetDataset):
         inner = _fast_source(dataset._data)
         return None if inner is None else ([a[dataset._indices] for a in inner[0]], inner[1], inner[2])
     get = getattr(dataset, "_batch_arrays", None)

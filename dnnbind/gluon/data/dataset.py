@@ -32,24 +32,24 @@ class Dataset:
 
         lazy=False applies fn to every item now and keeps the results in a SimpleDataset.
         """
-        trans = _LazyTransformDataset(self, fn)
+        trans = LazyTransformDataset(self, fn)
         if lazy:
             return trans
         return SimpleDataset([trans[i] for i in range(len(trans))])
 
     def transform_first(self, fn: Callable, lazy: bool = True) -> Dataset:
         """Like transform, but fn sees only the first field of each item (the data, not the label)."""
-        return self.transform(_TransformFirstClosure(fn), lazy)
+        return self.transform(TransformFirstClosure(fn), lazy)
 
     def take(self, count: int | None) -> Dataset:
         """The first `count` items (all when count is None or exceeds len)."""
         if count is None or count >= len(self):
             return self
-        return _SubsetDataset(self, np.arange(count))
+        return SubsetDataset(self, np.arange(count))
 
     def filter(self, fn: Callable) -> Dataset:
         """The items for which fn(item) is true, in order (fn sees each item once, now)."""
-        return _SubsetDataset(self, np.array([i for i in range(len(self)) if fn(self[i])], dtype=np.int64))
+        return SubsetDataset(self, np.array([i for i in range(len(self)) if fn(self[i])], dtype=np.int64))
 
     def shard(self, num_shards: int, index: int) -> Dataset:
         """Shard ``index`` of ``num_shards`` contiguous shards; the first len % num_shards get one item more."""
@@ -57,11 +57,11 @@ class Dataset:
             raise DnnbindValueError(f"Dataset.shard: index must be in [0, num_shards={num_shards}), got {index}")
         size, rest = divmod(len(self), num_shards)
         start = size * index + min(index, rest)
-        return _SubsetDataset(self, np.arange(start, start + size + (index < rest)))
+        return SubsetDataset(self, np.arange(start, start + size + (index < rest)))
 
     def sample(self, sampler: Any) -> Dataset:
         """The items at the indices ``sampler`` yields (a Sampler or any iterable of ints)."""
-        return _SubsetDataset(self, np.fromiter((int(i) for i in sampler), dtype=np.int64))
+        return SubsetDataset(self, np.fromiter((int(i) for i in sampler), dtype=np.int64))
 
 
 class SimpleDataset(Dataset):
@@ -139,7 +139,15 @@ class _TransformFirstClosure:
         return self._fn(x)
 
 
-class _SubsetDataset(Dataset):
+# The classes keep MXNet's private names (type names and reprs match MXNet's; code written for MXNet imports them
+# from mxnet.gluon.data.dataset by these names); dnnbind's own modules use the public ones.
+LazyTransformDataset = _LazyTransformDataset
+TransformFirstClosure = _TransformFirstClosure
+
+
+class SubsetDataset(Dataset):
+    """The items of ``data`` at ``indices`` (take, filter, shard, sample)."""
+
     def __init__(self, data: Dataset, indices: np.ndarray) -> None:
         self._data = data
         self._indices = indices

@@ -50,7 +50,7 @@ from . import basic_layers as _basic, conv_layers as _conv  # noqa: E402
 
 for _cls, _fn in ((_basic.Sequential, _export.sequential), (_basic.Dense, _export.dense),
                   (_basic.Activation, _export.activation), (_basic.Dropout, _export.dropout),
-                  (_basic.Flatten, _export.flatten), (_conv._Conv, _export.conv), (_conv._Pool, _export.pool),
+                  (_basic.Flatten, _export.flatten), (_conv.ConvBase, _export.conv), (_conv.PoolBase, _export.pool),
                   (BatchNorm, _export.batchnorm), (LayerNorm, _export.layernorm),
                   (InstanceNorm, _export.instancenorm)):
     _export.register(_cls, _fn)

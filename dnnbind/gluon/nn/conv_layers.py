@@ -163,7 +163,12 @@ class _Conv(Block):
         return s + ")"
 
 
-class Conv2D(_Conv):
+# The base class keeps MXNet's name (code written for MXNet subclasses mxnet.gluon.nn.conv_layers._Conv or checks
+# isinstance against it); dnnbind's own modules use the public one.
+ConvBase = _Conv
+
+
+class Conv2D(ConvBase):
     """2-D convolution, NCHW or NHWC (weight (channels, kh, kw, in_channels/groups) then). MXNet arguments
     (``strides``, ``padding``, ``dilation``, ``groups``, ``layout``)."""
     _nhwc = True
@@ -175,7 +180,7 @@ class Conv2D(_Conv):
                          weight_initializer, bias_initializer, in_channels, prefix, params)
 
 
-class Conv1D(_Conv):
+class Conv1D(ConvBase):
     """1-D convolution, NCW, through the 2-D path (H = 1); weight (channels, in_channels/groups, k)."""
     _dims = 1
 
@@ -186,7 +191,7 @@ class Conv1D(_Conv):
                          weight_initializer, bias_initializer, in_channels, prefix, params)
 
 
-class Conv3D(_Conv):
+class Conv3D(ConvBase):
     """3-D convolution, NCDHW (cuDNN's N-d convolution); weight (channels, in_channels/groups, kd, kh, kw)."""
     _dims = 3
 
@@ -197,7 +202,7 @@ class Conv3D(_Conv):
                          weight_initializer, bias_initializer, in_channels, prefix, params)
 
 
-class _ConvTranspose(_Conv):
+class _ConvTranspose(ConvBase):
     """Transposed convolution (``nd.Deconvolution``: cudnnConvolutionBackwardData on a GPU) over ``_dims`` axes.
     MXNet's weight layout (in_channels, channels/groups, *kernel); per axis the output is
     (in-1)*strides - 2*padding + dilation*(kernel-1) + 1 + output_padding, with output_padding < strides."""
@@ -265,7 +270,7 @@ class Conv3DTranspose(_ConvTranspose):
                          activation, use_bias, weight_initializer, bias_initializer, in_channels, prefix, params)
 
 
-class _Pool(Block):
+class PoolBase(Block):
     """Max/avg pooling over ``_dims`` spatial axes (1, 2 or 3) by ``nd.Pooling``; 2-D and 3-D also channels last
     (NHWC, NDHWC)."""
     _pool_type = "max"
@@ -300,14 +305,14 @@ class _Pool(Block):
                 f"layout={self._layout})")
 
 
-class MaxPool2D(_Pool):
+class MaxPool2D(PoolBase):
     """Max pooling (cudnnPoolingForward, CUDNN_POOLING_MAX); ``strides`` defaults to ``pool_size``."""
 
     def __init__(self, pool_size=(2, 2), strides=None, padding=0, layout="NCHW", ceil_mode=False, **kwargs):
         super().__init__(pool_size, strides, padding, layout, ceil_mode, **kwargs)
 
 
-class AvgPool2D(_Pool):
+class AvgPool2D(PoolBase):
     """Average pooling; padded zeros count unless ``count_include_pad=False`` (MXNet's default: they count)."""
     _pool_type = "avg"
 
@@ -317,7 +322,7 @@ class AvgPool2D(_Pool):
                          **kwargs)
 
 
-class MaxPool1D(_Pool):
+class MaxPool1D(PoolBase):
     """Max pooling over W of (N, C, W), the 2-D path with H = 1."""
     _dims = 1
 
@@ -325,7 +330,7 @@ class MaxPool1D(_Pool):
         super().__init__(pool_size, strides, padding, layout, ceil_mode, **kwargs)
 
 
-class AvgPool1D(_Pool):
+class AvgPool1D(PoolBase):
     """Average pooling over W of (N, C, W), the 2-D path with H = 1."""
     _pool_type = "avg"
     _dims = 1
@@ -338,14 +343,14 @@ class AvgPool1D(_Pool):
 
 # The global layers pass ceil_mode=True as MXNet's do: Pooling ignores the convention for global_pool, but print(net)
 # and export show it.
-class GlobalMaxPool2D(_Pool):
+class GlobalMaxPool2D(PoolBase):
     """(N, C, H, W) -> (N, C, 1, 1) by max ((N, H, W, C) -> (N, 1, 1, C) for NHWC)."""
 
     def __init__(self, layout="NCHW", **kwargs):
         super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)
 
 
-class GlobalAvgPool2D(_Pool):
+class GlobalAvgPool2D(PoolBase):
     """(N, C, H, W) -> (N, C, 1, 1) by mean ((N, H, W, C) -> (N, 1, 1, C) for NHWC)."""
     _pool_type = "avg"
 
@@ -353,7 +358,7 @@ class GlobalAvgPool2D(_Pool):
         super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)
 
 
-class GlobalMaxPool1D(_Pool):
+class GlobalMaxPool1D(PoolBase):
     """(N, C, W) -> (N, C, 1) by max."""
     _dims = 1
 
@@ -361,7 +366,7 @@ class GlobalMaxPool1D(_Pool):
         super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)
 
 
-class GlobalAvgPool1D(_Pool):
+class GlobalAvgPool1D(PoolBase):
     """(N, C, W) -> (N, C, 1) by mean."""
     _pool_type = "avg"
     _dims = 1
@@ -370,7 +375,7 @@ class GlobalAvgPool1D(_Pool):
         super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)
 
 
-class MaxPool3D(_Pool):
+class MaxPool3D(PoolBase):
     """Max pooling over D, H, W of (N, C, D, H, W) ((N, D, H, W, C) for NDHWC); ``strides`` defaults to
     ``pool_size``. MXNet's argument order (ceil_mode before layout, unlike MaxPool2D's)."""
     _dims = 3
@@ -379,7 +384,7 @@ class MaxPool3D(_Pool):
         super().__init__(pool_size, strides, padding, layout, ceil_mode, **kwargs)
 
 
-class AvgPool3D(_Pool):
+class AvgPool3D(PoolBase):
     """Average pooling over D, H, W; padded zeros count unless ``count_include_pad=False``."""
     _pool_type = "avg"
     _dims = 3
@@ -390,7 +395,7 @@ class AvgPool3D(_Pool):
                          **kwargs)
 
 
-class GlobalMaxPool3D(_Pool):
+class GlobalMaxPool3D(PoolBase):
     """(N, C, D, H, W) -> (N, C, 1, 1, 1) by max ((N, D, H, W, C) -> (N, 1, 1, 1, C) for NDHWC)."""
     _dims = 3
 
@@ -398,7 +403,7 @@ class GlobalMaxPool3D(_Pool):
         super().__init__(1, None, 0, layout, True, global_pool=True, **kwargs)
 
 
-class GlobalAvgPool3D(_Pool):
+class GlobalAvgPool3D(PoolBase):
     """(N, C, D, H, W) -> (N, C, 1, 1, 1) by mean ((N, D, H, W, C) -> (N, 1, 1, 1, C) for NDHWC)."""
     _pool_type = "avg"
     _dims = 3

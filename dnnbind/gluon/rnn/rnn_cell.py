@@ -40,7 +40,7 @@ __all__ = [
     "ZoneoutCell",
 ]
 
-_TENSORS = (NDArray, Symbol)
+TENSOR_TYPES = (NDArray, Symbol)  # what a sequence given as one array (not a list of steps) is
 
 
 class RecurrentArgumentError(DnnbindValueError, AssertionError):
@@ -69,7 +69,7 @@ def _sym():
     return symbol
 
 
-def _format_sequence(length, inputs, layout, merge, in_layout=None):
+def format_sequence(length, inputs, layout, merge, in_layout=None):
     """``inputs`` (one array in ``layout``, or a list of per-step arrays) as MXNet's unroll wants it: a list of
     steps (merge False), one array in ``layout`` (merge True) or as it came (merge None). Returns
     (inputs, time axis, F, batch size)."""
@@ -80,7 +80,7 @@ def _format_sequence(length, inputs, layout, merge, in_layout=None):
     axis, batch_axis = layout.find("T"), layout.find("N")
     in_axis = in_layout.find("T") if in_layout is not None else axis
     batch_size = 0
-    if isinstance(inputs, _TENSORS):
+    if isinstance(inputs, TENSOR_TYPES):
         F = _module_of(inputs)
         if isinstance(inputs, NDArray):
             if inputs.ndim < 2:
@@ -108,12 +108,12 @@ def _format_sequence(length, inputs, layout, merge, in_layout=None):
         if merge is True:
             inputs = F.stack(*inputs, axis=axis)
             in_axis = axis
-    if isinstance(inputs, _TENSORS) and axis != in_axis:
+    if isinstance(inputs, TENSOR_TYPES) and axis != in_axis:
         inputs = F.swapaxes(inputs, dim1=axis, dim2=in_axis)
     return inputs, axis, F, batch_size
 
 
-def _get_begin_state(cell, F, begin_state, inputs, batch_size):
+def get_begin_state(cell, F, begin_state, inputs, batch_size):
     if begin_state is None:
         if F is nd:  # on the inputs' device, as MXNet's ``with ctx:``
             ctx = inputs.context if isinstance(inputs, NDArray) else inputs[0].context
@@ -184,13 +184,20 @@ def _sequence_reverse(F, data, valid_length):
     return nd.stack(*out, axis=0)
 
 
-def _mask_sequence_variable_length(F, data, length, valid_length, time_axis, merge):
-    if not isinstance(data, _TENSORS):
+def mask_sequence_variable_length(F, data, length, valid_length, time_axis, merge):
+    if not isinstance(data, TENSOR_TYPES):
         data = F.stack(*data, axis=time_axis)
     outputs = _sequence_mask(F, data, valid_length, time_axis)
     if not merge:
         outputs = _as_list(F.split(outputs, num_outputs=length, axis=time_axis, squeeze_axis=True))
     return outputs
+
+
+# MXNet's private names for the unroll helpers: MXNet's gluon.contrib.rnn (and code written against it) imports
+# them from mxnet.gluon.rnn.rnn_cell by these names.
+_format_sequence = format_sequence
+_get_begin_state = get_begin_state
+_mask_sequence_variable_length = mask_sequence_variable_length
 
 
 def _reverse_sequences(sequences, unroll_step, valid_length=None):
@@ -265,8 +272,8 @@ class RecurrentCell(Block):
         (False; None: whatever the cell makes). ``valid_length`` (batch,): outputs past each length are zero and
         the states are those of each sequence's last valid step."""
         self.reset()
-        inputs, axis, F, batch_size = _format_sequence(length, inputs, layout, False)
-        begin_state = _get_begin_state(self, F, begin_state, inputs, batch_size)
+        inputs, axis, F, batch_size = format_sequence(length, inputs, layout, False)
+        begin_state = get_begin_state(self, F, begin_state, inputs, batch_size)
         states = begin_state
         outputs, all_states = [], []
         for i in range(length):
@@ -276,8 +283,8 @@ class RecurrentCell(Block):
                 all_states.append(states)
         if valid_length is not None:
             states = [_sequence_last(F, F.stack(*ele_list, axis=0), valid_length) for ele_list in zip(*all_states)]
-            outputs = _mask_sequence_variable_length(F, outputs, length, valid_length, axis, True)
-        outputs, _, _, _ = _format_sequence(length, outputs, layout, merge_outputs)
+            outputs = mask_sequence_variable_length(F, outputs, length, valid_length, axis, True)
+        outputs, _, _, _ = format_sequence(length, outputs, layout, merge_outputs)
         return outputs, states
 
     def _get_activation(self, F, inputs, activation, **kwargs):
@@ -328,7 +335,7 @@ class HybridRecurrentCell(RecurrentCell):
         shape error deep inside)."""
         if not self._reg_params:
             return
-        if isinstance(states, _TENSORS) or not isinstance(states, (list, tuple)):
+        if isinstance(states, TENSOR_TYPES) or not isinstance(states, (list, tuple)):
             raise RecurrentArgumentError(f"{self.name} ({type(self).__name__}): states must be a list of arrays "
                                          f"(begin_state() makes one), got {type(states).__name__}")
         info = self.state_info(inputs.shape[0])
@@ -351,7 +358,7 @@ def _cell_repr(cell, extra: str = "") -> str:
     return f"{type(cell).__name__}({shape[1] if shape[1] else None} -> {shape[0]}{extra})"
 
 
-class _GatedCell(HybridRecurrentCell):
+class GatedCell(HybridRecurrentCell):
     """RNN/LSTM/GRU cells: i2h and h2h FullyConnected weights of ``gates * hidden_size`` rows."""
 
     _gates = 1
@@ -391,7 +398,7 @@ class _GatedCell(HybridRecurrentCell):
         return _cell_repr(self)
 
 
-class RNNCell(_GatedCell):
+class RNNCell(GatedCell):
     """Elman cell: h_t = activation(W_ih x_t + b_ih + W_hh h_(t-1) + b_hh); ``activation`` 'tanh' by default (a
     name, a LeakyReLU block or a callable)."""
 
@@ -414,7 +421,7 @@ class RNNCell(_GatedCell):
         return _cell_repr(self, f", {self._activation}")
 
 
-class LSTMCell(_GatedCell):
+class LSTMCell(GatedCell):
     """LSTM cell; the gate rows are ordered i, f, g (the cell input), o:
     c_t = f * c_(t-1) + i * g, h_t = o * activation(c_t); i, f, o use ``recurrent_activation``."""
 
@@ -447,7 +454,7 @@ class LSTMCell(_GatedCell):
         return next_h, [next_h, next_c]
 
 
-class GRUCell(_GatedCell):
+class GRUCell(GatedCell):
     """GRU cell as cuDNN computes it (the reset gate applied after the h2h product); gate rows r, z, n:
     n = tanh(W_in x + b_in + r * (W_hn h + b_hn)), h_t = (1 - z) * n + z * h_(t-1)."""
 
@@ -509,9 +516,9 @@ class _SequentialMixin:
 
     def unroll(self, length, inputs, begin_state=None, layout="NTC", merge_outputs=None, valid_length=None):
         self.reset()
-        inputs, _, F, batch_size = _format_sequence(length, inputs, layout, None)
+        inputs, _, F, batch_size = format_sequence(length, inputs, layout, None)
         num_cells = len(self._children)
-        begin_state = _get_begin_state(self, F, begin_state, inputs, batch_size)
+        begin_state = get_begin_state(self, F, begin_state, inputs, batch_size)
         p, next_states = 0, []
         for i, cell in enumerate(self._children.values()):
             n = len(cell.state_info())
@@ -565,8 +572,8 @@ class DropoutCell(HybridRecurrentCell):
 
     def unroll(self, length, inputs, begin_state=None, layout="NTC", merge_outputs=None, valid_length=None):
         self.reset()
-        inputs, _, F, _ = _format_sequence(length, inputs, layout, merge_outputs)
-        if isinstance(inputs, _TENSORS):  # one array: drop it whole
+        inputs, _, F, _ = format_sequence(length, inputs, layout, merge_outputs)
+        if isinstance(inputs, TENSOR_TYPES):  # one array: drop it whole
             return self.hybrid_forward(F, inputs, begin_state if begin_state else [])
         return super().unroll(length, inputs, begin_state=begin_state, layout=layout, merge_outputs=merge_outputs,
                               valid_length=None)
@@ -668,10 +675,10 @@ class ResidualCell(ModifierCell):
                                                     merge_outputs=merge_outputs, valid_length=valid_length)
         finally:
             self.base_cell._modified = True
-        merge_outputs = isinstance(outputs, _TENSORS) if merge_outputs is None else merge_outputs
-        inputs, axis, F, _ = _format_sequence(length, inputs, layout, merge_outputs)
+        merge_outputs = isinstance(outputs, TENSOR_TYPES) if merge_outputs is None else merge_outputs
+        inputs, axis, F, _ = format_sequence(length, inputs, layout, merge_outputs)
         if valid_length is not None:  # the padding adds nothing: mask the inputs too
-            inputs = _mask_sequence_variable_length(F, inputs, length, valid_length, axis, merge_outputs)
+            inputs = mask_sequence_variable_length(F, inputs, length, valid_length, axis, merge_outputs)
         if merge_outputs:
             outputs = outputs + inputs
         else:
@@ -708,9 +715,9 @@ class BidirectionalCell(HybridRecurrentCell):
 
     def unroll(self, length, inputs, begin_state=None, layout="NTC", merge_outputs=None, valid_length=None):
         self.reset()
-        inputs, axis, F, batch_size = _format_sequence(length, inputs, layout, False)
+        inputs, axis, F, batch_size = format_sequence(length, inputs, layout, False)
         reversed_inputs = list(_reverse_sequences(inputs, length, valid_length))
-        begin_state = _get_begin_state(self, F, begin_state, inputs, batch_size)
+        begin_state = get_begin_state(self, F, begin_state, inputs, batch_size)
         states = begin_state
         l_cell, r_cell = self._children.values()
         n_l = len(l_cell.state_info(batch_size))
@@ -720,15 +727,15 @@ class BidirectionalCell(HybridRecurrentCell):
                                             layout=layout, merge_outputs=False, valid_length=valid_length)
         reversed_r_outputs = _reverse_sequences(r_outputs, length, valid_length)
         if merge_outputs is None:
-            merge_outputs = isinstance(l_outputs, _TENSORS)
-            l_outputs, _, _, _ = _format_sequence(None, l_outputs, layout, merge_outputs)
-            reversed_r_outputs, _, _, _ = _format_sequence(None, reversed_r_outputs, layout, merge_outputs)
+            merge_outputs = isinstance(l_outputs, TENSOR_TYPES)
+            l_outputs, _, _, _ = format_sequence(None, l_outputs, layout, merge_outputs)
+            reversed_r_outputs, _, _, _ = format_sequence(None, reversed_r_outputs, layout, merge_outputs)
         if merge_outputs:
-            if not isinstance(reversed_r_outputs, _TENSORS):
+            if not isinstance(reversed_r_outputs, TENSOR_TYPES):
                 reversed_r_outputs = F.stack(*reversed_r_outputs, axis=axis)
             outputs = F.concat(l_outputs, reversed_r_outputs, dim=2)
         else:
             outputs = [F.concat(l_o, r_o, dim=1) for l_o, r_o in zip(l_outputs, reversed_r_outputs)]
         if valid_length is not None:
-            outputs = _mask_sequence_variable_length(F, outputs, length, valid_length, axis, merge_outputs)
+            outputs = mask_sequence_variable_length(F, outputs, length, valid_length, axis, merge_outputs)
         return outputs, l_states + r_states

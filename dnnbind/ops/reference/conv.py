@@ -62,12 +62,12 @@ def _col2im(cols: np.ndarray, x_shape, stride, padding, dilation) -> np.ndarray:
     return np.ascontiguousarray(xp.swapaxes(0, 1))
 
 
-def _nchw(a: np.ndarray) -> np.ndarray:
+def as_nchw(a: np.ndarray) -> np.ndarray:
     """(N, H, W, C) -> (N, C, H, W) view; a weight (K, R, S, C) -> (K, C, R, S)."""
     return a.transpose(0, 3, 1, 2)
 
 
-def _nhwc(a: np.ndarray) -> np.ndarray:
+def as_nhwc(a: np.ndarray) -> np.ndarray:
     """(N, C, H, W) -> contiguous (N, H, W, C); a weight (K, C, R, S) -> (K, R, S, C)."""
     return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
 
@@ -92,7 +92,8 @@ def conv3d_layout(op: str, layout) -> None:
                                 "it too)")
 
 
-def _shape_text(**shapes) -> str:
+def shapes_text(**shapes) -> str:
+    """The given shapes for an error message, None skipped: ``x (2, 3, 8, 8), w (4, 3, 3, 3)``."""
     return ", ".join(f"{k} {tuple(v)}" for k, v in shapes.items() if v is not None)
 
 
@@ -111,7 +112,7 @@ def conv3d_params(op: str, x_shape, w_shape, b_shape=None, stride=1, padding=0, 
     conv3d_layout(op, layout)
     x_shape = _check.check_ndim(op, "x", x_shape, (5,), "5-D (N, C, D, H, W)")
     w_shape = _check.check_ndim(op, "w", w_shape, (5,), "5-D (K, C/groups, T, R, S)")
-    shapes = _shape_text(x=x_shape, w=w_shape)
+    shapes = shapes_text(x=x_shape, w=w_shape)
     stride = _check.as_tuple(stride, 3, op, "stride", 1)
     padding = _check.as_tuple(padding, 3, op, "padding", 0)
     dilation = _check.as_tuple(dilation, 3, op, "dilation", 1)
@@ -143,7 +144,7 @@ def conv3d_grad_params(op: str, x_shape, w_shape, dy_shape, stride=1, padding=0,
     dy_shape = _check.check_ndim(op, "dy", dy_shape, (5,), "5-D (N, K, O, P, Q)")
     if dy_shape != out[4]:
         raise DnnbindValueError(f"{op}: dy has shape {dy_shape} but the convolution gives {out[4]}: "
-                                f"{_shape_text(x=x_shape, w=w_shape, dy=dy_shape)} (stride {out[0]}, padding "
+                                f"{shapes_text(x=x_shape, w=w_shape, dy=dy_shape)} (stride {out[0]}, padding "
                                 f"{out[1]}, dilation {out[2]}, groups {out[3]})")
     return out
 
@@ -185,7 +186,7 @@ def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stri
     stride, padding, dilation, groups, y_shape = _check.conv_params(
         "conv_forward", x.shape, w.shape, b_shape, stride, padding, dilation, groups, layout)
     if layout == "NHWC":
-        return _nhwc(conv_forward(_nchw(x), _nchw(w), b, stride, padding, dilation, groups))
+        return as_nhwc(conv_forward(as_nchw(x), as_nchw(w), b, stride, padding, dilation, groups))
     return _forward(x, w, b, stride, padding, dilation, groups, y_shape)
 
 
@@ -204,8 +205,8 @@ def conv_backward_data(w: np.ndarray, dy: np.ndarray, x_shape, stride=1, padding
         stride, padding, dilation, groups, _ = _check.conv_grad_params(
             op, x_shape, w.shape, dy.shape, stride, padding, dilation, groups, layout)
         if layout == "NHWC":
-            return _nhwc(conv_backward_data(_nchw(w), _nchw(dy), _check.to_nchw(x_shape, layout), stride, padding,
-                                            dilation, groups))
+            return as_nhwc(conv_backward_data(as_nchw(w), as_nchw(dy), _check.to_nchw(x_shape, layout), stride,
+                                              padding, dilation, groups))
     k, cg = w.shape[:2]
     kernel = w.shape[2:]
     wg = w.reshape(groups, k // groups, -1)
@@ -230,8 +231,8 @@ def conv_backward_filter(x: np.ndarray, dy: np.ndarray, w_shape, stride=1, paddi
         stride, padding, dilation, groups, _ = _check.conv_grad_params(
             op, x.shape, w_shape, dy.shape, stride, padding, dilation, groups, layout)
         if layout == "NHWC":
-            return _nhwc(conv_backward_filter(_nchw(x), _nchw(dy), _check.to_nchw(w_shape, layout), stride,
-                                              padding, dilation, groups))
+            return as_nhwc(conv_backward_filter(as_nchw(x), as_nchw(dy), _check.to_nchw(w_shape, layout), stride,
+                                                padding, dilation, groups))
     cg, kernel = w_shape[1], w_shape[2:]
     cols = _im2col(x, kernel, stride, padding, dilation, dy.shape[2:]).reshape(groups, cg * int(np.prod(kernel)),
                                                                                -1)

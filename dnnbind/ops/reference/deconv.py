@@ -15,7 +15,7 @@ import numpy as np
 
 from ..._lib.errors import DnnbindValueError
 from .. import _check
-from .conv import _shape_text, check_groups, conv_backward_filter, conv_forward
+from .conv import check_groups, conv_backward_filter, conv_forward, shapes_text
 
 
 def deconv3d_params(op: str, x_shape, w_shape, b_shape=None, stride=1, padding=0, dilation=1, groups=1, adj=0
@@ -24,7 +24,7 @@ def deconv3d_params(op: str, x_shape, w_shape, b_shape=None, stride=1, padding=0
     dilation, groups, adj, y_shape). x (N, C, D, H, W), w (C, F/groups, T, R, S), b (F,), 0 <= adj < stride."""
     x_shape = _check.check_ndim(op, "x", x_shape, (5,), "5-D (N, C, D, H, W)")
     w_shape = _check.check_ndim(op, "w", w_shape, (5,), "5-D (C, F/groups, T, R, S)")
-    shapes = _shape_text(x=x_shape, w=w_shape)
+    shapes = shapes_text(x=x_shape, w=w_shape)
     stride = _check.as_tuple(stride, 3, op, "stride", 1)
     padding = _check.as_tuple(padding, 3, op, "padding", 0)
     dilation = _check.as_tuple(dilation, 3, op, "dilation", 1)
@@ -58,7 +58,7 @@ def deconv3d_grad_params(op: str, x_shape, w_shape, dy_shape, stride=1, padding=
     adj = tuple(d - b for d, b in zip(dy_shape[2:], base[2:]))
     if dy_shape[:2] != base[:2] or not all(0 <= a < s for a, s in zip(adj, stride)):
         raise DnnbindValueError(f"{op}: dy has shape {dy_shape} but the transposed convolution gives {base} (plus "
-                                f"adj 0 to stride-1 per axis): {_shape_text(x=x_shape, w=w_shape, dy=dy_shape)} "
+                                f"adj 0 to stride-1 per axis): {shapes_text(x=x_shape, w=w_shape, dy=dy_shape)} "
                                 f"(stride {stride}, padding {padding}, dilation {dilation}, groups {groups})")
     return stride, padding, dilation, groups, adj, dy_shape
 

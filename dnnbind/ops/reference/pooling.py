@@ -15,7 +15,7 @@ import numpy as np
 
 from ..._lib.errors import DnnbindValueError
 from .. import _check
-from .conv import _nchw, _nhwc
+from .conv import as_nchw, as_nhwc
 
 CHANNELS_FIRST_3D = ("NCHW", "NCDHW")  # the ops' layout names for 5-D data: channels first ...
 CHANNELS_LAST_3D = ("NHWC", "NDHWC")  # ... or last (MXNet 1.9.1 pools NDHWC data on its CPU)
@@ -163,7 +163,7 @@ def pooling_forward(x: np.ndarray, mode: str = "max", window=2, stride=None, pad
         return _forward(x, mode, window, stride, padding, y_shape[2:])
     window, stride, padding, y_shape = _check.pool_params(op, x.shape, mode, window, stride, padding, layout)
     if layout == "NHWC":
-        return _nhwc(pooling_forward(_nchw(x), mode, window, stride, padding))
+        return as_nhwc(pooling_forward(as_nchw(x), mode, window, stride, padding))
     return _forward(x, mode, window, stride, padding, y_shape[2:])
 
 
@@ -185,5 +185,5 @@ def pooling_backward(y: np.ndarray, dy: np.ndarray, x: np.ndarray, mode: str = "
     window, stride, padding, y_shape = _check.pool_grad_params(
         op, x.shape, y.shape, dy.shape, mode, window, stride, padding, layout)
     if layout == "NHWC":
-        return _nhwc(pooling_backward(_nchw(y), _nchw(dy), _nchw(x), mode, window, stride, padding))
+        return as_nhwc(pooling_backward(as_nchw(y), as_nchw(dy), as_nchw(x), mode, window, stride, padding))
     return _backward(dy, x, mode, window, stride, padding, y_shape[2:])

@@ -5,14 +5,14 @@ Layer: gluon; imports nd and gluon.rnn.
 from __future__ import annotations
 
 from ...rnn.rnn_cell import (
-    _TENSORS,
+    TENSOR_TYPES,
     BidirectionalCell,
+    GatedCell,
     ModifierCell,
     RecurrentArgumentError,
-    _format_sequence,
-    _GatedCell,
-    _get_begin_state,
-    _mask_sequence_variable_length,
+    format_sequence,
+    get_begin_state,
+    mask_sequence_variable_length,
 )
 
 __all__ = ["LSTMPCell", "VariationalDropoutCell"]
@@ -70,22 +70,22 @@ class VariationalDropoutCell(ModifierCell):
         if self.drop_states:
             return super().unroll(length, inputs, begin_state, layout, merge_outputs, valid_length=valid_length)
         self.reset()
-        inputs, axis, F, batch_size = _format_sequence(length, inputs, layout, True)
-        states = _get_begin_state(self, F, begin_state, inputs, batch_size)
+        inputs, axis, F, batch_size = format_sequence(length, inputs, layout, True)
+        states = get_begin_state(self, F, begin_state, inputs, batch_size)
         if self.drop_inputs:
             inputs = F.Dropout(inputs, p=self.drop_inputs, axes=(axis,))
         outputs, states = self.base_cell.unroll(length, inputs, states, layout, merge_outputs=True,
                                                 valid_length=valid_length)
         if self.drop_outputs:
             outputs = F.Dropout(outputs, p=self.drop_outputs, axes=(axis,))
-        merge_outputs = isinstance(outputs, _TENSORS) if merge_outputs is None else merge_outputs
-        outputs, _, _, _ = _format_sequence(length, outputs, layout, merge_outputs)
+        merge_outputs = isinstance(outputs, TENSOR_TYPES) if merge_outputs is None else merge_outputs
+        outputs, _, _, _ = format_sequence(length, outputs, layout, merge_outputs)
         if valid_length is not None:
-            outputs = _mask_sequence_variable_length(F, outputs, length, valid_length, axis, merge_outputs)
+            outputs = mask_sequence_variable_length(F, outputs, length, valid_length, axis, merge_outputs)
         return outputs, states
 
 
-class LSTMPCell(_GatedCell):
+class LSTMPCell(GatedCell):
     """LSTM with a projected recurrent state (https://arxiv.org/abs/1402.1128): the LSTMCell's gates computed
     from r_(t-1) instead of h_(t-1), and r_t = W_hr h_t (``h2r_weight`` (projection_size, hidden_size), no bias).
     States: [r (batch, projection_size), c (batch, hidden_size)]; the output is r_t."""

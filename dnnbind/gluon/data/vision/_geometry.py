@@ -27,7 +27,8 @@ __all__ = ["CenterCrop", "CropResize", "RandomFlipLeftRight", "RandomFlipTopBott
 _INTERP = (0, 1, 2, 3, 4, 9, 10)  # MXNet's codes (OpenCV's, plus 9 auto and 10 random)
 
 
-def _interp(op: str, interpolation: Any) -> int:
+def check_interpolation(op: str, interpolation: Any) -> int:
+    """``interpolation`` as an int, one of MXNet's codes; a TypeError or ValueError naming ``op`` otherwise."""
     if isinstance(interpolation, bool) or not isinstance(interpolation, (int, np.integer)):
         raise DnnbindTypeError(f"{op}: interpolation must be an int, one of {_INTERP}, got {interpolation!r}")
     if interpolation not in _INTERP:
@@ -64,7 +65,7 @@ class CenterCrop:
 
     def __init__(self, size: int | Sequence[int], interpolation: int = 1) -> None:
         self.size = size_pair("CenterCrop", size)
-        self.interpolation = _interp("CenterCrop", interpolation)
+        self.interpolation = check_interpolation("CenterCrop", interpolation)
 
     def __call__(self, x: Any) -> Any:
         a = host(x)
@@ -94,7 +95,7 @@ class CropResize:
                              f"width={width}, height={height}")
         self._box = (int(x), int(y), int(width), int(height))
         self.size = None if size is None else size_pair("CropResize", size)
-        self.interpolation = 1 if interpolation is None else _interp("CropResize", interpolation)
+        self.interpolation = 1 if interpolation is None else check_interpolation("CropResize", interpolation)
 
     def __call__(self, x: Any) -> Any:
         a = host(x)
@@ -138,7 +139,7 @@ class RandomResizedCrop:
             raise DnnbindValueError(f"RandomResizedCrop: scale must be (min_area, max_area) > 0, got {scale!r}")
         if len(self.ratio) != 2 or min(self.ratio) <= 0:
             raise DnnbindValueError(f"RandomResizedCrop: ratio must be (min, max) aspect ratios > 0, got {ratio!r}")
-        self.interpolation = _interp("RandomResizedCrop", interpolation)
+        self.interpolation = check_interpolation("RandomResizedCrop", interpolation)
 
     def window(self, h: int, w: int) -> tuple[int, int, int, int]:
         """Draw one crop window (x0, y0, width, height) for an h x w image."""

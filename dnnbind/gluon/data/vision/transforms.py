@@ -28,7 +28,8 @@ from ._color import (
     RandomLighting,
     RandomSaturation,
 )
-from ._geometry import CenterCrop, CropResize, RandomFlipLeftRight, RandomFlipTopBottom, RandomResizedCrop, _interp
+from ._geometry import (CenterCrop, CropResize, RandomFlipLeftRight, RandomFlipTopBottom, RandomResizedCrop,
+                        check_interpolation)
 from ._image import check_image, check_numeric, like_input, resize_hwc, size_pair
 from ._image import host as _host
 
@@ -129,7 +130,8 @@ class Resize:
     def __init__(self, size: int | Sequence[int], keep_ratio: bool = False, interpolation: int = 1) -> None:
         pair = size_pair("Resize", size)  # checks an int too
         size = pair if not isinstance(size, (int, np.integer)) else int(size)
-        self.size, self.keep_ratio, self.interpolation = size, bool(keep_ratio), _interp("Resize", interpolation)
+        self.size, self.keep_ratio = size, bool(keep_ratio)
+        self.interpolation = check_interpolation("Resize", interpolation)
 
     def _target(self, h: int, w: int) -> tuple[int, int]:
         if isinstance(self.size, tuple):
