@@ -76,6 +76,7 @@ import d2l_compare as d2l  # noqa: E402  (installs the mxnet alias)
 import dnnbind  # noqa: E402
 from dnnbind import autograd, gluon, nd  # noqa: E402
 from dnnbind.gluon.data.vision import CIFAR100  # noqa: E402
+from dnnbind.gluon.data.vision.idx import atomic_write  # noqa: E402
 from dnnbind.runtime.device import gpu_properties  # noqa: E402
 
 ROOT = ".data/cifar100_generated"  # gitignored (/.data/)
@@ -191,7 +192,6 @@ def generate(root: str, train_size: int = TRAIN_SIZE, test_size: int = TEST_SIZE
              knobs: dict | None = None) -> dict:
     """Write train.bin, test.bin (and amp_guard_meta.json, what they hold) into root; return the meta. ``knobs``
     override GEN's."""
-    from dnnbind.gluon.data.vision.idx import atomic_write
     knobs = dict(GEN, **(knobs or {}))
     rng = np.random.default_rng(seed)
     r_patterns, r_train, r_test = rng.spawn(3)
@@ -517,16 +517,15 @@ def main(argv=None) -> dict:
             finally:
                 dnnbind.set_math_mode("fp32")
                 gc.collect()  # the run's model, its recordings and the NCHW model an NHWC twin was built from
-            with open(args.json, "w") as f:  # after every run: a run cut short still leaves its numbers
-                json.dump(out, f, indent=1)
+            # after every run: a run cut short still leaves its numbers (atomically: a kill mid-write keeps the last)
+            atomic_write(args.json, json.dumps(out, indent=1).encode())
     out["summary"] = summarize(out["runs"], args.modes)
     out["verdict"] = verdict(out["summary"], out["runs"])
     out["total_s"] = time.perf_counter() - t_start
     print_table(out["summary"], out["runs"], out["verdict"],
                 f"{spec.notebook} on generated CIFAR-100, {args.device}, {args.epochs} epochs, "
                 f"{len(train_y):,} train / {len(test_y):,} test images, {out['total_s']:.0f} s in all")
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
+    atomic_write(args.json, json.dumps(out, indent=1).encode())
     print(f"wrote {args.json}")
     return out
 

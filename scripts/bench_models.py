@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import copy
 import gc
-import json
 import os
 import sys
 import time
@@ -56,7 +55,7 @@ import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(_HERE), _HERE]  # the checkout (dnnbind, models) and scripts/ (d2l_compare, bench)
-from bench_timing import BudgetExceeded, clock_for, guarded, measure, memory_for  # noqa: E402
+from bench_timing import BudgetExceeded, clock_for, guarded, measure, memory_for, save_json  # noqa: E402
 
 import dnnbind as mx  # noqa: E402
 from dnnbind import autograd, gluon  # noqa: E402
@@ -584,8 +583,7 @@ def run_rec(out, modes, ctx, torch, d2l, spec, data, args) -> None:
                   flush=True)
             if r["status"] == "failed":
                 print(r["traceback"], flush=True)
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
+            save_json(args.json, out)
     finally:
         for it in iters.values():
             it.close()
@@ -687,8 +685,7 @@ def main(argv=None) -> dict:
               else f"{r['status']}: {r.get('reason', '')}", flush=True)
         if r["status"] == "failed":
             print(r["traceback"], flush=True)
-        with open(args.json, "w") as f:  # after every mode: a run cut short still leaves its numbers
-            json.dump(out, f, indent=1)
+        save_json(args.json, out)  # after every mode: a run cut short still leaves its numbers
     if args.data == "rec":
         run_rec(out, modes, ctx, torch, d2l, spec, data, args)
     mx.set_math_mode("fp32")
@@ -703,8 +700,7 @@ def main(argv=None) -> dict:
     if args.data == "rec":
         add_rec_ratios(out)
         print_rec_table(out)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
+    save_json(args.json, out)
     print(f"\nwrote {args.json}")
     return out
 

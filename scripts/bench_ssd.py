@@ -54,7 +54,7 @@ import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(_HERE), _HERE]  # the checkout (dnnbind) and scripts/ (bench_timing, bench)
-from bench_timing import clock_for, guarded, measure, memory_for
+from bench_timing import clock_for, guarded, measure, memory_for, save_json
 
 import dnnbind as mx
 
@@ -699,16 +699,14 @@ def main(argv=None) -> dict:
               else f"{r['status']}: {r.get('reason', '')}", flush=True)
         if r["status"] == "failed":
             print(r["traceback"], flush=True)
-        with open(args.json, "w") as f:  # after every mode: a run cut short still leaves its numbers
-            json.dump(out, f, indent=1)
+        save_json(args.json, out)  # after every mode: a run cut short still leaves its numbers
     mx.set_math_mode("fp32")
     add_ratios(out["runs"])
     gpu = (env["gpu"].get("devices") or [{}])[0].get("name", "cpu") if ctx.is_gpu else "cpu"
     print_table(out["runs"], f"{MODEL}, 3x{args.size}x{args.size}, batch {args.batch}, {args.math}, SGD lr {args.lr} "
                              f"momentum {MOMENTUM} wd {WD}, median of {args.steps} steps after {args.warmup}; {gpu}",
                 args.math)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
+    save_json(args.json, out)
     print(f"\nwrote {args.json}")
     return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import signal
 import time
 import types
@@ -13,6 +14,7 @@ import types
 import numpy as np
 
 import dnnbind as mx
+from dnnbind.serialization import atomic_write
 
 
 class BudgetExceeded(BaseException):  # not an Exception: torch's own `except Exception` fallbacks must not eat it
@@ -128,3 +130,10 @@ def measure(step, clock, memory, args, budget=None, what="") -> dict:
             "peak_warmup_mib": warm_peak, **guarded(memory.peak, errors),
             "first_loss": first, "final_loss": loss_value(loss),
             **({"memory_error": errors[0]} if errors else {})}
+
+
+def save_json(path: str, obj) -> None:
+    """Write a benchmark's results to ``path`` atomically (serialization.atomic_write): the scripts rewrite the file
+    after every mode so a run cut short keeps its numbers, and a kill in the middle of a write must then leave the
+    previous complete file, not half of the new one."""
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1).encode()))

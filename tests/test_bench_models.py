@@ -307,3 +307,22 @@ def test_gpu_resnet50_fed_by_the_image_record_iter(tmp_path):
     runs = json.loads(path.read_text())["runs_rec"]
     assert [runs[k]["iterator_dtype"] for k in modes] == ["float32", "float16"]
     assert all(runs[k]["status"] == "ok" and 4 < runs[k]["first_loss"] < 12 for k in modes), runs
+
+
+def test_results_file_is_replaced_whole_or_not_at_all(tmp_path):
+    """bench_timing.save_json (every results write of bench_models/bench_ssd): the new results replace the file
+    whole; a write that fails part-way (an unserializable value) leaves the previous file and no temporary one."""
+    path = tmp_path / "bench.json"
+    got = _python(f"""
+        import json, os, bench_timing
+        path = {str(path)!r}
+        bench_timing.save_json(path, {{"runs": {{"a": 1.5}}}})
+        first = json.load(open(path))
+        try:
+            bench_timing.save_json(path, {{"runs": {{"a": 2.5, "bad": object()}}}})
+            raised = False
+        except TypeError:
+            raised = True
+        print(json.dumps([first, json.load(open(path)), raised, sorted(os.listdir(os.path.dirname(path)))]))
+    """)
+    assert got == [{"runs": {"a": 1.5}}, {"runs": {"a": 1.5}}, True, ["bench.json"]], got
