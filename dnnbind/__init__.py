@@ -35,3 +35,5 @@ from .mxnet import install_mxnet_alias  # noqa: E402,F401  (`import mxnet` -> dn
 from . import distributed  # noqa: E402,F401  (rank/world size; python -m dnnbind.launch starts workers)
 from . import amp  # noqa: E402,F401  (loss scaling for net.cast("float16") training, MXNet contrib.amp calls)
 from . import hybrid  # noqa: E402,F401  (Block.hybridize(): recorded forward/backward, replayed per call)
+from . import eager_replay  # noqa: E402,F401  (eager Block calls replayed where proven to repeat)
+from .eager_replay import eager_replay_enabled, set_eager_replay  # noqa: E402,F401

@@ -245,6 +245,18 @@ def hold(out, inputs) -> None:
                 _consts[id(o)] = o
 
 
+def take_place(old: NDArray, new: NDArray) -> None:
+    """``new`` (which already holds ``old``'s slots) stands for ``old`` in the recorded graph from now on: the node
+    that made ``old`` names ``new`` as its output, and a place ``old`` held as a constant moves to ``new``. Used by
+    dnnbind.eager_replay, which hands a deferred op's result to the array object the caller already holds."""
+    node = old._node
+    if node is not None and node.output() is old:
+        node.output = weakref.ref(new)
+    for table in (_consts, _null_vars):
+        if table.get(id(old)) is old:
+            table[id(new)] = new
+
+
 def record_copy(src: NDArray, out: NDArray, backward=None) -> NDArray:
     """Tape ``out`` as a copy of ``src`` (copy(), copyto(), to(), a whole-array assignment): the gradient goes back
     to src's device and dtype (``backward`` replaces that where the copy also broadcast)."""

@@ -61,11 +61,11 @@ from .recording import CallRecording, CaptureError
 from .runtime.array import NDArray, empty, zeros
 from .runtime.stream import current_stream
 
-__all__ = ["CachedBlock", "set_replay_graphs"]
+__all__ = ["CachedBlock", "Signature", "inside_recorded_call", "set_replay_graphs"]
 
 MAX_SIGNATURES = 8
 
-_WARM, _READY, _EAGER = "warm", "ready", "eager"
+WARM, READY, EAGER = "warm", "ready", "eager"
 
 # Replays after the first launch one CUDA graph captured from the recorded calls (the calls' host cost gone);
 # False: call by call from the host (what a trace always does). set_replay_graphs() switches it.
@@ -77,19 +77,20 @@ def set_replay_graphs(flag: bool) -> None:
     _GRAPHS[0] = bool(flag)
 
 
-_inside = [0]  # > 0 while a hybridized Block records or warms up: Blocks called inside it run eagerly
+inside_recorded_call = [0]  # > 0 while a hybridized Block records or warms up: Blocks called inside it run eagerly
 
 
-class _Signature:
+class Signature:
     """One recording: static inputs, the forward's and the backward's calls, the static output and head grad."""
 
     __slots__ = ("state", "inputs", "needs", "fwd", "bwd", "output", "head", "tape", "leaves", "binding",
-                 "last", "serial", "done", "shape", "zeros")
+                 "last", "serial", "done", "shape", "zeros", "trace", "misses")
 
     def __init__(self) -> None:
-        self.state = _WARM
+        self.state = WARM
         self.serial = self.done = 0  # forwards emitted; the forward whose backward ran last
         self.fwd = self.bwd = self.output = self.head = self.tape = self.last = self.shape = self.zeros = None
+        self.trace, self.misses = None, 0  # dnnbind.eager_replay: the recorded forward's ops; calls that differed
         self.inputs, self.needs, self.leaves, self.binding = [], (), [], ()
 
     def close(self) -> None:
@@ -163,7 +164,7 @@ class CachedBlock:
 
     # -- the call ---------------------------------------------------------------------------------------------
     def __call__(self, args: tuple):
-        if _inside[0] or RECORDING:
+        if inside_recorded_call[0] or RECORDING:
             return RUN_EAGERLY
         layout = None
         for a in args:
@@ -185,32 +186,40 @@ class CachedBlock:
             return self._warm(key, args, layout)
         self._sigs.move_to_end(key)
         state = sig.state
-        if state is _READY:
+        if state is READY:
             if recording and sig.last is not None:
                 node = sig.last()
                 if node is not None and node.backward is not None:
                     return RUN_EAGERLY  # the static activations still belong to an output awaiting its backward
-            return self._replay(sig, args, recording)
-        if state is _WARM:
+            return self._ready(key, sig, args, recording)
+        if state is WARM:
             if TRACING:
                 return RUN_EAGERLY
             return self._record(key, sig, args, recording, layout)
-        return RUN_EAGERLY  # _EAGER
+        return RUN_EAGERLY  # EAGER
+
+    def _ready(self, key, sig: Signature, args: tuple, recording: bool):
+        """A recorded signature's call: replay it (dnnbind.eager_replay first checks the forward's ops)."""
+        return self._replay(sig, args, recording)
+
+    def _run_forward(self, block, inputs: list):
+        """The Block's forward inside a recording (dnnbind.eager_replay also notes the ops it makes)."""
+        return block.forward(*inputs)
 
     def _warm(self, key, args, layout):
         """First call of a signature: eager, outside any recording; tells whether it can be recorded at all."""
         block = self._block()
-        sig = self._sigs[key] = _Signature()
+        sig = self._sigs[key] = Signature()
         while len(self._sigs) > MAX_SIGNATURES:
             self._sigs.popitem(last=False)[1].close()
-        _inside[0] += 1
+        inside_recorded_call[0] += 1
         try:
             out = block.forward(*(args if layout is None else _rebuild(args, layout)))
         finally:
-            _inside[0] -= 1
+            inside_recorded_call[0] -= 1
         flat, reason = _flatten(out)
         if flat is None:
-            sig.state = _EAGER
+            sig.state = EAGER
             self.eager_reasons[key] = reason
         return out
 
@@ -220,14 +229,14 @@ class CachedBlock:
     def _drop_stale(self) -> None:
         self._generation = _parameter.generation[0]
         now = _binding(self._params())
-        stale = [k for k, s in self._sigs.items() if s.state is _READY and not _same_binding(s.binding, now)]
+        stale = [k for k, s in self._sigs.items() if s.state is READY and not _same_binding(s.binding, now)]
         for k in stale:
             self._sigs[k].close()
-            self._sigs[k] = _Signature()
-            self._sigs[k].state = _WARM  # its caches are warm: the next call records straight away
+            self._sigs[k] = Signature()
+            self._sigs[k].state = WARM  # its caches are warm: the next call records straight away
 
     # -- recording --------------------------------------------------------------------------------------------
-    def _record(self, key, sig: _Signature, args: tuple, recording: bool, layout):
+    def _record(self, key, sig: Signature, args: tuple, recording: bool, layout):
         block = self._block()
         params = self._params()
         aux = [(_copy(p), _copy(p).copy()) for p in params if p._data is not None and p._grad_req == "null"]
@@ -242,27 +251,27 @@ class CachedBlock:
         rec = CallRecording(graph=_GRAPHS[0])
 
         def forward():
-            _inside[0] += 1
+            inside_recorded_call[0] += 1
             # The recording keeps each call's scope path; opening this Block's own scope makes those paths
             # (and its backward's) read as an eager call's, from this Block down (see _traced_replay).
             hooks.push(_trace_name(block))
             try:
-                return block.forward(*(inputs if layout is None else _rebuild(inputs, layout)))
+                return self._run_forward(block, inputs if layout is None else _rebuild(inputs, layout))
             finally:
                 hooks.pop()
-                _inside[0] -= 1
+                inside_recorded_call[0] -= 1
         try:
             out = rec.record(forward)
         except CaptureError as exc:
             for data, saved in aux:  # the refused run may have updated running statistics: undo it
                 data.copy_(saved)
-            sig.state = _EAGER
+            sig.state = EAGER
             self.eager_reasons[key] = str(exc)
             return RUN_EAGERLY
         flat, shape = _flatten(out)
         if flat is None:
             rec.close()
-            sig.state = _EAGER
+            sig.state = EAGER
             self.eager_reasons[key] = shape
             for data, saved in aux:
                 data.copy_(saved)
@@ -282,10 +291,10 @@ class CachedBlock:
                     used.update(id(x) for x in autograd.leaves(o))
             sig.leaves = [c for c in (_copy(p) for p in params if p._data is not None and p._grad_req != "null")
                           if id(c) in used]
-        sig.state = _READY
+        sig.state = READY
         return self._emit(sig, args, recording)
 
-    def _record_backward(self, sig: _Signature) -> None:
+    def _record_backward(self, sig: Signature) -> None:
         tape, sig.tape = sig.tape, None
 
         heads = [(o, h) for o, h in zip(tape, sig.head) if o._node is not None]
@@ -294,14 +303,14 @@ class CachedBlock:
             autograd.backward([o for o, _ in heads], head_grads=[h for _, h in heads])
         if TRACING:  # a recording cannot run inside a trace: this backward runs eagerly (and is traced), and
             backward()  # the signature records again at its next call, its private tape being spent now
-            sig.state = _WARM
+            sig.state = WARM
             return
         rec = CallRecording(graph=_GRAPHS[0])
         rec.record(backward, parent=sig.fwd)  # a refusal is an error here: the forward ran as recorded
         sig.bwd = rec
 
     # -- replaying --------------------------------------------------------------------------------------------
-    def _replay(self, sig: _Signature, args: tuple, recording: bool):
+    def _replay(self, sig: Signature, args: tuple, recording: bool):
         for x, a in zip(sig.inputs, args):
             x.copy_(a)
         if TRACING:
@@ -311,7 +320,7 @@ class CachedBlock:
         self.replays += 1
         return self._emit(sig, args, recording)
 
-    def _emit(self, sig: _Signature, args: tuple, recording: bool):
+    def _emit(self, sig: Signature, args: tuple, recording: bool):
         """The caller's output: a copy of the static one (the next call rewrites that), taped as one node."""
         with autograd.pause(train_mode=autograd.is_training()):
             outs = [o.copy() for o in sig.output]
@@ -328,7 +337,7 @@ class CachedBlock:
         sig.last = weakref.ref(outs[0]._node) if outs[0]._node is not None else None
         return _rebuild(outs, sig.shape)
 
-    def _grad_fn(self, sig: _Signature, serial: int):
+    def _grad_fn(self, sig: Signature, serial: int):
         def backward(g):
             if autograd.is_recording():
                 raise NotImplementedError("a hybridized Block's backward cannot itself be differentiated "
@@ -359,13 +368,13 @@ class CachedBlock:
                 sig.bwd.replay(current_stream(sig.output[0].device))
             grads = tuple(x._grad.copy() if need else None for x, need in zip(sig.inputs, sig.needs))
             grads += self._leaf_grads(sig, writes, before)
-            if sig.state is _WARM:  # see _record_backward: drop the spent recording now that its grads are out
+            if sig.state is WARM:  # see _record_backward: drop the spent recording now that its grads are out
                 sig.close()
             return grads
         return backward
 
     @staticmethod
-    def _leaf_grads(sig: _Signature, writes: bool, before) -> tuple:
+    def _leaf_grads(sig: Signature, writes: bool, before) -> tuple:
         """The recorded backward wrote each Parameter's gradient into its ``.grad`` as a backward() of this Block
         alone would. What the caller's pass still needs from this node, per Parameter:
         - backward(), the Parameter used only here (or grad_req 'add', which sums in place): nothing;

@@ -7,6 +7,9 @@ dnnbind, only the standard library, so every layer may import it at module level
 - ``RECORDING``: non-empty while ``dnnbind.graph.RecordedStep`` records a step. The layers that queue GPU work
   outside the cuDNN/cuBLAS tables (kernel launches, memcpy/memset) test it the same way and hand the call to
   ``RECORDING[-1]``.
+- ``DEFERRING``: non-empty while an eager Block call's ops are captured or checked against an earlier call's
+  (``dnnbind.eager_replay``). The op dispatch (``nd.invoke``) and the runtime's view (``NDArray.reshape``) test
+  it the same way and hand the call to ``DEFERRING[-1]``.
 - The scope stack: ``scope(name)``/``push``/``pop`` name the calls made inside (a Block's name, an op's name);
   ``annotate`` attaches facts to the next recorded call; ``timed_numpy`` times a numpy-backend op. The stack is
   per thread (as autograd's recording state is): the calls a thread makes are named by that thread's scopes.
@@ -25,11 +28,25 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["RECORDING", "TRACING", "annotate", "current_path", "path", "pop", "push", "record_numpy", "scope",
+__all__ = ["DEFERRING", "RECORDING", "TRACING", "deferrable", "annotate", "current_path", "path", "pop", "push", "record_numpy", "scope",
            "scopes", "session", "set_session", "stack", "timed_numpy"]
 
 TRACING: list = []
 RECORDING: list = []
+DEFERRING: list = []
+
+
+def deferrable(fn: Callable) -> Callable:
+    """``fn`` (an ``nd`` function outside the op registry that computes arrays from arrays, such as a fused loss)
+    becomes one op for ``DEFERRING``: while a session is active the call goes to ``DEFERRING[-1].invoke(fn, args,
+    kwargs)``, which either runs ``fn`` itself or defers it. Without a session, one list test and the call."""
+    def call(*args, **kwargs):
+        if DEFERRING:
+            return DEFERRING[-1].invoke(fn, args, kwargs)
+        return fn(*args, **kwargs)
+    call.__name__, call.__qualname__, call.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    call.__wrapped__ = fn
+    return call
 
 _tls = threading.local()
 _session: Any = None  # the active trace session (one per process: the library functions it wraps are global)

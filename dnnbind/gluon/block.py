@@ -42,6 +42,11 @@ RUN_EAGERLY = object()  # what a hybridized Block's cache returns for "run the f
 _cached_block_factory = None  # dnnbind.hybrid.CachedBlock, registered when dnnbind is imported
 
 
+# dnnbind.eager_replay's factory while eager replay is on (None: off): a Block called without hybridize() gets one
+# such cache, which replays its recorded calls where a repeat of the same forward is proven (see that module).
+eager_replay_factory = [None]
+
+
 def set_cached_block_factory(factory) -> None:
     """``factory(block, flags)`` makes the object a hybridized Block calls with its arguments (dnnbind.hybrid)."""
     global _cached_block_factory
@@ -276,9 +281,10 @@ class Block:
         recordings are always static."""
         for child in self._children.values():
             child.hybridize(active, **kwargs)
-        old = self.__dict__.pop("_cached", None)
-        if old is not None:
-            old.close()
+        for name in ("_cached", "_auto"):  # a new hybridize() drops every recording, eager replay's too
+            old = self.__dict__.pop(name, None)
+            if old is not None:
+                old.close()
         if active and _cached_block_factory is not None:
             object.__setattr__(self, "_cached", _cached_block_factory(self, kwargs))
 
@@ -370,6 +376,9 @@ class Block:
         for hook in self._forward_pre_hooks:
             hook(self, args)
         cached = self.__dict__.get("_cached")
+        if cached is None and eager_replay_factory[0] is not None and args and type(args[0]) is NDArray \
+                and args[0].on_gpu and not kwargs:
+            cached = self.__dict__.get("_auto") or self._eager_replay()
         if cached is not None and args and type(args[0]) is NDArray and args[0].device != default_device():
             # A hybridized Block runs as MXNet's bound graph does: on its input's device, creation calls without
             # a ctx included (GluonCV's F.arange(n) in a decoder); eager, MXNet would make those on cpu(0).
@@ -384,6 +393,12 @@ class Block:
         for hook in self._forward_hooks:
             hook(self, args, out)
         return out
+
+    def _eager_replay(self):
+        auto = eager_replay_factory[0](self)  # None for a Block called inside another's call: it runs eagerly
+        if auto is not None:
+            object.__setattr__(self, "_auto", auto)
+        return auto
 
     def _refuse_input(self, x) -> None:
         shape = getattr(x, "shape", None)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from .._lib.errors import DnnbindTypeError, DnnbindValueError
 
 from .._lib.errors import CudnnBadParam, CudnnNotSupported
+from .._lib.hooks import deferrable
 from ..autograd import grad_out, is_recording, is_training, record_op
 from ..ops import batchnorm_fused as _fused
 from ..ops.blas import fill as _fill
@@ -76,6 +77,7 @@ _PARAMS = Schema(NAME, schema("BatchNorm").inputs, tuple(q for q in schema("Batc
 _EPS, _MOMENTUM = _PARAMS.param("eps").default, _PARAMS.param("momentum").default
 
 
+@deferrable  # one op to dnnbind.eager_replay (it calls the library directly)
 def BatchNormAddRelu(data=None, addend=None, gamma=None, beta=None, moving_mean=None, moving_var=None, eps=_EPS,
                      momentum=_MOMENTUM, fix_gamma=True, use_global_stats=False, output_mean_var=False, axis=1,
                      cudnn_off=False, act_type="relu", out=None, name=None, **kwargs):

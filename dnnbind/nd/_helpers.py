@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import ops
 from .._lib.errors import DnnbindValueError
+from .._lib.hooks import deferrable
 from ..autograd import is_recording, record_op
 from ._params import array_arg, int_arg, into, reject
 from ._registry import call, composite
@@ -17,6 +18,7 @@ from ._registry import call, composite
 __all__ = ["add_n", "pick_nll", "reshape_like", "softmax_ce_per_sample", "waitall"]
 
 
+@deferrable  # one op to dnnbind.eager_replay (it calls the library directly)
 def softmax_ce_per_sample(logits, labels):
     """Per-sample -log softmax(logits)[label]: cuDNN log-softmax + a gather kernel; backward (p - onehot) * dl.
     float16 logits (a network cast to float16) are cast to float32 first, taped: the loss and its softmax are
@@ -30,6 +32,7 @@ def softmax_ce_per_sample(logits, labels):
     return loss
 
 
+@deferrable
 def pick_nll(logp, labels):
     """Per-sample -logp[label] (NLL on log-probabilities)."""
     loss = ops.nll_loss(logp, labels)

@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import autograd
 from .._lib.cfunc import TRACING
+from .._lib.hooks import DEFERRING
 from ..ops.opdef import Call, Grads
 from ..runtime.array import NDArray, empty
 from ..runtime.device import Device, as_device, default_device
@@ -180,6 +181,13 @@ def _scope(name: str):
 
 def invoke(op: Op, args: tuple, params: dict):
     """Run ``op`` on ``args`` (arrays or, for map ops, scalars) with ``params``; tape its gradient."""
+    if DEFERRING:  # an eager Block call's ops are being captured or checked (dnnbind.eager_replay)
+        return DEFERRING[-1].invoke(op, args, params)
+    return run(op, args, params)
+
+
+def run(op: Op, args: tuple, params: dict):
+    """``invoke`` itself, past the one hook that may defer the call."""
     kind = op.kind
     if kind == "lib":
         return _lib_call(op, args, params)

@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from .._lib.errors import DnnbindError
+from .._lib.hooks import DEFERRING
 from . import dlpack as _dlpack
 from .device import Device, as_device
 from .memory import D2D, D2H, H2D, DeviceBuffer, memcpy, memset
@@ -207,13 +208,9 @@ class NDArray:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         new = _infer_shape(self.shape, shape)
-        if not self.on_gpu:
-            out = NDArray._from_numpy(self._data.reshape(new))
-        else:
-            out = NDArray._from_ptr(self.ptr, new, self.dtype, self.device, self._owner)
-        if self._node is not None or self._grad is not None or _autograd["held"].get(id(self)) is self:
-            return _autograd["view"](self, out)  # taped (a view of a graph array is in the graph too)
-        return out
+        if DEFERRING:  # an eager Block call's ops are being captured or checked (dnnbind.eager_replay)
+            return DEFERRING[-1].view(self, new)
+        return view(self, new)
 
     def flatten(self) -> "NDArray":
         return self.reshape((self.shape[0], -1)) if self.ndim > 1 else self
@@ -296,6 +293,17 @@ class NDArray:
 
 
 _CPU = Device("cpu", 0)
+
+
+def view(x: NDArray, new: tuple) -> NDArray:
+    """``x`` seen with the shape ``new`` (same size, already inferred): ``NDArray.reshape`` past its one hook."""
+    if not x.on_gpu:
+        out = NDArray._from_numpy(x._data.reshape(new))
+    else:
+        out = NDArray._from_ptr(x.ptr, new, x.dtype, x.device, x._owner)
+    if x._node is not None or x._grad is not None or _autograd["held"].get(id(x)) is x:
+        return _autograd["view"](x, out)  # taped (a view of a graph array is in the graph too)
+    return out
 
 
 def _whole() -> bool:
