@@ -377,9 +377,21 @@ def _vertex(x):
     return x._node if x._node is not None else x
 
 
+_kept_graphs = [False]  # whether a backward pass has kept its graph (retain_graph) or taped itself (create_graph)
+
+
+def keeps_graphs() -> bool:
+    """Whether this program has run a backward pass with ``retain_graph=True`` or ``create_graph=True``: a graph
+    whose nodes must be able to run their backward twice, or be differentiated (dnnbind.eager_replay then keeps
+    recorded calls eager, as their replayed backward can do neither)."""
+    return _kept_graphs[0]
+
+
 def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode):
     """The backward pass. Vertices are Nodes and leaf arrays, keyed by id; ``wanted_keys``: the vertex ids whose
     gradients autograd.grad() returns (None: backward(), which writes the leaves' ``_grad``)."""
+    if retain_graph or create_graph:
+        _kept_graphs[0] = True
     if isinstance(heads, NDArray):
         heads, head_grads = [heads], [head_grads]
     elif head_grads is None:

@@ -32,6 +32,11 @@ Nothing the eager call would have done is skipped or reordered where anyone coul
 A signature whose calls differ from the trace twice stays eager (``eager_reasons`` says why), its first miss
 records it again.
 
+A replayed call's backward is its recording's: it runs once and cannot itself be differentiated. Once the program
+has run a backward pass with ``retain_graph=True`` or ``create_graph=True`` (``autograd.keeps_graphs()``), calls
+under ``autograd.record()`` stay eager. A loop that does so from its first step never meets a replayed node; one
+that starts later gets an error naming the switch if it backpropagates through an earlier replayed call twice.
+
 What is not the eager call's: kernel-level numerics may differ within rounding where a recording's algorithm
 choice differs from eager's, and a replayed Block's children are not called one by one by the replay (their
 forward hooks and trace scopes ran in the Python forward, with Pending arrays as outputs).
@@ -421,6 +426,11 @@ class EagerReplay(CachedBlock):
     """A non-hybridized Block's recordings, keyed by signature, replayed only where the forward's ops are proven to
     repeat (module docstring). ``replays`` counts replayed calls, ``misses`` the calls that differed."""
 
+    KIND = "replayed"
+    EAGER_HINT = ("eager replay ran this call from its recording, whose backward runs once and is not "
+                  "differentiable: call dnnbind.set_eager_replay(False) (or set DNNBIND_EAGER_REPLAY=0) before "
+                  "the loop")
+
     def __init__(self, block) -> None:
         super().__init__(block, {})
         self.misses = 0
@@ -436,6 +446,10 @@ class EagerReplay(CachedBlock):
 
     def __call__(self, args: tuple):
         if inside_recorded_call[0] or RECORDING or TRACING:
+            return RUN_EAGERLY
+        if autograd.keeps_graphs() and autograd.is_recording():
+            # A replayed call's backward runs once and cannot be differentiated: a program that retains or
+            # differentiates its graphs keeps its recorded calls eager (the Blocks' predict-mode calls replay still).
             return RUN_EAGERLY
         for a in args:
             if type(a) is not NDArray:  # arrays only (no nested lists): a Block taking states runs eagerly

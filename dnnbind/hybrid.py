@@ -154,6 +154,9 @@ class CachedBlock:
     """The recordings of one hybridized Block, keyed by signature. Called by Block._call; returns the output, or
     ``RUN_EAGERLY`` for "run the forward eagerly yourself"."""
 
+    # how its tape nodes are named, and what a user who needs an eager backward (twice, or differentiated) does
+    KIND, EAGER_HINT = "hybridized", "call hybridize(active=False)"
+
     def __init__(self, block, flags: dict) -> None:
         self._block = weakref.ref(block)  # the Block holds this object: no reference cycle
         self.flags = dict(flags)
@@ -329,10 +332,10 @@ class CachedBlock:
         name = type(self._block()).__name__
         sig.serial += 1
         if len(outs) == 1:
-            autograd.record_op(f"hybridized {name}", outs[0], tuple(args) + tuple(sig.leaves),
+            autograd.record_op(f"{self.KIND} {name}", outs[0], tuple(args) + tuple(sig.leaves),
                                self._grad_fn(sig, sig.serial))
         else:  # one node for every output: its backward gets their gradients together
-            autograd.record_outputs(f"hybridized {name}", tuple(outs), tuple(args) + tuple(sig.leaves),
+            autograd.record_outputs(f"{self.KIND} {name}", tuple(outs), tuple(args) + tuple(sig.leaves),
                                     self._grad_fn(sig, sig.serial))
         sig.last = weakref.ref(outs[0]._node) if outs[0]._node is not None else None
         return _rebuild(outs, sig.shape)
@@ -340,15 +343,14 @@ class CachedBlock:
     def _grad_fn(self, sig: Signature, serial: int):
         def backward(g):
             if autograd.is_recording():
-                raise NotImplementedError("a hybridized Block's backward cannot itself be differentiated "
-                                          "(create_graph=True); call hybridize(active=False) for higher-order "
-                                          "gradients")
+                raise NotImplementedError(f"a {self.KIND} Block's backward cannot itself be differentiated "
+                                          f"(create_graph=True); {self.EAGER_HINT} for higher-order gradients")
             # The recorded backward reuses the activations' memory once it has read them, as eager backward
             # frees them: it runs once per forward.
             if sig.done == serial or sig.serial != serial or sig.fwd is None:
-                raise RuntimeError(f"backward through a call of hybridized {type(self._block()).__name__} whose "
+                raise RuntimeError(f"backward through a call of {self.KIND} {type(self._block()).__name__} whose "
                                    "activations are gone (a second backward with retain_graph=True, or the "
-                                   "recording was dropped); call hybridize(active=False) for this use")
+                                   f"recording was dropped); {self.EAGER_HINT} for this use")
             sig.done = serial
             writes = autograd.writes_leaf_grads()
             before = None if writes else [leaf._grad.copy() for leaf in sig.leaves]  # autograd.grad(): restore

@@ -253,9 +253,11 @@ def _loop(net, batches, dev, steps_lr=0.1):
 
 
 @pytest.fixture
-def replay_on():
+def replay_on(monkeypatch):
+    """Eager replay on, and the process's record of retained graphs cleared (another test may have set it)."""
     prev = mx.eager_replay_enabled()
     mx.set_eager_replay(True)
+    monkeypatch.setattr(autograd, "_kept_graphs", [False])
     yield
     mx.set_eager_replay(prev)
 
@@ -446,3 +448,50 @@ def test_off_switch_and_hybridize_take_precedence(gpu, replay_on):
     for _ in range(4):
         net(x)
     assert net._cached.replays >= 2 and "_auto" not in net.__dict__
+
+
+class _Elementwise(nn.Block):
+    """tanh(x * w) + x: element-wise ops, whose gradients are themselves differentiable."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.w = self.params.get("w", shape=(5,), init=mx.init.Uniform(1.0))
+
+    def forward(self, x):
+        return nd.tanh(x * self.w.data()) + x
+
+
+@gpu
+def test_retained_and_differentiated_graphs_stay_eager(gpu, replay_on):
+    """Two losses backpropagated one after the other through one forward (retain_graph=True), then a gradient
+    penalty (create_graph=True): every step works and matches the same loop with eager replay off."""
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((6, 5)).astype("f") for _ in range(5)]
+    grads, nets = [], []
+    for on in (True, False):  # replay on first: the program's first retain_graph is in its first step
+        mx.set_eager_replay(on)
+        nd.random.seed(7)
+        net = _Elementwise()
+        net.initialize(ctx=gpu)
+        nets.append(net)
+        got = []
+        for x in xs:
+            x = nd.array(x, ctx=gpu)
+            x.attach_grad()
+            with autograd.record():
+                out = net(x)
+                l1, l2 = (out * out).sum(), out.sum()
+            l1.backward(retain_graph=True)
+            g1 = net.w.grad().asnumpy().copy()
+            l2.backward()
+            with autograd.record():
+                out = net(x)
+                gx = autograd.grad(out.sum(), [x], create_graph=True)[0]
+                penalty = (gx * gx).sum()
+            penalty.backward()
+            got.append((g1, net.w.grad().asnumpy().copy(), gx.asnumpy()))
+        grads.append(got)
+    assert autograd.keeps_graphs() and nets[0].__dict__["_auto"].replays == 0
+    for a, b in zip(*grads):
+        for u, v in zip(a, b):
+            np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
