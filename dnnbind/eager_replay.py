@@ -28,7 +28,11 @@ Nothing the eager call would have done is skipped or reordered where anyone coul
   eagerly. So values, errors (each op's checks ran at its own call in an earlier call of this signature with the
   same operands' shapes) and the autograd graph are the eager call's;
 - a Pending array that outlives the forward (stored on the Block, kept by a hook) materializes the call too,
-  since a replay's intermediate buffers are rewritten by the next replay.
+  since a replay's intermediate buffers are rewritten by the next replay;
+- device work queued beside the deferred ops (a copy or memset, as in reading a Parameter's values or writing into
+  an array in place, or a kernel launch) materializes first, so it sees what the eager call's ops had done. A
+  cuDNN or cuBLAS call made outside the op dispatch (the functional ``dnnbind.ops`` API inside a forward) is not
+  watched: such a forward should read only its own op results.
 A signature whose calls differ from the trace twice stays eager (``eager_reasons`` says why), its first miss
 records it again.
 
@@ -205,6 +209,9 @@ class OpCapture:
             return take_view(x, new)
         return self._note(_VIEW, (x,), {"shape": new})
 
+    def device_work(self) -> None:
+        """Device work queued outside the noted ops (the ops' own library calls and copies): nothing to do."""
+
     def _note(self, op, args, params):
         noted = params
         try:
@@ -315,6 +322,12 @@ class OpCheck:
         except _Mismatch as exc:
             self.materialize(f"op {self.k} (a view): {exc}")
         return take_view(x, new)
+
+    def device_work(self) -> None:
+        """A copy, memset or kernel launch queued beside the deferred ops (a host read of a Parameter, an in-place
+        write, a kernel of the forward's own): the deferred ops come first, as in the eager call."""
+        if self.active and self.thread == _get_ident():
+            self.materialize("the forward queued device work outside its ops (a copy, a write, a kernel)")
 
     def _defer(self, op, args, params):
         k = self.k

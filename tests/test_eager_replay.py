@@ -495,3 +495,43 @@ def test_retained_and_differentiated_graphs_stay_eager(gpu, replay_on):
     for a, b in zip(*grads):
         for u, v in zip(a, b):
             np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
+
+
+class _Peeker(nn.Block):
+    """Reads BatchNorm's running mean on the host only when asked: a host read a recording never saw."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense, self.bn = nn.Dense(6), nn.BatchNorm()
+        self.peek, self.seen = False, None
+
+    def forward(self, x):
+        y = self.bn(self.dense(x))
+        if self.peek:
+            self.seen = self.bn.running_mean.data().asnumpy()
+        return nd.relu(y)
+
+
+@gpu
+def test_a_host_read_beside_deferred_ops_sees_them_done(gpu, replay_on):
+    """Calls 1-3 replay; call 4 reads a Parameter the deferred BatchNorm updates: the read must see the update
+    (the deferred ops run first), as the same loop with replay off does."""
+    rng = np.random.default_rng(6)
+    xs = [nd.array(rng.standard_normal((8, 4)).astype("f"), ctx=gpu) for _ in range(4)]
+    seen = []
+    for on in (True, False):
+        mx.set_eager_replay(on)
+        nd.random.seed(3)
+        net = _Peeker()
+        net.initialize(mx.init.Xavier(), ctx=gpu)
+        for i, x in enumerate(xs):
+            net.peek = i == 3
+            with autograd.record():
+                net(x).sum().backward()
+        seen.append((net.seen, net.bn.running_mean.data().asnumpy()))
+        if on:
+            assert net.__dict__["_auto"].replays >= 1
+    (a, a_end), (b, b_end) = seen
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(a, a_end, rtol=1e-6, atol=1e-7)  # the read came after this call's update
+    np.testing.assert_allclose(a_end, b_end, rtol=1e-6, atol=1e-7)

@@ -9,7 +9,8 @@ dnnbind, only the standard library, so every layer may import it at module level
   ``RECORDING[-1]``.
 - ``DEFERRING``: non-empty while an eager Block call's ops are captured or checked against an earlier call's
   (``dnnbind.eager_replay``). The op dispatch (``nd.invoke``) and the runtime's view (``NDArray.reshape``) test
-  it the same way and hand the call to ``DEFERRING[-1]``.
+  it the same way and hand the call to ``DEFERRING[-1]``; memcpy, memset and kernel launches call
+  ``DEFERRING[-1].device_work()`` before they queue anything.
 - The scope stack: ``scope(name)``/``push``/``pop`` name the calls made inside (a Block's name, an op's name);
   ``annotate`` attaches facts to the next recorded call; ``timed_numpy`` times a numpy-backend op. The stack is
   per thread (as autograd's recording state is): the calls a thread makes are named by that thread's scopes.

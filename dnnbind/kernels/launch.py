@@ -27,7 +27,7 @@ from typing import Any
 
 from dnnbind._lib import cudart
 from dnnbind._lib.errors import CudaDriverError
-from dnnbind._lib.hooks import RECORDING, TRACING
+from dnnbind._lib.hooks import DEFERRING, RECORDING, TRACING
 
 from .args import check_arg_sizes, pack_args
 from .devices import (
@@ -209,6 +209,8 @@ class Kernel:
 
     def _launch(self, device: int, g: Dim3, b: Dim3, args: Sequence[Any], stream: Any, shared_mem: int) -> None:
         """launch() after its checks: for callers (elementwise) whose configuration is valid by construction."""
+        if DEFERRING:  # device work beside an eager Block call's deferred ops: they run first (eager_replay)
+            DEFERRING[-1].device_work()
         name = self.name
         make_current(device)
         holders, params = pack_args(args)
@@ -249,7 +251,7 @@ class Kernel:
         if not current:  # ``current``: the caller made ``device`` current (an op under runtime.exec_context)
             make_current(device)
         fn = self._functions.get(device)
-        if fn is None or fn.struct_type is not type(arg) or TRACING or RECORDING or block_x > fn.max_threads:
+        if fn is None or fn.struct_type is not type(arg) or TRACING or RECORDING or DEFERRING or block_x > fn.max_threads:
             self._launch(device, (grid_x, 1, 1), (block_x, 1, 1), (arg,), h, 0)
             self._functions[device].struct_type = type(arg)  # _launch checked its size against the kernel's
             return

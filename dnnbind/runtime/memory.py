@@ -14,7 +14,7 @@ import weakref
 
 from .._lib import cudart
 from .._lib.errors import CudaDriverError, CudaError
-from .._lib.hooks import RECORDING
+from .._lib.hooks import DEFERRING, RECORDING
 from ._arena import Arena
 from ._vmm import Region
 from .device import Device
@@ -281,6 +281,8 @@ def _at_exit() -> None:
 
 def memcpy(dst: int, src: int, nbytes: int, kind: int, stream: Stream) -> None:
     if nbytes:
+        if DEFERRING:  # device work beside an eager Block call's deferred ops: they run first (eager_replay)
+            DEFERRING[-1].device_work()
         # NOTE: CUDA refuses (cudaErrorInvalidValue) an async copy or memset on a stream of a device that is not
         # the current one: the stream carries its device, which is made current here, whatever was current before.
         stream.device.activate()
@@ -291,6 +293,8 @@ def memcpy(dst: int, src: int, nbytes: int, kind: int, stream: Stream) -> None:
 
 def memset(ptr: int, value: int, nbytes: int, stream: Stream) -> None:
     if nbytes:
+        if DEFERRING:  # (see memcpy)
+            DEFERRING[-1].device_work()
         stream.device.activate()  # (see memcpy)
         cudart.call("cudaMemsetAsync", ptr, value, nbytes, stream.handle)
         if RECORDING:
