@@ -72,9 +72,7 @@ _TRACE_MISSES = os.environ.get("DNNBIND_EAGER_REPLAY_TRACE", "").strip() not in 
 
 _VIEW = "view"  # the trace entry of an NDArray.reshape view (its "op")
 _SLOTS = ("shape", "dtype", "device", "ptr", "on_gpu", "_data", "_owner", "_node", "_grad", "_grad_req")
-# A Pending array's own _owner and _data slots (hidden behind its properties) hold its tag (op index, output index)
-# and the OpCheck that made it.
-_TAG = NDArray.__dict__["_owner"]
+# A Pending array's own _data slot (hidden behind its property) holds the OpCheck that made it.
 _CHECK = NDArray.__dict__["_data"]
 _get_ident = threading.get_ident
 
@@ -160,10 +158,13 @@ class _Entry:
     """One traced op: the op (an nd registry Op, _VIEW, or a ``hooks.deferrable`` function), each operand's origin,
     the parameters (a registry op's: plain values; a function's keyword arguments: a tuple of (name, origin), as
     they may be arrays), and each output's origin."""
-    __slots__ = ("op", "args", "params", "outs", "many")
+    __slots__ = ("op", "args", "params", "outs", "many", "single")
 
     def __init__(self, op, args, params, outs, many):
         self.op, self.args, self.params, self.outs, self.many = op, args, params, outs, many
+        # the common case, made fast: one new output returned alone -> its (shape, dtype, device, on_gpu)
+        o = outs[0] if many is None else None
+        self.single = (o[1], o[2], o[3], o[3].kind == "gpu") if o is not None and o[0] == "new" else None
 
 
 class OpTrace:
@@ -301,6 +302,9 @@ class OpCheck:
         self.inputs = inputs
         self.k = 0  # ops matched (and deferred) so far
         self.made: dict = {}  # (k, m) -> weakref to the Pending array handed out
+        # id(Pending) -> its (k, m): a Pending this check made is alive wherever it is an operand, so its id is
+        # not reused meanwhile; a Pending of an earlier check is no longer a Pending (materialized) or dead.
+        self.tags: dict = {}
         self.active = True
         self.why: str | None = None  # what ended the check early
 
@@ -331,32 +335,50 @@ class OpCheck:
 
     def _defer(self, op, args, params):
         k = self.k
-        if k >= len(self.entries):
+        entries = self.entries
+        if k >= len(entries):
             raise _Mismatch("the recorded forward made no more ops")
-        e = self.entries[k]
+        e = entries[k]
         if e.op is not op:
             raise _Mismatch(f"the recorded forward made {_name(e.op)} here")
-        if len(args) != len(e.args) or not all(self._same(a, o) for a, o in zip(args, e.args)):
+        origins = e.args
+        if len(args) != len(origins):
             raise _Mismatch("an operand differs")
+        tags = self.tags
+        for a, o in zip(args, origins):  # a plain loop: this runs for every operand of every deferred op
+            if type(a) is Pending:
+                if tags.get(id(a)) != o:
+                    raise _Mismatch("an operand differs")
+            elif not self._same(a, o):
+                raise _Mismatch("an operand differs")
         if type(e.params) is dict:
             if params != e.params:
                 raise _Mismatch("a parameter differs")
-        elif len(params) != len(e.params) or not all(
-                k == name and self._same(v, o) for (k, v), (name, o) in zip(params.items(), e.params)):
-            raise _Mismatch("a keyword argument differs")
+        else:
+            if len(params) != len(e.params):
+                raise _Mismatch("a keyword argument differs")
+            for (key, v), (name, o) in zip(params.items(), e.params):
+                if key != name or not self._same(v, o):
+                    raise _Mismatch("a keyword argument differs")
         self.k = k + 1
+        if e.single is not None:
+            return self._pending(k, 0, e.single)
         outs = []
         for m, o in enumerate(e.outs):
             if o[0] == "new":
-                p = object.__new__(Pending)
-                p.shape, p.dtype, p.device, p.on_gpu = o[1], o[2], o[3], o[3].kind == "gpu"
-                _TAG.__set__(p, (k, m))
-                _CHECK.__set__(p, self)
-                self.made[(k, m)] = weakref.ref(p)
-                outs.append(p)
+                outs.append(self._pending(k, m, (o[1], o[2], o[3], o[3].kind == "gpu")))
             else:
                 outs.append(self._resolve(o[1], None))
         return outs[0] if e.many is None else e.many(outs)
+
+    def _pending(self, k: int, m: int, meta: tuple) -> Pending:
+        p = object.__new__(Pending)
+        p.shape, p.dtype, p.device, p.on_gpu = meta
+        _CHECK.__set__(p, self)
+        tag = (k, m)
+        self.tags[id(p)] = tag
+        self.made[tag] = weakref.ref(p)
+        return p
 
     def _same(self, a, origin) -> bool:
         kind = origin[0]
@@ -369,7 +391,7 @@ class OpCheck:
         if kind == "l":
             return (type(a) is origin[1] and len(a) == len(origin[2])
                     and all(self._same(x, o) for x, o in zip(a, origin[2])))
-        return type(a) is Pending and _CHECK.__get__(a, NDArray) is self and _TAG.__get__(a, NDArray) == origin
+        return type(a) is Pending and self.tags.get(id(a)) == origin
 
     def _resolve(self, origin, real):
         """The array an origin names: an input, an outside array, or output m of op j (``real``: those computed
@@ -415,6 +437,7 @@ class OpCheck:
                 p = ref() if ref is not None else None
                 real[(k, m)] = _adopt(p, r) if p is not None else r
         self.made.clear()
+        self.tags.clear()
         return None if outputs is None else [self._resolve(o, real) for o in outputs]
 
     def compare(self, out, trace: OpTrace) -> str | None:
