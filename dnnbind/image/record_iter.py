@@ -55,18 +55,28 @@ small (issue 26; about 50 us against ~1.7 ms of JPEG decoding, where it was ~400
 and no copy of its bytes; each image's generator set from a seed state hashed for the whole batch at once
 (_pcg64_seed_states) instead of built by numpy; mirror, BGR -> RGB, HWC -> CHW and mean/std as one table lookup
 per channel (cv2.LUT or numpy's take) straight into the batch; one pool task per run of a batch's images.
+
+``DNNBIND_IMAGE_DECODE=processes`` runs the same work in ``preprocess_threads`` forked worker *processes* instead,
+which share no GIL with each other or with the training loop (MXNet's C++ threads had none to share). They write
+straight into batch buffers on shared files in /dev/shm (a ring of ``prefetch_buffer + 3``; a consumer that keeps
+more than two batches gets copies), and the batches are the threads' value for value. It falls back to threads,
+with a warning, where /dev/shm has not twice the ring's size free. Threads stay the default until the processes'
+speed is measured on a many-core machine (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import mmap
+import multiprocessing
 import os
 import struct
 import sys
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+import weakref
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
 
@@ -390,6 +400,147 @@ def _augment(img: np.ndarray, p: dict, rng) -> np.ndarray:
     return res
 
 
+# -- decoding in worker processes ------------------------------------------------------------------------------
+# DNNBIND_IMAGE_DECODE=processes: ``preprocess_threads`` worker *processes* decode, augment and normalize straight
+# into batch buffers in shared memory, where threads share one GIL with the training loop (MXNet's C++ threads
+# have none). The batches are the same, value for value: each image's random draws come from its own seed
+# (position, epoch), whoever decodes it.
+
+DECODE_ENV = "DNNBIND_IMAGE_DECODE"
+
+
+def _decode_mode() -> str:
+    mode = os.environ.get(DECODE_ENV, "threads").strip().lower() or "threads"
+    if mode not in ("threads", "processes"):
+        raise DnnbindValueError(f"{DECODE_ENV} must be 'threads' or 'processes', got {mode!r}")
+    return mode
+
+
+_worker: dict = {}  # in a worker process: the iterator's decoding copy, and the shared buffers mapped by path
+
+
+def _worker_start(state: dict) -> None:
+    _worker["it"] = state["cls"]._decoder(state)
+    _worker["data"] = ((state["batch_size"],) + tuple(state["p"]["data_shape"]), np.dtype(state["p"]["dtype"]))
+    _worker["mapped"] = {}
+
+
+def _map(path: str, shape: tuple, dtype, create: bool = False) -> np.ndarray:
+    """An array on the shared file ``path`` (in /dev/shm). Its base is the mmap object, which stays mapped as long
+    as any array on it lives and unmaps when the last goes: never closed by hand, so no array outlives its memory.
+    ``create``: make the file, zero-filled."""
+    nbytes = max(1, math.prod(shape) * np.dtype(dtype).itemsize)
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, nbytes)
+        m = mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+    return np.frombuffer(m, dtype, math.prod(shape)).reshape(shape)
+
+
+def _worker_load(names: tuple, slots, positions: list, states: list, epoch: int) -> None:
+    """One pool task in a worker process: a run of a batch's images into the shared buffers ``names`` (the data
+    file, the label file, the label rows' shape)."""
+    mapped = _worker["mapped"]
+    arrays = mapped.get(names)
+    if arrays is None:
+        shape, dtype = _worker["data"]
+        arrays = mapped[names] = (_map(names[0], shape, dtype), _map(names[1], names[2], np.float32))
+    _worker["it"]._load_many(slots, positions, states, epoch, arrays[0], arrays[1])
+
+
+class _SharedRing:
+    """The batch buffers of an iterator decoding in worker processes: pairs (data, label) of numpy arrays on
+    shared files in /dev/shm, at most ``prefetch_buffer + HELD + 1``. A pair is free when nothing but the ring
+    refers to it (the consumer dropped its batch, no task holds it). At most HELD batches a consumer still holds
+    are the ring's own; a consumer that keeps more gets copies, so the ring never runs out. The files are unlinked
+    when the iterator closes (or is collected); their memory goes with the last array on it."""
+
+    HELD = 2  # ring batches a consumer may hold before it gets copies
+    ROOT = "/dev/shm"
+
+    def __init__(self, data_shape: tuple, dtype, label_shape: tuple, limit: int) -> None:
+        self.data_shape, self.dtype, self.label_shape, self.limit = data_shape, dtype, label_shape, limit
+        rows = label_shape[0]
+        self.label_rows = (rows, math.prod(label_shape) // rows)
+        self.pairs: list = []  # (data, label) arrays
+        self.paths: list = []  # their files, unlinked by close()
+        self.by_ptr: dict = {}  # data pointer -> (data path, label path, label rows' shape)
+        self._closer = weakref.finalize(self, _unlink, self.paths)  # also when the iterator is only collected
+
+    @classmethod
+    def make(cls, it) -> "_SharedRing | None":
+        """The ring for ``it``, or None (threads, with a warning) when /dev/shm has not room for it."""
+        p = it._p
+        data_shape = (it.batch_size,) + tuple(p["data_shape"])
+        label_shape = it._label_shape()
+        limit = max(1, p["prefetch_buffer"]) + cls.HELD + 1
+        need = limit * (math.prod(data_shape) * it._np_dtype.itemsize + math.prod(label_shape) * 4)
+        try:
+            st = os.statvfs(cls.ROOT)
+            room = st.f_bavail * st.f_frsize
+        except OSError:
+            room = 0
+        if need > room // 2:  # NOTE: a tmpfs past its size kills the writer with SIGBUS: keep well inside it
+            warnings.warn(f"{DECODE_ENV}=processes: {cls.ROOT} has {room / 2**20:.0f} MiB free and the batch "
+                          f"buffers need {need / 2**20:.0f} MiB (twice that free is asked); decoding in threads",
+                          stacklevel=4)
+            return None
+        return cls(data_shape, it._np_dtype, label_shape, limit)
+
+    def _new(self) -> tuple:
+        base = os.path.join(self.ROOT, f"dnnbind-imgrec-{os.getpid()}-{id(self):x}-{len(self.pairs)}")
+        self.paths += (base + "-data", base + "-label")
+        data = _map(base + "-data", self.data_shape, self.dtype, create=True)
+        label = _map(base + "-label", self.label_shape, np.float32, create=True)
+        self.by_ptr[data.ctypes.data] = (base + "-data", base + "-label", self.label_rows)
+        self.pairs.append((data, label))
+        return data, label
+
+    def take(self, used: int) -> tuple:
+        for pair in self.pairs:
+            # NOTE: 2 = the ring's reference and getrefcount's own (see ImageRecordIter._buffers)
+            if sys.getrefcount(pair[0]) == 2 and sys.getrefcount(pair[1]) == 2:
+                data, label = pair
+                data[used:] = 0
+                label.reshape(self.label_rows)[used:] = 0
+                return data, label
+        if len(self.pairs) >= self.limit:
+            raise RuntimeError("ImageRecordIter: no free shared batch buffer (cannot happen: see _SharedRing)")
+        return self._new()  # a new file reads as zeros
+
+    def names(self, data) -> tuple:
+        return self.by_ptr[data.ctypes.data]
+
+    def hand(self, data, label, in_flight: list) -> tuple:
+        """What the consumer gets for a finished batch: the ring's own arrays, or copies when it already holds
+        HELD of the ring's batches (a pair referenced beyond the ring that is neither this one nor in flight)."""
+        busy = {id(d) for d in in_flight}
+        busy.add(id(data))
+        held = 0
+        for pair in self.pairs:
+            if id(pair[0]) not in busy and sys.getrefcount(pair[0]) > 2:
+                held += 1
+        if held >= self.HELD:
+            return data.copy(), label.copy()
+        return data, label
+
+    def close(self) -> None:
+        self.pairs, self.by_ptr = [], {}
+        self._closer()
+
+
+def _unlink(paths: list) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    paths.clear()
+
+
 class ImageRecordIter(DataIter):
     """``mx.io.ImageRecordIter``: batches of decoded, augmented images from an image RecordIO file (see the
     module docstring for what matches MXNet)."""
@@ -405,20 +556,50 @@ class ImageRecordIter(DataIter):
         offsets, size = _record_offsets(p["path_imgrec"], p.get("path_imgidx", ""))
         self._offsets = _part(offsets, size, p["part_index"], p["num_parts"])
         self._ends = _record_ends(offsets, size)
-        self._cv2 = _cv.cv2_module() or None  # cv2.LUT / flip / split for the last stage (_normalize), where installed
-        self._tables = {}  # _normalize's per-channel tables, by channel count, when no random contrast/illumination
-        self._fd = os.open(p["path_imgrec"], os.O_RDONLY)
-        self._pool = ThreadPoolExecutor(max_workers=p["preprocess_threads"], thread_name_prefix="imgrec")
-        self._local = threading.local()  # each worker's reusable random generator (_rng)
-        self._np_dtype = np.dtype(p["dtype"])
+        self._open_decoding()
         c, h, w = p["data_shape"]
         self.provide_data = [DataDesc(p["data_name"], (self.batch_size, c, h, w), self._np_dtype.type, "NCHW")]
         self.provide_label = [DataDesc(p["label_name"], self._label_shape(), np.float32, "NCHW")]
+        self._ring = None  # worker processes: the batches' shared-memory buffers (_SharedRing)
+        if _decode_mode() == "processes":
+            self._ring = _SharedRing.make(self)
+        if self._ring is not None:
+            # NOTE: fork, as the DataLoader's workers: spawn and forkserver run the user's main module again (an
+            # unguarded training script would start over), and the workers touch no CUDA, only numpy and OpenCV
+            ctx = multiprocessing.get_context("fork")
+            self._pool = ProcessPoolExecutor(max_workers=p["preprocess_threads"], mp_context=ctx,
+                                             initializer=_worker_start, initargs=(self._decoder_state(),))
+        else:
+            self._pool = ThreadPoolExecutor(max_workers=p["preprocess_threads"], thread_name_prefix="imgrec")
         self._epoch, self._pos, self._overflow, self._state = -1, 0, False, (0, False)
         self._pending = collections.deque()
         self._handed = []  # (data, label) of the batches handed out, reused once nothing else holds them
         self._batch = None
         self.reset()
+
+    def _open_decoding(self) -> None:
+        """What decoding an image needs beside the parameters, offsets and labels (also in a worker process)."""
+        self._cv2 = _cv.cv2_module() or None  # cv2.LUT / flip / split for the last stage (_normalize), where installed
+        self._tables = {}  # _normalize's per-channel tables, by channel count, when no random contrast/illumination
+        self._fd = os.open(self._p["path_imgrec"], os.O_RDONLY)
+        self._local = threading.local()  # each worker's reusable random generator (_rng)
+        self._np_dtype = np.dtype(self._p["dtype"])
+
+    def _decoder_state(self) -> dict:
+        """What a worker process needs to decode this iterator's images (_worker_start): its class, parameters,
+        record offsets, label tables and the batch buffers' shapes."""
+        labels = {k: v for k, v in self.__dict__.items() if k in ("_label_map", "_det_width")}
+        return {"cls": type(self), "p": self._p, "offsets": self._offsets, "ends": self._ends, "labels": labels,
+                "batch_size": self.batch_size, "label_shape": self._label_shape()}
+
+    @classmethod
+    def _decoder(cls, state: dict) -> "ImageRecordIter":
+        """A worker process's copy of the iterator: it decodes images into batch buffers, nothing else."""
+        it = object.__new__(cls)
+        it._p, it._offsets, it._ends, it.batch_size = state["p"], state["offsets"], state["ends"], state["batch_size"]
+        it.__dict__.update(state["labels"])
+        it._open_decoding()
+        return it
 
     # -- labels --
     def _init_labels(self, p):
@@ -570,6 +751,8 @@ class ImageRecordIter(DataIter):
         """(data, label) for a batch whose first ``used`` slots the workers fill: a pair handed out before that
         nothing references any more (its batch was dropped), its other slots zeroed, or fresh zeros. Reused memory
         is already mapped: fresh memory costs a page fault and the kernel's zeroing per 4 KiB, in every worker."""
+        if self._ring is not None:
+            return self._ring.take(used)
         for i, pair in enumerate(self._handed):
             # NOTE: 2 = the pair's reference and getrefcount's own; a batch, NDArray or view someone keeps adds
             # one, so what a consumer holds is never written again
@@ -590,8 +773,13 @@ class ImageRecordIter(DataIter):
         states = _pcg64_seed_states([[int(key) & 0xFFFFFFFF, self._epoch, pos] for pos in positions])
         # one task per thread (or fewer, smaller ones when batches are small); each writes its own slots
         k = -(-len(positions) // p["preprocess_threads"])
-        futs = [self._pool.submit(self._load_many, range(i, min(i + k, len(positions))), positions[i:i + k],
-                                  states[i:i + k], self._epoch, data, lab2) for i in range(0, len(positions), k)]
+        if self._ring is not None:  # worker processes write into the shared buffers, named
+            names = self._ring.names(data)
+            futs = [self._pool.submit(_worker_load, names, range(i, min(i + k, len(positions))), positions[i:i + k],
+                                      states[i:i + k], self._epoch) for i in range(0, len(positions), k)]
+        else:
+            futs = [self._pool.submit(self._load_many, range(i, min(i + k, len(positions))), positions[i:i + k],
+                                      states[i:i + k], self._epoch, data, lab2) for i in range(0, len(positions), k)]
         self._pending.append((futs, data, label, pad, state))
 
     def _fill(self):
@@ -637,11 +825,14 @@ class ImageRecordIter(DataIter):
             f.result()  # re-raises a worker's error here
         self._fill()
         # NOTE: each batch owns its buffers until the consumer drops it (_buffers), so the NDArrays wrap them
-        # without a copy
+        # without a copy. The shared ring is bounded: a consumer keeping its batches gets copies (_SharedRing.hand)
+        if self._ring is not None:
+            data, label = self._ring.hand(data, label, [entry[1] for entry in self._pending])
+        else:
+            self._handed.append((data, label))
+            if len(self._handed) > self._p["prefetch_buffer"] + 2:
+                del self._handed[0]  # a consumer that keeps batches: stop watching the oldest
         self._batch = (NDArray._from_numpy(data), NDArray._from_numpy(label), pad)
-        self._handed.append((data, label))
-        if len(self._handed) > self._p["prefetch_buffer"] + 2:
-            del self._handed[0]  # a consumer that keeps batches: stop watching the oldest
         return True
 
     def next(self) -> DataBatch:
@@ -671,6 +862,10 @@ class ImageRecordIter(DataIter):
         if getattr(self, "_fd", None) is not None:
             os.close(self._fd)
             self._fd = None
+        if getattr(self, "_ring", None) is not None:
+            self._pending, self._batch = collections.deque(), None
+            self._ring.close()
+            self._ring = None
 
     def __del__(self):
         try:
