@@ -58,7 +58,7 @@ from . import autograd
 from ._lib.hooks import DEFERRING, RECORDING, TRACING
 from .gluon import block as _block
 from .gluon.block import RUN_EAGERLY
-from .hybrid import EAGER, READY, WARM, CachedBlock, Signature, inside_recorded_call
+from .hybrid import EAGER, READY, WARM, CachedBlock, Signature, flatten_arrays, inside_recorded_call, rebuild_arrays
 from .nd._registry import Op
 from .nd._registry import run as _run_op
 from .runtime.array import NDArray, view as take_view
@@ -252,38 +252,11 @@ class OpCapture:
     def finish(self, out) -> OpTrace | None:
         if self.refused:
             return None
-        flat, layout = _flatten(out)
+        flat, layout = flatten_arrays(out)
         if flat is None:
             self.refused = layout
             return None
         return OpTrace(tuple(self.entries), tuple(self._origin(o) for o in flat), layout)
-
-
-def _flatten(out):
-    """(arrays, layout) of a forward's result: one array, or tuples and lists of them; (None, why) otherwise."""
-    if isinstance(out, NDArray):
-        return [out], None
-    if isinstance(out, (tuple, list)):
-        flat, parts = [], []
-        for item in out:
-            sub, sub_layout = _flatten(item)
-            if sub is None:
-                return None, sub_layout
-            parts.append((len(sub), sub_layout))
-            flat += sub
-        return flat, (type(out), parts)
-    return None, f"the forward returns a {type(out).__name__}"
-
-
-def _rebuild(flat, layout):
-    if layout is None:
-        return flat[0]
-    kind, parts = layout
-    items, i = [], 0
-    for n, sub in parts:
-        items.append(_rebuild(flat[i:i + n], sub))
-        i += n
-    return kind(items)
 
 
 # -- checking a call against the trace --------------------------------------------------------------------------
@@ -445,7 +418,7 @@ class OpCheck:
         outputs; else why not."""
         if self.k != len(self.entries):
             return f"the forward made {self.k} of the recorded forward's {len(self.entries)} ops"
-        flat, layout = _flatten(out)
+        flat, layout = flatten_arrays(out)
         if flat is None or layout != trace.layout or len(flat) != len(trace.outputs) \
                 or not all(self._same(a, o) for a, o in zip(flat, trace.outputs)):
             return "the forward returned other arrays than the recorded one"
@@ -547,7 +520,7 @@ class EagerReplay(CachedBlock):
                 if not check.referenced():
                     check.active = False
                     return self._replay(sig, args, recording)
-                out = _rebuild(check.materialize("an array the forward made is still referenced after it "
+                out = rebuild_arrays(check.materialize("an array the forward made is still referenced after it "
                                                  "returned", trace.outputs), trace.layout)
         self._miss(key, sig, check.why)
         return out

@@ -61,7 +61,7 @@ from .recording import CallRecording, CaptureError
 from .runtime.array import NDArray, empty, zeros
 from .runtime.stream import current_stream
 
-__all__ = ["CachedBlock", "Signature", "inside_recorded_call", "set_replay_graphs"]
+__all__ = ["CachedBlock", "Signature", "flatten_arrays", "inside_recorded_call", "rebuild_arrays", "set_replay_graphs"]
 
 MAX_SIGNATURES = 8
 
@@ -101,15 +101,15 @@ class Signature:
         self.inputs, self.leaves, self.binding = [], [], ()
 
 
-def _flatten(out):
+def flatten_arrays(out):
     """(the NDArrays of a forward's result in order, its shape to rebuild it from them), or (None, reason): one
-    NDArray, or tuples and lists of them nested (an RNN's ``(output, [h, c])``)."""
-    if type(out) is NDArray:
+    NDArray, or tuples and lists of them nested (an RNN's ``(output, [h, c])``). Also eager_replay's."""
+    if isinstance(out, NDArray):
         return [out], None
     if isinstance(out, (tuple, list)):
         flat, shape = [], []
         for item in out:
-            sub, sub_shape = _flatten(item)
+            sub, sub_shape = flatten_arrays(item)
             if sub is None:
                 return None, sub_shape
             shape.append((len(sub), sub_shape))
@@ -118,14 +118,14 @@ def _flatten(out):
     return None, f"the forward returns a {type(out).__name__}, not NDArrays (one, or tuples and lists of them)"
 
 
-def _rebuild(flat: list, shape):
-    """The forward's result from its arrays (``_flatten``'s inverse)."""
+def rebuild_arrays(flat: list, shape):
+    """The forward's result from its arrays (``flatten_arrays``' inverse)."""
     if shape is None:
         return flat[0]
     kind, parts = shape
     items, i = [], 0
     for n, sub in parts:
-        items.append(_rebuild(flat[i:i + n], sub))
+        items.append(rebuild_arrays(flat[i:i + n], sub))
         i += n
     return kind(items)
 
@@ -172,7 +172,7 @@ class CachedBlock:
         layout = None
         for a in args:
             if type(a) is not NDArray:  # lists of arrays (an RNN's states) are inputs too: flattened
-                args, layout = _flatten(args)
+                args, layout = flatten_arrays(args)
                 if args is None:
                     return RUN_EAGERLY
                 break
@@ -217,10 +217,10 @@ class CachedBlock:
             self._sigs.popitem(last=False)[1].close()
         inside_recorded_call[0] += 1
         try:
-            out = block.forward(*(args if layout is None else _rebuild(args, layout)))
+            out = block.forward(*(args if layout is None else rebuild_arrays(args, layout)))
         finally:
             inside_recorded_call[0] -= 1
-        flat, reason = _flatten(out)
+        flat, reason = flatten_arrays(out)
         if flat is None:
             sig.state = EAGER
             self.eager_reasons[key] = reason
@@ -259,7 +259,7 @@ class CachedBlock:
             # (and its backward's) read as an eager call's, from this Block down (see _traced_replay).
             hooks.push(_trace_name(block))
             try:
-                return self._run_forward(block, inputs if layout is None else _rebuild(inputs, layout))
+                return self._run_forward(block, inputs if layout is None else rebuild_arrays(inputs, layout))
             finally:
                 hooks.pop()
                 inside_recorded_call[0] -= 1
@@ -271,7 +271,7 @@ class CachedBlock:
             sig.state = EAGER
             self.eager_reasons[key] = str(exc)
             return RUN_EAGERLY
-        flat, shape = _flatten(out)
+        flat, shape = flatten_arrays(out)
         if flat is None:
             rec.close()
             sig.state = EAGER
@@ -328,7 +328,7 @@ class CachedBlock:
         with autograd.pause(train_mode=autograd.is_training()):
             outs = [o.copy() for o in sig.output]
         if not recording:
-            return _rebuild(outs, sig.shape)
+            return rebuild_arrays(outs, sig.shape)
         name = type(self._block()).__name__
         sig.serial += 1
         if len(outs) == 1:
@@ -338,7 +338,7 @@ class CachedBlock:
             autograd.record_outputs(f"{self.KIND} {name}", tuple(outs), tuple(args) + tuple(sig.leaves),
                                     self._grad_fn(sig, sig.serial))
         sig.last = weakref.ref(outs[0]._node) if outs[0]._node is not None else None
-        return _rebuild(outs, sig.shape)
+        return rebuild_arrays(outs, sig.shape)
 
     def _grad_fn(self, sig: Signature, serial: int):
         def backward(g):

@@ -130,7 +130,8 @@ def test_checked_forward_is_eager(mode, scale, proven):
 
 
 @pytest.mark.parametrize("mode,scale,expect", [
-    ("plain", 2.0, None), ("plain", 3.0, "op 3 (multiply): an operand differs"), ("other-op", 2.0, "made multiply here"),
+    ("plain", 2.0, None), ("plain", 3.0, "op 3 (multiply): an operand differs"),
+    ("other-op", 2.0, "made multiply here"),
     ("read", 2.0, "op 3 (sum): the recorded forward made multiply"), ("keep", 2.0, None)])
 def test_check_says_why(mode, scale, expect):
     net = _branchy()

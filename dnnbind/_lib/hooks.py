@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["DEFERRING", "RECORDING", "TRACING", "deferrable", "annotate", "current_path", "path", "pop", "push", "record_numpy", "scope",
-           "scopes", "session", "set_session", "stack", "timed_numpy"]
+__all__ = ["DEFERRING", "RECORDING", "TRACING", "annotate", "current_path", "deferrable", "path", "pop", "push",
+           "record_numpy", "scope", "scopes", "session", "set_session", "stack", "timed_numpy"]
 
 TRACING: list = []
 RECORDING: list = []
