@@ -4,8 +4,10 @@ queueing ops asynchronously; this takes it off by not re-issuing the library cal
 
 Layer: top (beside hybrid, whose CachedBlock it extends). Registers ``EagerReplay`` as gluon.block's
 ``eager_replay_factory`` when on (the default; ``set_eager_replay(False)`` or ``DNNBIND_EAGER_REPLAY=0`` turns it
-off). Only a Block called outside any other recording, on GPU arrays, without ``hybridize()``, gets one; not yet
-with Parameters on several devices or under several ranks (those calls stay eager).
+off). Only a Block called outside any other recording, on GPU arrays, without ``hybridize()``, gets one. With
+Parameters on several devices (``ctx=[gpu(0), gpu(1)]``) each device's calls are their own signature, as for
+``hybridize()``; under several ranks each process replays its own calls, and the Trainer's gradient buckets launch
+after a replayed backward as after a hybridized one.
 
 For one Block and one signature (hybrid.py's: input shapes, dtypes, devices, gradient needs, autograd's flags):
 
@@ -55,7 +57,7 @@ import weakref
 
 import numpy as np
 
-from . import autograd, distributed
+from . import autograd
 from ._lib.hooks import DEFERRING, RECORDING, TRACING
 from .gluon import block as _block
 from .gluon.block import RUN_EAGERLY
@@ -456,10 +458,6 @@ class EagerReplay(CachedBlock):
 
     def __call__(self, args: tuple):
         if inside_recorded_call[0] or RECORDING or TRACING:
-            return RUN_EAGERLY
-        if _block.multi_ctx[0] or distributed.is_initialized():
-            # Parameters on several devices, or several ranks: eager replay has not been run there yet (hybridize()
-            # has), so those calls stay eager until it is
             return RUN_EAGERLY
         if autograd.keeps_graphs() and autograd.is_recording():
             # A replayed call's backward runs once and cannot be differentiated: a program that retains or

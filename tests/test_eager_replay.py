@@ -536,3 +536,50 @@ def test_a_host_read_beside_deferred_ops_sees_them_done(gpu, replay_on):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(a, a_end, rtol=1e-6, atol=1e-7)  # the read came after this call's update
     np.testing.assert_allclose(a_end, b_end, rtol=1e-6, atol=1e-7)
+
+
+# -- several GPUs in one process ----------------------------------------------------------------------------------
+
+@gpu
+def test_two_gpus_in_one_process_follow_the_loop_without_replay(replay_on):
+    """MXNet's multi-device loop (``ctx=[gpu(0), gpu(1)]``, one loss per device, ``autograd.backward``, one
+    ``trainer.step``): each device's calls replay as their own signature, and the losses, the weights and the two
+    copies follow the same loop with replay off. The replayed run is made with gpu(1) current, on purpose."""
+    if mx.num_gpus() < 2:
+        pytest.skip(f"needs 2 GPUs, found {mx.num_gpus()}")
+    gpus = [mx.gpu(0), mx.gpu(1)]
+    rng = np.random.default_rng(7)
+    batches = [(rng.standard_normal((16, 3, 12, 12)).astype("f"), rng.integers(0, 10, 16).astype("f"))
+               for _ in range(6)]
+    old = mx.set_math_mode("fp32")
+    results = []
+    try:
+        for on in (False, True):
+            mx.set_eager_replay(on)
+            with gpus[int(on)]:
+                net = _cnn(gpus, 5)
+                for g in gpus:
+                    net(nd.array(batches[0][0][:2], ctx=g))
+                loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+                trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+                losses = []
+                for x, y in batches:
+                    xs = gluon.utils.split_and_load(nd.array(x), gpus)
+                    ys = gluon.utils.split_and_load(nd.array(y), gpus)
+                    with autograd.record():
+                        ls = [loss_fn(net(a), b) for a, b in zip(xs, ys)]
+                    autograd.backward(ls)
+                    trainer.step(len(x))
+                    losses.append(np.concatenate([l.asnumpy() for l in ls]))
+                copies = [[c.asnumpy() for c in p.list_data()] for p in net.collect_params().values()]
+            results.append((losses, copies, net))
+    finally:
+        mx.set_math_mode(old)
+    (l0, c0, n0), (l1, c1, n1) = results
+    assert "_auto" not in n0.__dict__
+    assert n1.__dict__["_auto"].replays >= 2 * 3, n1.__dict__["_auto"].eager_reasons  # steps 3-6 on each GPU
+    for a, b in zip(l0, l1):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    for p0, p1 in zip(c0, c1):
+        assert np.array_equal(p1[0], p1[1]), "the GPUs' copies differ"
+        np.testing.assert_allclose(p1[0], p0[0], rtol=1e-4, atol=1e-5)

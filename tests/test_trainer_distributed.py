@@ -274,7 +274,9 @@ WORKER = textwrap.dedent('''
             loss = loss_fn(net(nd.array(x[r * n:(r + 1) * n], ctx=dev)), nd.array(y[r * n:(r + 1) * n], ctx=dev))
         loss.backward()
         trainer.step(n * ws)
-    np.savez(sys.argv[2] + f"/rank{r}.npz", **{k: p.data().numpy() for k, p in paths.items()})
+    auto = net.__dict__.get("_auto")  # eager replay's cache (module eager_replay): steps 3+ replay
+    np.savez(sys.argv[2] + f"/rank{r}.npz", replays=-1 if auto is None else auto.replays,
+             **{k: p.data().numpy() for k, p in paths.items()})
 ''')
 
 
@@ -282,7 +284,7 @@ WORKER = textwrap.dedent('''
 def test_two_launched_processes_train_like_one_on_the_whole_batch(tmp_path):
     if mx.num_gpus() < 2:
         pytest.skip(f"needs 2 GPUs, found {mx.num_gpus()}")
-    dev, steps, batch = mx.gpu(0), 4, 32
+    dev, steps, batch = mx.gpu(0), 6, 32
     old = mx.set_math_mode("fp32")
     try:
         xs, ys = _rand(steps, batch, 10), RNG.integers(0, 4, (steps, batch)).astype(np.float32)
@@ -307,6 +309,9 @@ def test_two_launched_processes_train_like_one_on_the_whole_batch(tmp_path):
             loss.backward()
             trainer.step(batch)
         with np.load(tmp_path / "rank0.npz") as r0, np.load(tmp_path / "rank1.npz") as r1:
+            if mx.eager_replay_enabled():  # the ranks' eager loops replayed: each rank, its own steps 3-6
+                assert int(r0["replays"]) >= steps - 2 and int(r1["replays"]) >= steps - 2, \
+                    (int(r0["replays"]), int(r1["replays"]))
             for k, p in paths.items():
                 assert np.array_equal(r0[k], r1[k]), f"{k}: the ranks differ"
                 assert np.abs(r0[k] - start[f"p:{k}"]).max() > 1e-4, f"{k} did not move"
