@@ -571,7 +571,7 @@ def test_two_gpus_in_one_process_follow_the_loop_without_replay(replay_on):
                     autograd.backward(ls)
                     trainer.step(len(x))
                     losses.append(np.concatenate([l.asnumpy() for l in ls]))
-                copies = [[c.asnumpy() for c in p.list_data()] for p in net.collect_params().values()]
+                copies = [(p.grad_req, [c.asnumpy() for c in p.list_data()]) for p in net.collect_params().values()]
             results.append((losses, copies, net))
     finally:
         mx.set_math_mode(old)
@@ -580,6 +580,8 @@ def test_two_gpus_in_one_process_follow_the_loop_without_replay(replay_on):
     assert n1.__dict__["_auto"].replays >= 2 * 3, n1.__dict__["_auto"].eager_reasons  # steps 3-6 on each GPU
     for a, b in zip(l0, l1):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-    for p0, p1 in zip(c0, c1):
-        assert np.array_equal(p1[0], p1[1]), "the GPUs' copies differ"
-        np.testing.assert_allclose(p1[0], p0[0], rtol=1e-4, atol=1e-5)
+    for (req, p0), (_, p1) in zip(c0, c1):
+        if req != "null":  # BatchNorm's running statistics are each device's own (its half of the batch)
+            assert np.array_equal(p1[0], p1[1]), "the GPUs' copies differ"
+        for a, b in zip(p0, p1):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
