@@ -336,6 +336,34 @@ def unregister_grad_ready(x: NDArray) -> None:
         del _ready[id(x)]
 
 
+def ready_listeners(leaves) -> list:
+    """Inside a node's backward, in a backward() pass: per leaf of ``leaves``, its grad-ready listener where this
+    node is the last to use the leaf in this pass and writes its gradient straight into ``.grad`` (grad_req
+    'write', used once), else None. Such a node, whose own backward runs in stages (a replayed recording), may
+    tell the listener itself with ``ready_now`` as soon as a stage has queued the leaf's final gradient, instead
+    of the pass telling it after the whole node."""
+    return [_own_entry(x)[1] if _own_entry(x) is not None else None for x in leaves]
+
+
+def ready_now(x: NDArray) -> None:
+    """A leaf ``ready_listeners`` named: its final gradient is queued in ``.grad`` now. Its listener is told at
+    once, and the pass will not tell it again (for another leaf this does nothing)."""
+    entry = _own_entry(x)
+    if entry is not None:
+        del thread_state.ready[id(x)]
+        _fresh[id(x)] = x
+        _tell(entry[1], x, thread_state.told)
+
+
+def _own_entry(x):
+    """The pass's waiting entry for leaf x where the running node is its last user and writes it directly."""
+    ready = getattr(thread_state, "ready", None)
+    entry = ready.get(id(x)) if ready else None
+    if entry is not None and entry[0] == 1 and thread_state.direct.get(id(x)) is x._grad is not None:
+        return entry
+    return None
+
+
 def backward(heads, head_grads=None, retain_graph: bool = False, train_mode: bool = True) -> None:
     """Accumulate d(sum of heads)/d(leaf) into every leaf's grad. A non-scalar head gets implicit ones."""
     _run(heads, head_grads, retain_graph, None, False, train_mode)
@@ -426,6 +454,8 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
     # gradient is written and the listener told then, not when the loop reaches the leaf (after every node).
     ready = _waiting(order, uses) if _ready and wanted is None and prev_direct is None else None
     told: dict = {}
+    prev_ready = getattr(thread_state, "ready", None)
+    thread_state.ready, thread_state.told = ready, told  # a node may say itself when a leaf is final (ready_now)
     grads: dict[int, NDArray] = {}
     # The gradient ops are table ops: taped only when a graph of the gradient is asked for.
     prev = (is_recording(), is_training())
@@ -473,6 +503,7 @@ def _run(heads, head_grads, retain_graph, wanted_keys, create_graph, train_mode)
     finally:
         thread_state.recording, thread_state.training = prev
         thread_state.direct, thread_state.writes, thread_state.retain = prev_direct, prev_writes, prev_retain
+        thread_state.ready = prev_ready
         for listener in told:
             listener.backward_done()
     return found

@@ -84,7 +84,7 @@ class Signature:
     """One recording: static inputs, the forward's and the backward's calls, the static output and head grad."""
 
     __slots__ = ("state", "inputs", "needs", "fwd", "bwd", "output", "head", "tape", "leaves", "binding",
-                 "last", "serial", "done", "shape", "zeros", "trace", "misses")
+                 "last", "serial", "done", "shape", "zeros", "trace", "misses", "pauses")
 
     def __init__(self) -> None:
         self.state = WARM
@@ -92,12 +92,14 @@ class Signature:
         self.fwd = self.bwd = self.output = self.head = self.tape = self.last = self.shape = self.zeros = None
         self.trace, self.misses = None, 0  # dnnbind.eager_replay: the recorded forward's ops; calls that differed
         self.inputs, self.needs, self.leaves, self.binding = [], (), [], ()
+        self.pauses = None  # (the groups it was made for, cuts, leaves final at each cut): _backward_pauses
 
     def close(self) -> None:
         for rec in (self.fwd, self.bwd):
             if rec is not None:
                 rec.close()
         self.fwd = self.bwd = self.output = self.head = self.tape = self.last = self.shape = self.zeros = None
+        self.pauses = None
         self.inputs, self.leaves, self.binding = [], [], ()
 
 
@@ -367,7 +369,7 @@ class CachedBlock:
             elif TRACING:  # the recorded scopes already say "backward" where eager's would: drop the outer one
                 _traced_replay(sig.bwd, ("", "backward"))
             else:
-                sig.bwd.replay(current_stream(sig.output[0].device))
+                sig.bwd.replay(current_stream(sig.output[0].device), _backward_pauses(sig) if writes else None)
             grads = tuple(x._grad.copy() if need else None for x, need in zip(sig.inputs, sig.needs))
             grads += self._leaf_grads(sig, writes, before)
             if sig.state is WARM:  # see _record_backward: drop the spent recording now that its grads are out
@@ -402,6 +404,43 @@ class CachedBlock:
         for sig in self._sigs.values():
             sig.close()
         self._sigs.clear()
+
+
+def _backward_pauses(sig: Signature):
+    """Where the replayed backward may pause to say that Parameters' gradients are final (replay's ``pauses``), or
+    None. A launched Trainer's gradient buckets listen for that (autograd.register_grad_ready) to sum each bucket
+    across processes while the backward goes on, as DDP does; a replay in one piece would tell them only at its
+    end, with nothing left to overlap. The listener groups the Parameters it wants told together
+    (``ready_groups``: a bucket's); each group's cut is after the last recorded call that points into one of its
+    gradients (that call writes it: the recording knows no other way to reach it)."""
+    listeners = autograd.ready_listeners(sig.leaves)
+    groups = []
+    for listener in dict.fromkeys(x for x in listeners if x is not None):
+        ask = getattr(listener, "ready_groups", None)
+        if ask is not None:
+            groups += ask([leaf for leaf, x in zip(sig.leaves, listeners) if x is listener])
+    if not groups:
+        return None
+    key = tuple(tuple(map(id, g)) for g in groups)
+    plan = sig.pauses
+    if plan is None or plan[0] != key:
+        where = {id(leaf): k for k, leaf in enumerate(sig.leaves)}
+        last = sig.bwd.last_uses([(leaf._grad.ptr, leaf._grad.ptr + leaf._grad.nbytes) for leaf in sig.leaves])
+        n, at = len(sig.bwd.calls), {}
+        for g in groups if last is not None else ():  # None: calls whose buffers are not known: no pauses
+            cut = max(last[where[id(leaf)]] for leaf in g) + 1
+            if 0 < cut < n:  # written before the last call: worth a pause (the rest is told after the node)
+                at.setdefault(cut, []).extend(g)
+        cuts = tuple(sorted(at))
+        plan = sig.pauses = (key, cuts, [at[c] for c in cuts])
+    if not plan[1]:
+        return None
+    told = plan[2]
+
+    def pause(k: int) -> None:
+        for leaf in told[k]:
+            autograd.ready_now(leaf)
+    return plan[1], pause
 
 
 def _trace_name(block) -> str:

@@ -10,6 +10,7 @@ request) as one CUDA graph captured from a replay.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import functools
 import re
@@ -56,6 +57,10 @@ class CallRecording:
         # graph=True: the first replay is captured into a CUDA graph (one cudaGraphLaunch per replay after that)
         # where CUDA accepts the capture; a refused capture leaves the call-by-call replay.
         self._graph_wanted, self._graph, self._exec, self._stream = graph, None, None, 0
+        # replay(pauses=...): the recording cut at those call indices, one CUDA graph per part (made on first use)
+        self._parts_at: tuple = ()
+        self._parts: list = []  # per part: (graph, exec) or None where its capture was refused (call by call)
+        self._launched_at: dict = {}  # call index -> the packed parameters of the kernel launched there
         self._paths: list = []  # per call: the scopes open when it was recorded (for a traced replay)
         self._base = 0
         # (index of the first call, CUcontext) wherever the recorded calls change device: a replay makes each
@@ -70,7 +75,7 @@ class CallRecording:
                                "instead")
         self._calls, self.calls, self._libs, self._keep, self._destroys = [], [], [], [], []
         self._paths, self._base = [], len(hooks.stack())
-        self._contexts = []
+        self._contexts, self._launched_at = [], {}
         hold = Hold(parent._hold if parent is not None else None)
         undo = intercept((cudnn.lib, cublas.lib), self._wrap)
         RECORDING.append(self)
@@ -125,6 +130,7 @@ class CallRecording:
     def launch(self, name, fn, args, holders, device: int = 0) -> None:
         self._keep.append(holders)
         self._note_context()
+        self._launched_at[len(self._calls)] = holders
         self._calls.append((functools.partial(driver_call, "cuLaunchKernel"), args, None))
         self.calls.append(name)
         self._libs.append(("kernel", name, device))  # a traced replay records it as the kernel it is
@@ -150,12 +156,39 @@ class CallRecording:
         """Called (through hooks.RECORDING) by code whose GPU work a replay could not repeat faithfully."""
         raise CaptureError(f"cannot record: {why}")
 
-    def replay(self, stream=None) -> None:
-        """Re-issue the calls (``stream``: the stream they were recorded on, for a graph=True recording)."""
+    def last_uses(self, ranges: list) -> list | None:
+        """For each device address range ``(lo, hi)``, the index of the last recorded call that points into it
+        (an argument, a kernel parameter, a cuDNN variant pack's ``device_pointers``), -1 where none does: after
+        that call the range holds its final values, for calls that write a buffer through a pointer to it (as
+        every recorded op does its outputs). None where a call reaches memory it does not show (a variant pack
+        that does not say its pointers)."""
+        last = [-1] * len(ranges)
+        order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
+        starts = [ranges[k][0] for k in order]
+        for i, (_, args, _) in enumerate(self._calls):
+            if self.calls[i] == "cudnnBackendExecute":
+                args = getattr(args[2], "device_pointers", None)
+                if args is None:
+                    return None
+            for p in _pointers(self._launched_at.get(i, args)):
+                j = bisect.bisect_right(starts, p) - 1
+                if j >= 0 and p < ranges[order[j]][1]:
+                    last[order[j]] = i
+        return last
+
+    def replay(self, stream=None, pauses=None) -> None:
+        """Re-issue the calls (``stream``: the stream they were recorded on, for a graph=True recording).
+        ``pauses``: (cuts, callback): the calls are replayed in parts cut before each index of ``cuts`` (sorted,
+        inside the recording), and ``callback(k)`` runs after part k has been queued, before the next one (not
+        after the last): what the host does then (queue a collective on the parts' outputs so far) overlaps the
+        rest of the replay. A graph=True recording makes one CUDA graph per part."""
         if self._hold is None:
             raise CaptureError("this recording was closed; record it again")
         if self._contexts:
             cudart.use_context(self._contexts[0][1])
+        if pauses is not None and pauses[0] and not TRACING and len(self._contexts) <= 1:
+            self._replay_parts(stream, *pauses)
+            return
         if TRACING:  # replay through the libraries' (traced) functions, so dnnbind.trace() lists every call,
             # each inside the scopes (Blocks, ops) it was recorded in, as an eager call would be
             switches = dict(self._contexts)
@@ -163,6 +196,8 @@ class CallRecording:
                                                                      self._paths)):
                 if i in switches:
                     cudart.use_context(switches[i])
+                if pauses is not None and i in pauses[0]:
+                    pauses[1](pauses[0].index(i))
                 for scope_name, op in path:
                     hooks.push(scope_name, op)
                 try:
@@ -191,39 +226,77 @@ class CallRecording:
 
     def _capture(self, handle: int) -> bool:
         """Capture one replay of the calls into a CUDA graph (nothing runs while capturing)."""
+        made = self._capture_calls(handle, 0, len(self._calls))
+        if made is None:
+            return False
+        self._graph, self._exec = made
+        self._stream = handle
+        return True
+
+    def _capture_calls(self, handle: int, start: int, end: int):
+        """(graph, its executable) of calls [start, end) captured on the stream ``handle``, or None where CUDA
+        refuses the capture (the calls are then replayed one by one)."""
         rt = cudart.rt()
         try:
             cudart.call("cudaStreamBeginCapture", handle, rt.cudaStreamCaptureMode(CAPTURE_MODE_THREAD_LOCAL))
         except Exception:  # noqa: BLE001  (e.g. the stream is already capturing: stay call by call)
-            return False
+            return None
         try:
-            self._replay_calls()
+            self._replay_calls(start, end)
         except Exception:  # noqa: BLE001  (a call CUDA cannot capture: call by call it is)
             try:
                 graph = cudart.call("cudaStreamEndCapture", handle)
                 cudart.call("cudaGraphDestroy", graph)
             except Exception:  # noqa: BLE001
                 pass
-            return False
+            return None
         try:
             graph = cudart.call("cudaStreamEndCapture", handle)
-            self._exec = cudart.call("cudaGraphInstantiate", graph, 0)
+            return graph, cudart.call("cudaGraphInstantiate", graph, 0)
         except Exception:  # noqa: BLE001  (the capture was invalidated)
-            return False
-        self._graph, self._stream = graph, handle
-        return True
+            return None
 
-    def _replay_calls(self) -> None:
+    def _replay_parts(self, stream, cuts, callback) -> None:
+        """replay(pauses=(cuts, callback)): part by part, a CUDA graph each where the recording wants graphs
+        and the stream is given (the parts' graphs are made for one set of cuts: new cuts make them again)."""
+        cuts = tuple(cuts)
+        bounds = (0,) + cuts + (len(self._calls),)
+        graphs = self._graph_wanted or self._exec is not None
+        if graphs and stream is not None and (cuts != self._parts_at or self._stream not in (0, stream.handle)):
+            self._drop_parts()
+            self._parts_at, self._stream = cuts, stream.handle
+            self._parts = [self._capture_calls(stream.handle, a, b) for a, b in zip(bounds, bounds[1:])]
+        use = graphs and stream is not None and cuts == self._parts_at
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            part = self._parts[k] if use else None
+            if part is not None:
+                cudart.call("cudaGraphLaunch", part[1], self._stream)
+            else:
+                self._replay_calls(a, b)
+            if k < len(cuts):
+                callback(k)
+
+    def _drop_parts(self) -> None:
+        parts, self._parts, self._parts_at = self._parts, [], ()
+        for part in parts:
+            for fn, obj in zip(("cudaGraphDestroy", "cudaGraphExecDestroy"), part or ()):
+                try:
+                    cudart.call(fn, obj)
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def _replay_calls(self, start: int = 0, end: int | None = None) -> None:
+        calls = self._calls if start == 0 and end is None else self._calls[start:end]
         if len(self._contexts) > 1:  # calls on several devices: each switch made again, in order
             switches = dict(self._contexts)
-            for i, (fn, args, bound) in enumerate(self._calls):
+            for i, (fn, args, bound) in enumerate(calls, start):
                 if i in switches:
                     cudart.use_context(switches[i])
                 status = fn(*args)
                 if status and bound is not None:
                     bound.errcheck(status, bound, args)
             return
-        for fn, args, bound in self._calls:  # one device, made current by replay()
+        for fn, args, bound in calls:  # one device, made current by replay()
             status = fn(*args)
             if status and bound is not None:  # raise as the bound function would: function, status, cuDNN's text
                 bound.errcheck(status, bound, args)
@@ -236,6 +309,8 @@ class CallRecording:
             except Exception:
                 pass
         self._destroys, self._calls, self._libs, self._keep = [], [], [], []
+        self._launched_at = {}
+        self._drop_parts()
         exec_, graph, self._exec, self._graph = self._exec, self._graph, None, None
         for fn, obj in (("cudaGraphExecDestroy", exec_), ("cudaGraphDestroy", graph)):
             if obj is not None:
@@ -252,6 +327,19 @@ class CallRecording:
             self.close()
         except Exception:
             pass
+
+
+def _pointers(values):
+    """The integers among a call's arguments or a launch's packed parameters (ctypes values, and the fields of a
+    by-value Structure): the candidates for device addresses."""
+    for a in values:
+        fields = getattr(a, "_fields_", None)
+        if fields is not None:
+            yield from _pointers(getattr(a, f[0]) for f in fields)
+            continue
+        v = getattr(a, "value", a)
+        if type(v) is int and v > 0xFFFF:
+            yield v
 
 
 _SIMPLE = (ctypes.c_int, ctypes.c_uint, ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_float,

@@ -38,6 +38,8 @@ CALLER_ACTIVATES = {
     # The recording hook re-issues calls already made (in the right context) at record time.
     ("recording.py", "runtime"): "records a call already issued by runtime.memory, which activated its device",
     ("recording.py", "launch"): "records a launch already issued by kernels.launch, which made its device current",
+    ("recording.py", "_replay_parts"): "called by replay() after it made the recording's context current "
+                                       "(cudart.use_context), for one-context recordings only",
     # Handles are created inside _create under the lock, after cudnn_handle/cublas_handle activated the device.
     ("runtime/handles.py", "__init__"): "CudnnHandle/CublasHandle: created by cudnn_handle/cublas_handle, "
                                         "which activate the device, and each also calls device.activate()",

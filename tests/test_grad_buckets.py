@@ -156,6 +156,44 @@ def test_a_node_that_writes_its_leaves_gradients_itself_reports_them_once_after_
         autograd.unregister_grad_ready(x)
 
 
+def test_a_node_that_says_a_leaf_is_final_midway_is_heard_then_and_only_once():
+    """What a replayed backward that pauses does (hybrid._backward_pauses): it asks which of its leaves it may
+    report itself (the ones it alone writes, straight into .grad), reports one midway, and the pass reports the
+    rest after the node; nobody is heard twice. A leaf another node also uses is not the node's to report."""
+    p, q, x = _leaves((3,), (3,), (3,))
+    listener = Listener({id(p): "p", id(q): "q", id(x): "x"})
+    for leaf in (p, q, x):
+        autograd.register_grad_ready(leaf, listener)
+    try:
+        with autograd.record():
+            inner = (p * 3).sum()  # the "recorded" private tape: p's gradient is 3
+        midway = []
+
+        def backward(g):
+            mine = autograd.ready_listeners([p, q])
+            assert mine == [listener, None], mine  # q is also used outside this node
+            autograd.backward(inner)  # nested: writes p.grad
+            autograd.ready_now(p)
+            autograd.ready_now(q)  # not this node's to report: ignored
+            midway.append([n for n, _ in listener.events])
+            autograd.mark_fresh(p)
+            return g * 1.0, None, nd.ones((3,), ctx=CPU)
+        with autograd.record():
+            out = autograd.record_op("fused", nd.array(x.numpy(), ctx=CPU), (x, p, q), backward)
+            loss = out.sum() + (q * 2).sum()
+        assert autograd.ready_listeners([p]) == [None]  # outside a backward: nothing to report
+        loss.backward()
+        names = [n for n, _ in listener.events]
+        assert midway == [["p"]], midway
+        assert sorted(names[:-1]) == ["p", "q", "x"] and names[-1] == "done", names
+        events = dict(listener.events[:-1])
+        assert_close(events["p"], np.full(3, 3.0), 0, 0, "p.grad reported midway")
+        assert_close(events["q"], np.full(3, 3.0), 0, 0, "q.grad: the node's 1 and the other node's 2")
+    finally:
+        for leaf in (p, q, x):
+            autograd.unregister_grad_ready(leaf)
+
+
 # -- partition -----------------------------------------------------------------------------------------------------
 def _check_tiling(buckets, spans, total):
     assert buckets[0][0] == 0 and buckets[-1][1] == total
@@ -538,6 +576,9 @@ def test_on_a_gpu_buckets_are_summed_on_the_communication_stream_after_their_gra
             _same_weights(net, twin, f"{dtype} on {dev}, after step {step}", *((1e-3, 1e-3) if dtype == "float16"
                                                                              else (1e-6, 1e-7)))
         assert comm.calls[:4] == _ranges(trainer._buckets) and trainer._buckets.early_launches == 12
+        if mx.eager_replay_enabled():  # step 3 replayed the Block's backward, pausing after each bucket's gradients
+            plans = [sig.pauses for sig in net.__dict__["_auto"]._sigs.values() if sig.pauses]
+            assert plans and len(plans[0][1]) >= 3, plans  # after d2, aux and d1 (d0 is written last)
         stream = current_stream(dev)  # inside a CUDA-graph capture the buckets stay off
         cudart.call("cudaStreamBeginCapture", stream.handle, cudart.rt().cudaStreamCaptureMode(1))
         try:
@@ -552,7 +593,7 @@ def test_on_a_gpu_buckets_are_summed_on_the_communication_stream_after_their_gra
 # -- two GPUs, two launched processes -------------------------------------------------------------------------------
 # body: Dense(64) relu, Dense(64) relu, Dense(4) from 10 inputs; aux: Dense(4) from the input, added on even steps
 SHAPES = [(64, 10), (64,), (64, 64), (64,), (4, 64), (4,), (4, 10), (4,)]
-MODES = ("float32", "float16", "hybrid", "add")
+MODES = ("float32", "float16", "hybrid", "add", "conv")
 
 WORKER = textwrap.dedent('''
     import os
@@ -572,6 +613,8 @@ WORKER = textwrap.dedent('''
     def run(mode, bucket_mb):
         """Train 6 steps; the weights (float32, in Parameter order) and the buckets launched during backward."""
         os.environ["DNNBIND_BUCKET_MB"] = bucket_mb  # read when the Trainer packs
+        if mode == "conv":
+            return run_conv()
         net = nn.HybridSequential()
         net.add(nn.Dense(64, in_units=10, activation="relu"), nn.Dense(64, in_units=64, activation="relu"),
                 nn.Dense(4, in_units=64))
@@ -606,26 +649,55 @@ WORKER = textwrap.dedent('''
             loss.backward()
             trainer.step(n * ws, ignore_stale_grad=True)
         early = trainer._buckets.early_launches if trainer._buckets is not None else -1
-        return [p.data().astype("float32").numpy() for p in params], early
+        # the body's recordings (hybridize(), or eager replay's) whose replayed backward paused for a bucket
+        cache = net.__dict__.get("_cached") or net.__dict__.get("_auto")
+        paused = 0 if cache is None else sum(bool(sig.pauses and sig.pauses[1]) for sig in cache._sigs.values())
+        return [p.data().astype("float32").numpy() for p in params], early, paused
+
+
+    def run_conv():
+        """A conv net with BatchNorm, eager (replayed from step 3): its convolutions' gradients come from cuDNN
+        backend plans, whose pointers only their variant packs know. Rank 0's start is broadcast."""
+        mx.random.seed(5)
+        net = nn.HybridSequential()
+        net.add(nn.Conv2D(8, 3, padding=1), nn.BatchNorm(), nn.Activation("relu"), nn.Conv2D(16, 3, strides=2),
+                nn.BatchNorm(), nn.Activation("relu"), nn.GlobalAvgPool2D(), nn.Dense(4))
+        net.initialize(mx.init.Xavier(), ctx=dev)
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9})
+        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        for step in range(6):
+            rng = np.random.default_rng(100 + step)  # the same global batch on both ranks: each takes its half
+            x, y = rng.standard_normal((16, 3, 12, 12)).astype("f"), rng.integers(0, 4, 16).astype("f")
+            n = len(x) // ws
+            with autograd.record():
+                loss = loss_fn(net(nd.array(x[r * n:(r + 1) * n], ctx=dev)), nd.array(y[r * n:(r + 1) * n], ctx=dev))
+            loss.backward()
+            trainer.step(n * ws)
+        early = trainer._buckets.early_launches if trainer._buckets is not None else -1
+        cache = net.__dict__.get("_auto")
+        paused = 0 if cache is None else sum(bool(sig.pauses and sig.pauses[1]) for sig in cache._sigs.values())
+        return [p.data().astype("float32").numpy() for p in net.collect_params().values()], early, paused
 
 
     out = {}
-    for mode in ("float32", "float16", "hybrid", "add"):
-        ref, none = run(mode, "0")  # one all-reduce of the whole flat gradient in each step()
-        got, early = run(mode, "0.004")  # ~1000 floats a bucket: 3 buckets over this model
+    for mode in ("float32", "float16", "hybrid", "add", "conv"):
+        ref, none, _ = run(mode, "0")  # one all-reduce of the whole flat gradient in each step()
+        got, early, paused = run(mode, "0.004")  # ~1000 floats a bucket: 3 buckets over this model
         assert none == -1, none
         for i, (a, b) in enumerate(zip(ref, got)):
             out[f"{mode}:ref:{i}"], out[f"{mode}:got:{i}"] = a, b
-        out[f"{mode}:early"] = np.array(early)
+        out[f"{mode}:early"], out[f"{mode}:paused"] = np.array(early), np.array(paused)
+        out[f"{mode}:n"] = np.array(len(got))
     np.savez(sys.argv[2] + f"/rank{r}.npz", **out)
 ''')
 
 
 @pytest.mark.gpu
 def test_two_launched_processes_with_buckets_train_as_with_one_sum_per_step(tmp_path):
-    """Per mode (float32, float16, a hybridized body, grad_req 'add'): 6 steps with 3 buckets and with one
+    """Per mode (float32, float16, a hybridized body, grad_req 'add', a conv net): 6 steps with 3 buckets and with one
     all-reduce per step must give the same weights, both ranks bitwise equal; buckets launched during the backward
-    except for grad_req 'add'."""
+    except for grad_req 'add', and from inside the body's replayed backward (hybridized, or eager replay's from
+    the third step), which pauses after each bucket's gradients."""
     if mx.num_gpus() < 2:
         pytest.skip(f"needs 2 GPUs, found {mx.num_gpus()}")
     steps, batch = 6, 32
@@ -639,14 +711,20 @@ def test_two_launched_processes_with_buckets_train_as_with_one_sum_per_step(tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     with np.load(tmp_path / "rank0.npz") as r0, np.load(tmp_path / "rank1.npz") as r1:
         for mode in MODES:
-            tol = (2e-3, 2e-3) if mode == "float16" else (1e-5, 1e-6)
-            for i in range(len(SHAPES)):
+            tol = {"float16": (2e-3, 2e-3), "conv": (1e-4, 1e-5)}.get(mode, (1e-5, 1e-6))
+            for i in range(int(r0[f"{mode}:n"])):
                 got, ref = f"{mode}:got:{i}", f"{mode}:ref:{i}"
-                assert np.array_equal(r0[got], r1[got]), f"{got}: the ranks differ"
-                assert np.abs(r0[got] - start[f"p:{i}"]).max() > 1e-4, f"{got} did not move"
+                if mode != "conv":  # (conv: BatchNorm's running statistics are each rank's own)
+                    assert np.array_equal(r0[got], r1[got]), f"{got}: the ranks differ"
+                    assert np.abs(r0[got] - start[f"p:{i}"]).max() > 1e-4, f"{got} did not move"
                 assert_close(r0[got], r0[ref], *tol, f"{got}: buckets vs one all-reduce per step")
+                assert_close(r1[got], r1[ref], *tol, f"{got}: buckets vs one all-reduce per step, rank 1")
             early = int(r0[f"{mode}:early"])
+            paused = int(r0[f"{mode}:paused"])
             if mode == "add":
                 assert early == 0, "grad_req 'add' buckets never launch during the backward"
+                assert paused == 0, "grad_req 'add': no replayed backward pauses for a bucket"
             else:
                 assert early > 0, f"{mode}: no bucket launched during the backward"
+                if mode == "hybrid" or mx.eager_replay_enabled():  # the body's backward is a replay
+                    assert paused > 0, f"{mode}: the replayed backward never paused to launch a bucket"

@@ -23,8 +23,11 @@ What overlaps, and what does not:
 - grad_req 'write', float32 or float16 Parameters: yes. The float16 gradients are cast into their float32 master
   range (where they are summed, trainer.py) bucket by bucket on the compute stream, just before the all-reduce;
 - grad_req 'add': summed in ``step()``;
-- a hybridized Block replays its backward as one node that writes all its gradients at once: its buckets launch
-  right after it, so they overlap only with what the backward does after that (often nothing). Correct, no gain;
+- a hybridized Block (or an eager call eager replay replays) runs its backward as one node from its recording:
+  the replay pauses where a bucket's gradients have been written (``ready_groups``; hybrid's
+  ``_backward_pauses`` cuts the recording after the last call that points into each bucket's gradients, one CUDA
+  graph per part) and tells autograd then (``autograd.ready_now``), so the bucket's all-reduce overlaps the rest
+  of the replayed backward;
 - one process driving several GPUs (``ctx=[gpu(0), gpu(1)]``): no buckets. Its backward runs one device after the
   other in one thread, so little could overlap; ``step()`` keeps one fused all-reduce per device in one NCCL group;
 - the cpu, a world of one, kvstore None or 'local', ``DNNBIND_BUCKET_MB=0``: no buckets (nothing to overlap);
@@ -194,6 +197,20 @@ class GradBuckets:
                     self._launch_ready()
         elif self._mode is _LATE and b.launched:
             b.rewritten.add(i)
+
+    def ready_groups(self, leaves) -> list:
+        """For a node whose backward writes these leaves' final gradients in stages (a replayed recording: hybrid's
+        ``_backward_pauses``): the groups worth telling together, each bucket's members among them, for the
+        buckets this backward launches early; [] when it launches none (a later backward of the step, or while
+        buckets are off)."""
+        if self._mode is not _EARLY and not (self._mode is None and self._backwards == 0 and self._usable()):
+            return []
+        groups: dict = {}
+        for leaf in leaves:
+            where = self._where.get(id(leaf))
+            if where is not None and where[0].early:
+                groups.setdefault(id(where[0]), []).append(leaf)
+        return list(groups.values())
 
     def backward_done(self) -> None:
         self._join()

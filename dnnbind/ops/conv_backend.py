@@ -87,12 +87,15 @@ def available() -> bool:
 class Descriptor:
     """Owns one cudnnBackendDescriptor_t (destroyed with the object) and the descriptors set into it."""
 
-    __slots__ = ("_as_parameter_", "_refs", "kind")
+    __slots__ = ("_as_parameter_", "_refs", "kind", "device_pointers")
 
     def __init__(self, kind: int):
         h = _vp()
         L.cudnnBackendCreateDescriptor(kind, ctypes.byref(h))
         self._as_parameter_, self.kind, self._refs = h.value, kind, []
+        # A variant pack's device pointers (its tensors', then the workspace's): a recording reads which buffers a
+        # cudnnBackendExecute reaches from here (recording.CallRecording.last_uses), since cuDNN keeps them inside
+        self.device_pointers = None
 
     def __del__(self, _finalizing=sys.is_finalizing):
         h = getattr(self, "_as_parameter_", None)
@@ -236,6 +239,7 @@ def _variant_pack(uids, ptrs, workspace_ptr: int) -> Descriptor:
     L.cudnnBackendSetAttribute(d, C.CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, C.CUDNN_TYPE_VOID_PTR, len(ptrs), ptr_arr)
     L.cudnnBackendSetAttribute(d, C.CUDNN_ATTR_VARIANT_PACK_WORKSPACE, C.CUDNN_TYPE_VOID_PTR, 1, ws_arr)
     d._refs.extend((uid_arr, ptr_arr, ws_arr))
+    d.device_pointers = tuple(ptrs) + ((workspace_ptr,) if workspace_ptr else ())
     return d
 
 
