@@ -658,7 +658,7 @@ WORKER = textwrap.dedent('''
     def run_conv():
         """A conv net with BatchNorm, eager (replayed from step 3): its convolutions' gradients come from cuDNN
         backend plans, whose pointers only their variant packs know. Rank 0's start is broadcast."""
-        mx.random.seed(5)
+        nd.random.seed(5)
         net = nn.HybridSequential()
         net.add(nn.Conv2D(8, 3, padding=1), nn.BatchNorm(), nn.Activation("relu"), nn.Conv2D(16, 3, strides=2),
                 nn.BatchNorm(), nn.Activation("relu"), nn.GlobalAvgPool2D(), nn.Dense(4))
