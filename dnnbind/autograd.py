@@ -342,7 +342,9 @@ def ready_listeners(leaves) -> list:
     'write', used once), else None. Such a node, whose own backward runs in stages (a replayed recording), may
     tell the listener itself with ``ready_now`` as soon as a stage has queued the leaf's final gradient, instead
     of the pass telling it after the whole node."""
-    return [_own_entry(x)[1] if _own_entry(x) is not None else None for x in leaves]
+    if not getattr(thread_state, "ready", None):  # nobody listens in this pass (every one-GPU program)
+        return [None] * len(leaves)
+    return [None if entry is None else entry[1] for entry in map(_own_entry, leaves)]
 
 
 def ready_now(x: NDArray) -> None:

@@ -419,15 +419,15 @@ def _backward_pauses(sig: Signature):
         ask = getattr(listener, "ready_groups", None)
         if ask is not None:
             groups += ask([leaf for leaf, x in zip(sig.leaves, listeners) if x is listener])
-    if not groups:
+    if not groups:  # (no listener: every one-GPU program, one call and an empty loop)
         return None
     # the plan holds for this recording and these gradient buffers (a Trainer that packs again moves them)
     key = (weakref.ref(sig.bwd), tuple(tuple((id(leaf), leaf._grad.ptr) for leaf in g) for g in groups))
     plan = sig.pauses
     if plan is None or plan[0][0]() is not sig.bwd or plan[0][1] != key[1]:
-        told = [leaf for g in groups for leaf in g]  # (listeners hear only leaves with a gradient buffer)
-        where = {id(leaf): k for k, leaf in enumerate(told)}
-        last = sig.bwd.last_uses([(leaf._grad.ptr, leaf._grad.ptr + leaf._grad.nbytes) for leaf in told])
+        heard = [leaf for g in groups for leaf in g]  # (listeners hear only leaves with a gradient buffer)
+        where = {id(leaf): k for k, leaf in enumerate(heard)}
+        last = sig.bwd.last_uses([(leaf._grad.ptr, leaf._grad.ptr + leaf._grad.nbytes) for leaf in heard])
         n, at = len(sig.bwd.calls), {}
         for g in groups if last is not None else ():  # None: calls whose buffers are not known: no pauses
             cut = max(last[where[id(leaf)]] for leaf in g) + 1
